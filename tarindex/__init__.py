@@ -1,0 +1,78 @@
+"""tarindex: random access and deterministic streaming over standard tar shards.
+
+Public API (torch is imported only by the torch layer, on first use of its names)::
+
+    ShardWriter, build_index, scan, ShardReader, ShardSet,
+    TarDataset, TarIterableDataset, BlockSampler (need torch)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .errors import (
+    BadMagicError,
+    ChecksumError,
+    CompressedTarError,
+    FormatError,
+    IndexMissingError,
+    NotATarError,
+    SampleIndexError,
+    StaleIndexError,
+    TarHeaderError,
+    TarIndexError,
+    TrailingGarbageError,
+    TruncatedError,
+    UnsupportedVersionError,
+    WriterError,
+)
+from .indexfile import build_index, index_path_for
+from .reader import ShardReader, ShardSet
+from .scan import Members, scan
+from .sources import expand_source
+from .writer import ShardWriter
+
+_TORCH_NAMES = {
+    "TarDataset": "dataset",
+    "TarIterableDataset": "iterable",
+    "BlockSampler": "sampler",
+}
+
+__all__ = [
+    "__version__",
+    "ShardWriter",
+    "build_index",
+    "index_path_for",
+    "scan",
+    "Members",
+    "ShardReader",
+    "ShardSet",
+    "expand_source",
+    "TarIndexError",
+    "FormatError",
+    "BadMagicError",
+    "UnsupportedVersionError",
+    "ChecksumError",
+    "TruncatedError",
+    "TarHeaderError",
+    "NotATarError",
+    "CompressedTarError",
+    "TrailingGarbageError",
+    "IndexMissingError",
+    "StaleIndexError",
+    "SampleIndexError",
+    "WriterError",
+    *_TORCH_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch layer lazily, so ``import tarindex`` works without torch."""
+    mod = _TORCH_NAMES.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tarindex' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"tarindex.torch.{mod}"), name)

@@ -1,0 +1,82 @@
+"""Every exception tarindex raises.
+
+Built-in exception types are mixed in so code that already catches ``ValueError``
+or ``IndexError`` keeps working. Every message names the file, the byte offset
+where the problem applies (when there is one), what was expected, and the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TarIndexError",
+    "FormatError",
+    "BadMagicError",
+    "UnsupportedVersionError",
+    "ChecksumError",
+    "TruncatedError",
+    "TarHeaderError",
+    "NotATarError",
+    "CompressedTarError",
+    "TrailingGarbageError",
+    "IndexMissingError",
+    "StaleIndexError",
+    "SampleIndexError",
+    "WriterError",
+]
+
+
+class TarIndexError(Exception):
+    """Base class for all tarindex errors."""
+
+
+class FormatError(TarIndexError, ValueError):
+    """Bytes on disk violate the tar specs or docs/FORMAT.md."""
+
+
+class BadMagicError(FormatError):
+    """An index file does not start (or end) with the tarindex magic (FORMAT.md §2.1, §2.7)."""
+
+
+class UnsupportedVersionError(FormatError):
+    """An index file has a major version this reader does not know (FORMAT.md §2.1)."""
+
+
+class ChecksumError(FormatError):
+    """A checksum does not match: the index footer crc32, or a tar header checksum."""
+
+
+class TruncatedError(FormatError):
+    """A file ends before the structure it holds does (a cut copy, an interrupted write)."""
+
+
+class TarHeaderError(FormatError):
+    """A tar header block is malformed (bad numeric field, bad pax record, ...)."""
+
+
+class NotATarError(TarHeaderError):
+    """The file does not start with a tar header at all."""
+
+
+class CompressedTarError(FormatError):
+    """The file is a compressed stream (gzip, bzip2, xz, zstd, lz4), not a plain tar."""
+
+
+class TrailingGarbageError(FormatError):
+    """Non-zero bytes that are not a tar header follow the end-of-archive marker."""
+
+
+class IndexMissingError(TarIndexError, FileNotFoundError):
+    """A shard has no sidecar index; the message gives the command that builds it."""
+
+
+class StaleIndexError(TarIndexError):
+    """The index does not describe this tar: the tar changed after it was indexed."""
+
+
+class SampleIndexError(TarIndexError, IndexError):
+    """A sample index is out of range."""
+
+
+class WriterError(TarIndexError, ValueError):
+    """A sample cannot be written (bad key, repeated key, unencodable value)."""
+

@@ -1,0 +1,329 @@
+"""Encode and decode the sidecar index (docs/FORMAT.md §2). Bytes in, bytes out: no file IO.
+
+Layout (little-endian; every section starts on an 8-byte boundary)::
+
+    +-----------------------------------------------+ 0
+    | header  <8sHHIQQQQQQQII>  (80 bytes)           |  §2.1
+    | sample_ptr  <u8[n_samples + 1]                 |  §2.2  CSR: sample i owns members
+    | offset      <u8[n_members]                     |  §2.3  sample_ptr[i]:sample_ptr[i+1]
+    | size        <u8[n_members]                     |  §2.3
+    | ext_id      <u4[n_members]   (+pad)            |  §2.4
+    | key_ptr     <u8[n_samples + 1]                 |  §2.5  key i = key_blob[key_ptr[i]:...]
+    | key_blob    u8[key_bytes]    (+pad)            |  §2.5
+    | ext_ptr     <u8[n_exts + 1]                    |  §2.4
+    | ext_blob    u8[ext_bytes]    (+pad)            |  §2.4
+    | meta        JSON, meta_bytes (+pad)            |  §2.6
+    | footer  <I4s>: crc32 of all bytes above, TIDX  |  §2.7
+    +-----------------------------------------------+
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import BadMagicError, ChecksumError, FormatError, TruncatedError, UnsupportedVersionError
+from .spec import (
+    ALIGN,
+    END_MAGIC,
+    EXT_ID_DTYPE,
+    FOOTER,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    HEADER,
+    MAGIC,
+    MAX_BLOB_BYTES,
+    MAX_MEMBERS,
+    MAX_SAMPLES,
+    OFFSET_DTYPE,
+)
+
+__all__ = ["IndexTables", "IndexHeader", "encode_index", "decode_index", "read_header", "layout"]
+
+
+def _pad(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+@dataclass
+class IndexHeader:
+    """The fixed 80-byte header of an index file (FORMAT.md §2.1)."""
+
+    major: int
+    """Format major version; readers refuse one they do not know."""
+    minor: int
+    """Format minor version; only adds fields."""
+    flags: int
+    """Reserved, 0 in version 1.0."""
+    n_samples: int
+    """Number of samples in the shard."""
+    n_members: int
+    """Number of indexed members (regular files that belong to a sample)."""
+    n_exts: int
+    """Number of distinct extensions."""
+    key_bytes: int
+    """Length of the key blob in bytes."""
+    ext_bytes: int
+    """Length of the extension blob in bytes."""
+    meta_bytes: int
+    """Length of the JSON metadata in bytes."""
+    tar_size: int
+    """Size of the tar in bytes when it was indexed (fingerprint, FORMAT.md §3)."""
+    head_crc: int
+    """crc32 of the tar's first min(4096, tar_size) bytes (fingerprint, FORMAT.md §3)."""
+    tail_crc: int
+    """crc32 of the tar's last min(4096, tar_size) bytes (fingerprint, FORMAT.md §3)."""
+
+
+def layout(h: IndexHeader) -> dict[str, tuple[int, int]]:
+    """Return ``{section: (start, length)}`` in bytes for every section, plus ``"footer"``."""
+    out: dict[str, tuple[int, int]] = {}
+    pos = HEADER.size
+    for name, length in (
+        ("sample_ptr", 8 * (h.n_samples + 1)),
+        ("offset", 8 * h.n_members),
+        ("size", 8 * h.n_members),
+        ("ext_id", 4 * h.n_members),
+        ("key_ptr", 8 * (h.n_samples + 1)),
+        ("key_blob", h.key_bytes),
+        ("ext_ptr", 8 * (h.n_exts + 1)),
+        ("ext_blob", h.ext_bytes),
+        ("meta", h.meta_bytes),
+    ):
+        out[name] = (pos, length)
+        pos += _pad(length)
+    out["footer"] = (pos, FOOTER.size)
+    return out
+
+
+@dataclass
+class IndexTables:
+    """The content of one index: what the writer records and what a scan rebuilds.
+
+    Arrays may be numpy views into an mmapped index file (read-only).
+    """
+
+    sample_ptr: NDArray[np.uint64]
+    """Shape ``(n_samples + 1,)``, ``<u8``: sample i owns members ``sample_ptr[i]:sample_ptr[i+1]``."""
+    offset: NDArray[np.uint64]
+    """Shape ``(n_members,)``, ``<u8``: byte offset of each member's data in the tar."""
+    size: NDArray[np.uint64]
+    """Shape ``(n_members,)``, ``<u8``: each member's data size in bytes."""
+    ext_id: NDArray[np.uint32]
+    """Shape ``(n_members,)``, ``<u4``: index into ``exts``."""
+    key_ptr: NDArray[np.uint64]
+    """Shape ``(n_samples + 1,)``, ``<u8``: key i is ``key_blob[key_ptr[i]:key_ptr[i+1]]``."""
+    key_blob: bytes | memoryview
+    """Concatenated raw key bytes (member-name bytes as stored in the tar)."""
+    exts: list[bytes]
+    """Extension names in order of first appearance in the shard."""
+    tar_size: int
+    """Size of the tar in bytes."""
+    head_crc: int
+    """crc32 of the first 4096 bytes of the tar (FORMAT.md §3)."""
+    tail_crc: int
+    """crc32 of the last 4096 bytes of the tar (FORMAT.md §3)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Producer and version metadata (FORMAT.md §2.6); not part of table equality."""
+
+    @property
+    def n_samples(self) -> int:
+        """Number of samples."""
+        return len(self.sample_ptr) - 1
+
+    @property
+    def n_members(self) -> int:
+        """Number of indexed members."""
+        return len(self.offset)
+
+    def tables_bytes(self) -> bytes:
+        """The encoded index without its metadata: equal for writer and scan on the same tar."""
+        enc = encode_index(IndexTables(**{**self.__dict__, "meta": {}}))
+        return enc[: -FOOTER.size]
+
+
+def encode_index(t: IndexTables) -> bytes:
+    """Serialize ``t`` to the bytes of an index file (FORMAT.md §2).
+
+    Raises:
+        ValueError: If the tables are inconsistent (pointer ends, array lengths).
+    """
+    n_samples = len(t.sample_ptr) - 1
+    m = len(t.offset)
+    if len(t.size) != m or len(t.ext_id) != m:
+        raise ValueError("offset, size and ext_id must have the same length")
+    if len(t.key_ptr) != n_samples + 1 or (n_samples >= 0 and int(t.sample_ptr[-1]) != m):
+        raise ValueError("sample_ptr/key_ptr do not match the member and sample counts")
+    ext_blob = b"".join(t.exts)
+    ext_ptr = np.zeros(len(t.exts) + 1, OFFSET_DTYPE)
+    np.cumsum([len(e) for e in t.exts], out=ext_ptr[1:])
+    meta = json.dumps(t.meta, sort_keys=True, separators=(",", ":")).encode()
+    key_blob = bytes(t.key_blob)
+    h = IndexHeader(
+        FORMAT_MAJOR, FORMAT_MINOR, 0, n_samples, m, len(t.exts), len(key_blob),
+        len(ext_blob), len(meta), t.tar_size, t.head_crc, t.tail_crc,
+    )
+    parts = {
+        "sample_ptr": np.asarray(t.sample_ptr, OFFSET_DTYPE).tobytes(),
+        "offset": np.asarray(t.offset, OFFSET_DTYPE).tobytes(),
+        "size": np.asarray(t.size, OFFSET_DTYPE).tobytes(),
+        "ext_id": np.asarray(t.ext_id, EXT_ID_DTYPE).tobytes(),
+        "key_ptr": np.asarray(t.key_ptr, OFFSET_DTYPE).tobytes(),
+        "key_blob": key_blob,
+        "ext_ptr": ext_ptr.tobytes(),
+        "ext_blob": ext_blob,
+        "meta": meta,
+    }
+    out = bytearray(HEADER.pack(MAGIC, h.major, h.minor, h.flags, h.n_samples, h.n_members,
+                                h.n_exts, h.key_bytes, h.ext_bytes, h.meta_bytes, h.tar_size,
+                                h.head_crc, h.tail_crc))
+    for name, (start, length) in layout(h).items():
+        if name == "footer":
+            break
+        out += bytes(start - len(out))
+        out += parts[name]
+    out += bytes(_pad(len(out)) - len(out))
+    out += FOOTER.pack(zlib.crc32(out), END_MAGIC)
+    return bytes(out)
+
+
+def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
+    """Parse and check the 80-byte header (FORMAT.md §2.1).
+
+    Raises:
+        TruncatedError: If ``buf`` is shorter than the header.
+        BadMagicError: If the magic is wrong.
+        UnsupportedVersionError: If the major version is not ``FORMAT_MAJOR``.
+        FormatError: If a count exceeds the format's limits.
+    """
+    if len(buf) < HEADER.size:
+        raise TruncatedError(
+            f"{path}: index is {len(buf)} bytes, shorter than its {HEADER.size}-byte header "
+            f"at byte 0; rebuild it with: tarindex index --force <tar>"
+        )
+    fields = HEADER.unpack_from(buf, 0)
+    if fields[0] != MAGIC:
+        raise BadMagicError(
+            f"{path}: byte 0: expected index magic {MAGIC!r}, found {bytes(fields[0])!r}; "
+            f"not a tarindex index (rebuild it with: tarindex index --force <tar>)"
+        )
+    h = IndexHeader(*fields[1:])
+    if h.major != FORMAT_MAJOR:
+        raise UnsupportedVersionError(
+            f"{path}: byte 8: index format version {h.major}.{h.minor}, this tarindex reads "
+            f"{FORMAT_MAJOR}.x; upgrade tarindex or rebuild with: tarindex index --force <tar>"
+        )
+    if h.n_samples > MAX_SAMPLES or h.n_members > MAX_MEMBERS or max(
+        h.key_bytes, h.ext_bytes, h.meta_bytes
+    ) > MAX_BLOB_BYTES or h.n_exts > h.n_members + 1:
+        raise FormatError(f"{path}: byte 16: header counts exceed format limits: {h}")
+    return h
+
+
+def decode_index(buf: bytes | memoryview, path: str = "<index>", full_check: bool = False) -> IndexTables:
+    """Decode an index from ``buf`` (bytes or a memoryview of an mmap); arrays are zero-copy views.
+
+    Cheap checks always run, O(1) in the sample count: header, total length, end magic,
+    pointer ends. ``full_check`` adds the crc32 footer and O(n) checks that pointers are
+    monotonic and member ranges lie inside ``tar_size`` (used by ``verify``).
+
+    Raises:
+        TruncatedError: If ``buf`` is shorter or longer than the header says.
+        BadMagicError: On a bad start or end magic.
+        ChecksumError: With ``full_check``, if the crc32 footer does not match.
+        FormatError: If tables are inconsistent.
+    """
+    h = read_header(buf, path)
+    lay = layout(h)
+    fstart, _ = lay["footer"]
+    expected = fstart + FOOTER.size
+    if len(buf) != expected:
+        raise TruncatedError(
+            f"{path}: index is {len(buf)} bytes, its header says {expected} "
+            f"(truncated or appended to at byte {min(len(buf), expected)}); "
+            f"rebuild it with: tarindex index --force <tar>"
+        )
+    crc, end = FOOTER.unpack_from(buf, fstart)
+    if end != END_MAGIC:
+        raise BadMagicError(
+            f"{path}: byte {fstart + 4}: expected end magic {END_MAGIC!r}, found {bytes(end)!r}; "
+            f"rebuild it with: tarindex index --force <tar>"
+        )
+    if full_check:
+        got = zlib.crc32(buf[:fstart])
+        if got != crc:
+            raise ChecksumError(
+                f"{path}: footer crc32 0x{got:08x} != 0x{crc:08x} at byte {fstart}; the index "
+                f"is corrupt; rebuild it with: tarindex index --force <tar>"
+            )
+
+    def arr(name: str, dtype: np.dtype[Any], count: int) -> NDArray[Any]:
+        start, _ = lay[name]
+        return np.frombuffer(buf, dtype=dtype, count=count, offset=start)
+
+    def blob(name: str) -> memoryview:
+        start, length = lay[name]
+        return memoryview(buf)[start : start + length]
+
+    sample_ptr = arr("sample_ptr", OFFSET_DTYPE, h.n_samples + 1)
+    key_ptr = arr("key_ptr", OFFSET_DTYPE, h.n_samples + 1)
+    ext_ptr = arr("ext_ptr", OFFSET_DTYPE, h.n_exts + 1)
+    if (
+        int(sample_ptr[0]) != 0 or int(sample_ptr[-1]) != h.n_members
+        or int(key_ptr[0]) != 0 or int(key_ptr[-1]) != h.key_bytes
+        or int(ext_ptr[0]) != 0 or int(ext_ptr[-1]) != h.ext_bytes
+    ):
+        raise FormatError(
+            f"{path}: byte {lay['sample_ptr'][0]}: pointer tables do not end at the counts in "
+            f"the header; the index is corrupt; rebuild it with: tarindex index --force <tar>"
+        )
+    ext_blob = bytes(blob("ext_blob"))
+    eps = ext_ptr.tolist()
+    exts = [ext_blob[eps[i] : eps[i + 1]] for i in range(h.n_exts)]
+    meta_raw = bytes(blob("meta"))
+    try:
+        meta = json.loads(meta_raw) if meta_raw else {}
+    except ValueError as e:
+        raise FormatError(f"{path}: byte {lay['meta'][0]}: metadata is not JSON ({e})") from None
+    t = IndexTables(
+        sample_ptr=sample_ptr,
+        offset=arr("offset", OFFSET_DTYPE, h.n_members),
+        size=arr("size", OFFSET_DTYPE, h.n_members),
+        ext_id=arr("ext_id", EXT_ID_DTYPE, h.n_members),
+        key_ptr=key_ptr,
+        key_blob=blob("key_blob"),
+        exts=exts,
+        tar_size=h.tar_size,
+        head_crc=h.head_crc,
+        tail_crc=h.tail_crc,
+        meta=meta,
+    )
+    if full_check:
+        _full_check(t, path, lay)
+    return t
+
+
+def _full_check(t: IndexTables, path: str, lay: dict[str, tuple[int, int]]) -> None:
+    """O(n) consistency: monotonic pointers, member ranges inside the tar, ext ids in range."""
+    def bad(section: str, i: int, what: str) -> FormatError:
+        return FormatError(
+            f"{path}: byte {lay[section][0] + 8 * i}: {section}[{i}] {what}; the index is "
+            f"corrupt; rebuild it with: tarindex index --force <tar>"
+        )
+
+    for name, ptr in (("sample_ptr", t.sample_ptr), ("key_ptr", t.key_ptr)):
+        d = np.diff(ptr.astype(np.int64))
+        if len(d) and d.min() < 0:
+            raise bad(name, int(np.argmax(d < 0)) + 1, "decreases")
+    if t.n_members:
+        end = t.offset.astype(np.uint64) + t.size.astype(np.uint64)
+        over = (end > np.uint64(t.tar_size)) | (end < t.offset)
+        if over.any():
+            raise bad("offset", int(np.argmax(over)), f"range runs past the tar's {t.tar_size} bytes")
+        if int(t.ext_id.max()) >= len(t.exts):
+            raise bad("ext_id", int(np.argmax(t.ext_id >= len(t.exts))), "is out of range")

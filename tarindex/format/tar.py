@@ -1,0 +1,206 @@
+"""Tar header bytes: build the writer's headers, parse headers from any common tool.
+
+Sources: POSIX.1-1988 ustar and POSIX.1-2001 pax (IEEE Std 1003.1, "pax" utility,
+"ustar Interchange Format" and "pax Interchange Format"), and the GNU tar manual,
+"Basic Tar Format" (GNU LongName/LongLink, base-256 numbers, old GNU header).
+
+Layout of the 512-byte header block (offset, length):
+name 0/100, mode 100/8, uid 108/8, gid 116/8, size 124/12, mtime 136/12, chksum 148/8,
+typeflag 156/1, linkname 157/100, magic 257/6, version 263/2, uname 265/32, gname 297/32,
+devmajor 329/8, devminor 337/8, prefix 345/155 (ustar only; GNU uses the area differently).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BLOCK",
+    "ZERO_BLOCK",
+    "build_member_header",
+    "parse_number",
+    "checksum_ok",
+    "parse_pax",
+    "compression_of",
+    "padded",
+]
+
+from .spec import BLOCK, USTAR_MAX_SIZE
+
+ZERO_BLOCK = bytes(BLOCK)
+_USTAR_MAGIC = b"ustar\x0000"  # POSIX ustar: magic "ustar\0" + version "00"
+
+# Leading bytes of compressed streams (RFC 1952, bzip2, xz, RFC 8878, lz4 frame).
+_COMPRESSION_MAGIC = (
+    (b"\x1f\x8b", "gzip", "gunzip"),
+    (b"BZh", "bzip2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
+)
+
+
+def padded(size: int) -> int:
+    """Return ``size`` rounded up to a whole number of 512-byte blocks (bytes)."""
+    return (size + BLOCK - 1) & ~(BLOCK - 1)
+
+
+def compression_of(head: bytes) -> tuple[str, str] | None:
+    """Return ``(format, decompress command)`` if ``head`` starts a compressed stream, else None."""
+    for magic, fmt, cmd in _COMPRESSION_MAGIC:
+        if head.startswith(magic):
+            return fmt, cmd
+    return None
+
+
+def parse_number(field: bytes) -> int:
+    """Parse a numeric header field: octal with any NUL/space terminators, or GNU base-256.
+
+    GNU tar manual, "Basic Tar Format": if the first byte has its high bit set, the field is
+    a big-endian two's-complement binary number (0x80 positive, 0xff negative).
+
+    Raises:
+        ValueError: If the field is neither (the caller adds the file and offset).
+    """
+    if field and field[0] & 0x80:
+        value = int.from_bytes(field[1:], "big")
+        if field[0] == 0xFF:  # negative (only for times; never valid for sizes)
+            value -= 1 << (8 * (len(field) - 1))
+        return value
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    return int(text, 8)  # raises ValueError on non-octal digits
+
+
+def checksum_ok(block: bytes) -> bool:
+    """True if the header checksum matches, in the unsigned (POSIX) or signed (old Sun) variant.
+
+    The checksum is the sum of all 512 bytes with the chksum field (148:156) taken as spaces.
+    """
+    try:
+        want = parse_number(block[148:156])
+    except ValueError:
+        return False
+    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+    if want == unsigned:
+        return True
+    signed = sum((b - 256 if b > 127 else b) for b in block[:148] + block[156:]) + 8 * 32
+    return want == signed
+
+
+def parse_pax(data: bytes) -> dict[bytes, bytes]:
+    """Parse pax extended-header records ``"%d %s=%s\\n"`` (POSIX.1-2001 pax, "pax Header Block").
+
+    Returns:
+        Mapping of keyword to value bytes, later records overriding earlier ones.
+
+    Raises:
+        ValueError: If a record's length field or layout is malformed.
+    """
+    out: dict[bytes, bytes] = {}
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if data[pos] == 0:  # NUL padding after the last record
+            break
+        sp = data.find(b" ", pos, pos + 24)
+        if sp < 0:
+            raise ValueError(f"pax record at +{pos}: no length field")
+        length = int(data[pos:sp])
+        end = pos + length
+        if length <= 0 or end > n or data[end - 1] != 0x0A:
+            raise ValueError(f"pax record at +{pos}: length {length} does not end at a newline")
+        eq = data.find(b"=", sp + 1, end)
+        if eq < 0:
+            raise ValueError(f"pax record at +{pos}: no '='")
+        out[data[sp + 1 : eq]] = data[eq + 1 : end - 1]
+        pos = end
+    return out
+
+
+def _pax_record(key: bytes, value: bytes) -> bytes:
+    body = b" " + key + b"=" + value + b"\n"
+    n = len(body) + 1
+    while len(str(n).encode()) + len(body) != n:
+        n = len(str(n).encode()) + len(body)
+    return str(n).encode() + body
+
+
+def _octal(value: int, width: int) -> bytes:
+    # width-1 octal digits, then NUL (POSIX ustar numeric field)
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _ustar_block(
+    name: bytes, size: int, mtime: int, mode: int, typeflag: bytes, prefix: bytes = b""
+) -> bytes:
+    block = bytearray(BLOCK)
+    block[0 : len(name)] = name
+    block[100:108] = _octal(mode, 8)
+    block[108:116] = _octal(0, 8)
+    block[116:124] = _octal(0, 8)
+    block[124:136] = _octal(size, 12)
+    block[136:148] = _octal(mtime, 12)
+    block[148:156] = b" " * 8
+    block[156:157] = typeflag
+    block[257:265] = _USTAR_MAGIC
+    block[329:337] = _octal(0, 8)
+    block[337:345] = _octal(0, 8)
+    block[345 : 345 + len(prefix)] = prefix
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def _split_prefix(name: bytes) -> tuple[bytes, bytes] | None:
+    """Split a long name into ustar (prefix <= 155, name <= 100) at a '/', or None."""
+    if len(name) > 256:
+        return None
+    # the rightmost '/' such that the name part fits in 100 bytes and the prefix in 155
+    start = max(0, len(name) - 101)
+    i = name.find(b"/", start)
+    while i != -1:
+        if i <= 155 and len(name) - i - 1 <= 100 and i > 0 and i < len(name) - 1:
+            return name[:i], name[i + 1 :]
+        i = name.find(b"/", i + 1)
+    return None
+
+
+def build_member_header(name: bytes, size: int, mtime: int, mode: int = 0o644) -> bytes:
+    """Return the header block(s) for one regular-file member, as the writer emits them.
+
+    Plain ustar when the name fits in 100 bytes (or splits into the 155-byte prefix and
+    100-byte name at a '/') and the size fits in 11 octal digits; otherwise one pax extended
+    header (typeflag 'x') carrying ``path`` and/or ``size``, then the ustar block (FORMAT.md §1).
+    GNU tar, bsdtar, Python's tarfile and webdataset read all of these.
+
+    Args:
+        name: Member path, UTF-8 bytes.
+        size: Data size in bytes (the data and its zero padding follow the header).
+        mtime: Modification time, integer seconds since the epoch.
+        mode: Permission bits.
+
+    Returns:
+        ``512 * k`` bytes: the header blocks; the data starts right after them.
+    """
+    pax: list[bytes] = []
+    field_name, prefix = name, b""
+    if len(name) > 100:
+        split = _split_prefix(name)
+        if split is not None:
+            prefix, field_name = split
+        else:
+            pax.append(_pax_record(b"path", name))
+            field_name = name[:100]
+            # keep the truncated name decodable on its own
+            while field_name and (field_name[-1] & 0xC0) == 0x80:
+                field_name = field_name[:-1]
+    field_size = size
+    if size > USTAR_MAX_SIZE:
+        pax.append(_pax_record(b"size", str(size).encode()))
+        field_size = 0
+    main = _ustar_block(field_name, field_size, mtime, mode, b"0", prefix)
+    if not pax:
+        return main
+    body = b"".join(pax)
+    pax_name = b"PaxHeaders/" + field_name[:80]
+    head = _ustar_block(pax_name, len(body), mtime, 0o644, b"x")
+    return head + body + bytes(padded(len(body)) - len(body)) + main

@@ -1,0 +1,79 @@
+"""Sidecar index files on disk: where they live, atomic writes, building one from a tar."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+
+from .format.index import IndexTables, encode_index
+from .format.spec import INDEX_SUFFIX
+from .scan import index_tables_for, scan_members
+
+__all__ = ["index_path_for", "write_atomic", "build_index", "is_up_to_date"]
+
+
+def index_path_for(tar_path: str | os.PathLike[str]) -> str:
+    """Return the sidecar index path of a tar: ``<tar path>.tidx`` (FORMAT.md §1)."""
+    return os.fspath(tar_path) + INDEX_SUFFIX
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same directory and ``os.replace``.
+
+    A crash leaves either the old file or the new one, never a partial file at ``path``.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def build_index(
+    tar_path: str | os.PathLike[str], index_path: str | None = None
+) -> IndexTables:
+    """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
+
+    Args:
+        tar_path: A plain tar made by any common tool (GNU tar, bsdtar, Python tarfile,
+            webdataset, tarindex).
+        index_path: Where to write; defaults to ``<tar_path>.tidx``.
+
+    Returns:
+        The tables written.
+
+    Raises:
+        FormatError: Any of the scan errors of :func:`tarindex.scan.scan_members` (truncated,
+            corrupt, compressed, not a tar); no index file is written then.
+    """
+    tar_path = os.fspath(tar_path)
+    members = scan_members(tar_path)
+    with open(tar_path, "rb") as f:
+        if members.tar_size:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                tables = index_tables_for(members, mm)
+            finally:
+                mm.close()
+    write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
+    return tables
+
+
+def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
+    """True if an index exists for the tar and its fingerprint matches (FORMAT.md §3)."""
+    from .reader import ShardReader  # reader sits beside this module; imported lazily
+    from .errors import TarIndexError
+
+    try:
+        ShardReader(os.fspath(tar_path), index_path).close()
+        return True
+    except (TarIndexError, OSError):
+        return False

@@ -1,0 +1,322 @@
+"""Read samples from indexed shards: one shard (ShardReader) or many (ShardSet).
+
+A :class:`ShardReader` mmaps the sidecar index (zero-copy numpy views) and the tar (or uses
+``os.pread``), checks the index against the tar at open (FORMAT.md §3), and returns sample
+``j`` in O(1). A :class:`ShardSet` maps a global sample index to ``(shard, j)`` from the
+per-shard counts in the index headers, and keeps a bounded, per-process LRU of open readers,
+so it pickles small and is safe under fork, spawn and forkserver worker processes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import zlib
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .errors import (
+    IndexMissingError,
+    SampleIndexError,
+    StaleIndexError,
+    TruncatedError,
+)
+from .format.index import IndexTables, decode_index, read_header
+from .format.spec import FINGERPRINT_BYTES, HEADER
+from .indexfile import index_path_for
+from .sources import Source, expand_source
+
+__all__ = ["Sample", "ShardReader", "ShardSet", "read_sample_count"]
+
+Sample = dict[str, Any]
+
+
+def _missing(tar_path: str, index_path: str) -> IndexMissingError:
+    return IndexMissingError(
+        f"{index_path}: no index for shard {tar_path}; build it with: tarindex index {tar_path}"
+    )
+
+
+class ShardReader:
+    """One open shard: its index (mmapped) and its tar (mmapped, or read with ``os.pread``).
+
+    Args:
+        tar_path: Path of the tar.
+        index_path: Path of its index. Defaults to ``<tar_path>.tidx``.
+        use_mmap: Map the tar into memory (fast). ``False`` reads with ``os.pread``: no SIGBUS
+            if the file is truncated while open. Defaults to ``True``.
+        full_check: Also verify the index's crc32 footer and table consistency, O(n).
+            Defaults to ``False`` (the cheap O(1) checks always run).
+
+    Raises:
+        IndexMissingError: No index file.
+        FormatError: The index is truncated or corrupt (its subclasses say how).
+        StaleIndexError: The tar's size or content fingerprint differs from the index's.
+    """
+
+    def __init__(
+        self,
+        tar_path: str,
+        index_path: str | None = None,
+        *,
+        use_mmap: bool = True,
+        full_check: bool = False,
+    ) -> None:
+        self.tar_path = tar_path
+        self.index_path = index_path or index_path_for(tar_path)
+        self._imm: mmap.mmap | None = None
+        self._mm: mmap.mmap | None = None
+        self._fd = -1
+        try:
+            fi = open(self.index_path, "rb")
+        except FileNotFoundError:
+            raise _missing(tar_path, self.index_path) from None
+        with fi:
+            isize = os.fstat(fi.fileno()).st_size
+            if isize < HEADER.size:
+                raise TruncatedError(
+                    f"{self.index_path}: index is {isize} bytes, shorter than its {HEADER.size}-byte "
+                    f"header at byte 0; rebuild it with: tarindex index --force {tar_path}"
+                )
+            self._imm = mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self.index: IndexTables = decode_index(
+                memoryview(self._imm), self.index_path, full_check=full_check
+            )
+            self._fd = os.open(tar_path, os.O_RDONLY)
+            self.tar_size = os.fstat(self._fd).st_size
+            self._check_fingerprint()
+            if use_mmap and self.tar_size:
+                self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            self.close()
+            raise
+        t = self.index
+        self.n_samples = t.n_samples
+        self.exts = [e.decode("utf-8", "surrogateescape") for e in t.exts]
+        self._sample_ptr = t.sample_ptr
+        self._offset = t.offset
+        self._size = t.size
+        self._ext_id = t.ext_id
+        self._key_ptr = t.key_ptr
+        self._key_blob = t.key_blob
+
+    def _check_fingerprint(self) -> None:
+        t = self.index
+        fix = f"rebuild it with: tarindex index --force {self.tar_path}"
+        if self.tar_size != t.tar_size:
+            raise StaleIndexError(
+                f"{self.tar_path}: tar is {self.tar_size} bytes, its index {self.index_path} was "
+                f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); {fix}"
+            )
+        n = min(FINGERPRINT_BYTES, self.tar_size)
+        head = os.pread(self._fd, n, 0)
+        tail = os.pread(self._fd, n, self.tar_size - n)
+        if zlib.crc32(head) != t.head_crc or zlib.crc32(tail) != t.tail_crc:
+            where = 0 if zlib.crc32(head) != t.head_crc else self.tar_size - n
+            raise StaleIndexError(
+                f"{self.tar_path}: bytes {where}..{where + n} differ from when {self.index_path} "
+                f"was made (the tar was replaced or rewritten); {fix}"
+            )
+
+    # -- access ---------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes:
+        """Return ``size`` bytes of the tar at byte ``offset``.
+
+        Raises:
+            TruncatedError: If the range runs past the end of the tar.
+        """
+        end = offset + size
+        if end > self.tar_size:
+            raise TruncatedError(
+                f"{self.tar_path}: byte {self.tar_size}: range {offset}..{end} runs past the end "
+                f"of the tar; the index is corrupt or the tar was cut: tarindex verify {self.tar_path}"
+            )
+        if self._mm is not None:
+            return self._mm[offset:end]
+        data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            raise TruncatedError(
+                f"{self.tar_path}: byte {offset + len(data)}: short read ({len(data)} of {size} "
+                f"bytes); the tar was cut while open"
+            )
+        return data
+
+    def key(self, j: int) -> str:
+        """Return the key of sample ``j`` (0 <= j < n_samples)."""
+        kp = self._key_ptr
+        return bytes(self._key_blob[int(kp[j]) : int(kp[j + 1])]).decode("utf-8", "surrogateescape")
+
+    def member_slice(self, j: int) -> tuple[int, int]:
+        """Return the half-open member range ``[lo, hi)`` of sample ``j``."""
+        sp = self._sample_ptr
+        return int(sp[j]), int(sp[j + 1])
+
+    def sample(self, j: int) -> Sample:
+        """Return sample ``j`` as ``{"__key__": str, ext: bytes, ...}`` (no ``__shard__``/``__index__``).
+
+        Raises:
+            SampleIndexError: If ``j`` is out of range.
+            TruncatedError: If a member's range runs past the end of the tar.
+        """
+        if not 0 <= j < self.n_samples:
+            raise SampleIndexError(f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})")
+        lo, hi = self.member_slice(j)
+        out: Sample = {"__key__": self.key(j)}
+        exts = self.exts
+        read = self.read
+        for off, size, e in zip(
+            self._offset[lo:hi].tolist(), self._size[lo:hi].tolist(), self._ext_id[lo:hi].tolist()
+        ):
+            out[exts[e]] = read(off, size)
+        return out
+
+    def sample_byte_range(self, j0: int, j1: int) -> tuple[int, int]:
+        """Return ``(start, end)`` in bytes covering the data of samples ``j0 <= j < j1``.
+
+        The range includes the headers in between; read it once for sequential access.
+        """
+        lo, _ = self.member_slice(j0)
+        _, hi = self.member_slice(j1 - 1)
+        offs = self._offset[lo:hi]
+        ends = offs + self._size[lo:hi]
+        return int(offs.min()), int(ends.max())
+
+    def close(self) -> None:
+        """Release the mmaps and the file descriptor (idempotent)."""
+        for attr in ("_mm", "_imm"):
+            m = getattr(self, attr, None)
+            if m is not None:
+                try:
+                    m.close()
+                except BufferError:
+                    pass  # views still alive (numpy arrays handed out); GC closes it later
+                setattr(self, attr, None)
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def read_sample_count(tar_path: str, index_path: str | None = None) -> int:
+    """Read only the 80-byte index header of a shard and return its sample count.
+
+    Raises:
+        IndexMissingError: No index file.
+        FormatError: Bad magic, unknown version, truncated header.
+    """
+    ip = index_path or index_path_for(tar_path)
+    try:
+        with open(ip, "rb") as f:
+            head = f.read(HEADER.size)
+    except FileNotFoundError:
+        raise _missing(tar_path, ip) from None
+    return read_header(head, ip).n_samples
+
+
+class ShardSet:
+    """Many shards as one sequence of samples; global index ``i`` -> ``(shard, j)``.
+
+    Construction reads only the 80-byte header of every index (no tar scan, no per-sample
+    objects). Readers open lazily in the process that reads, at most ``max_open`` at a time
+    (least recently used closed first), and are never pickled.
+
+    Args:
+        source: Shards: a path, list, brace pattern, glob or directory (see
+            :func:`tarindex.sources.expand_source`).
+        max_open: Bound on simultaneously open shards per process (each holds one file
+            descriptor and two mmaps). Defaults to ``64``.
+        use_mmap: See :class:`ShardReader`. Defaults to ``True``.
+
+    Raises:
+        FileNotFoundError: No shard matches ``source``.
+        IndexMissingError: A shard has no index (the message gives the command).
+    """
+
+    def __init__(self, source: Source, *, max_open: int = 64, use_mmap: bool = True) -> None:
+        self.paths = expand_source(source)
+        counts = [read_sample_count(p) for p in self.paths]
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=self.starts[1:])
+        self._starts_list: list[int] = self.starts.tolist()
+        self.max_open = max(1, int(max_open))
+        self.use_mmap = use_mmap
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self._starts_list[-1]
+
+    @property
+    def n_shards(self) -> int:
+        """Number of shards."""
+        return len(self.paths)
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Map global sample index ``i`` (negative counts from the end) to ``(shard, j)``.
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+        """
+        n = self._starts_list[-1]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise SampleIndexError(f"sample index {i} out of range for {n} samples")
+        s = bisect.bisect_right(self._starts_list, i) - 1
+        return s, i - self._starts_list[s]
+
+    def reader(self, s: int) -> ShardReader:
+        """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed."""
+        if self._pid != os.getpid():  # forked: the parent's mmaps and fds are not ours
+            self._readers = OrderedDict()
+            self._pid = os.getpid()
+        r = self._readers.get(s)
+        if r is not None:
+            self._readers.move_to_end(s)
+            return r
+        r = ShardReader(self.paths[s], use_mmap=self.use_mmap)
+        self._readers[s] = r
+        while len(self._readers) > self.max_open:
+            _, old = self._readers.popitem(last=False)
+            old.close()
+        return r
+
+    def get(self, i: int) -> Sample:
+        """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes."""
+        s, j = self.locate(i)
+        out = self.reader(s).sample(j)
+        out["__shard__"] = self.paths[s]
+        out["__index__"] = self._starts_list[s] + j
+        return out
+
+    def close(self) -> None:
+        """Close every open reader of this process."""
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_readers"] = OrderedDict()  # handles are reopened lazily, never pickled
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+

@@ -1,0 +1,227 @@
+"""ShardWriter: write standard tar shards and their sidecar indexes in one pass, atomically."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from typing import Any, Callable
+
+from .codecs import encode_value
+from .errors import WriterError
+from .format.group import group_members
+from .format.index import encode_index
+from .format.keys import check_ext, check_key
+from .format.spec import BLOCK, FINGERPRINT_BYTES
+from .format.tar import ZERO_BLOCK, build_member_header, padded
+from .indexfile import index_path_for, write_atomic
+
+__all__ = ["ShardWriter", "TarShardWriter"]
+
+_RECORD = 20 * BLOCK  # GNU tar and Python tarfile pad archives to 10240-byte records
+
+
+class TarShardWriter:
+    """Write one shard: a plain ustar tar (pax only where a name or size needs it) + its index.
+
+    Data goes to ``<path>.tmp``; :meth:`close` writes the end-of-archive blocks, renames the tar
+    into place, then writes the index atomically. :meth:`abort` deletes the temp file. So a
+    crash or an exception never leaves a tar or index that looks complete (FORMAT.md §1).
+
+    Args:
+        path: Final path of the tar.
+        mtime: Modification time stored in every header, integer seconds. Defaults to now.
+    """
+
+    def __init__(self, path: str, mtime: int | None = None) -> None:
+        self.path = os.fspath(path)
+        self.tmp = f"{self.path}.{os.getpid()}.tmp"
+        self.mtime = int(time.time()) if mtime is None else int(mtime)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._f = open(self.tmp, "wb")
+        self.pos = 0
+        self.count = 0
+        self._head = bytearray()
+        self._tail = b""
+        self._names: list[bytes] = []
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._keys: set[str] = set()
+
+    def _write(self, data: bytes) -> None:
+        self._f.write(data)
+        self.pos += len(data)
+        if len(self._head) < FINGERPRINT_BYTES:
+            self._head += data[: FINGERPRINT_BYTES - len(self._head)]
+        self._tail = (self._tail + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
+
+    def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        """Append one sample: ``members`` is ``[(ext, data), ...]`` already encoded.
+
+        Raises:
+            WriterError: If ``key`` was already written to this shard.
+        """
+        if key in self._keys:
+            raise WriterError(f"{self.path}: key {key!r} written twice in this shard (byte {self.pos})")
+        self._keys.add(key)
+        for ext, data in members:
+            name = f"{key}.{ext}".encode("utf-8")
+            size = len(data)
+            self._write(build_member_header(name, size, self.mtime))
+            self._names.append(name)
+            self._offsets.append(self.pos)
+            self._sizes.append(size)
+            self._write(data)
+            pad = padded(size) - size
+            if pad:
+                self._write(bytes(pad))
+        self.count += 1
+
+    def close(self) -> None:
+        """Finish the tar (end blocks, record padding), rename it into place, write its index."""
+        from . import __version__
+
+        end = self.pos + 2 * BLOCK
+        self._write(ZERO_BLOCK * 2 + bytes(padded_to(end, _RECORD) - end))
+        self._f.close()
+        size = self.pos
+        head = zlib.crc32(bytes(self._head[: min(FINGERPRINT_BYTES, size)]))
+        tail = zlib.crc32(self._tail[-min(FINGERPRINT_BYTES, size):])
+        res = group_members(
+            self._names, self._offsets, self._sizes, tar_size=size, head_crc=head, tail_crc=tail,
+            meta={"producer": "tarindex.writer", "version": __version__},
+        )
+        index = encode_index(res.tables)
+        os.replace(self.tmp, self.path)
+        write_atomic(index_path_for(self.path), index)
+
+    def abort(self) -> None:
+        """Discard the shard being written (delete the temp file)."""
+        try:
+            self._f.close()
+        finally:
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+
+def padded_to(n: int, multiple: int) -> int:
+    """Return ``n`` rounded up to a multiple of ``multiple``."""
+    return -(-n // multiple) * multiple
+
+
+class ShardWriter:
+    """Write samples into a sequence of tar shards, each with its sidecar index.
+
+    A context manager. Shard ``k`` goes to ``pattern % k`` (e.g. ``"out/train-%06d.tar"``). A new
+    shard starts before a sample when the current one holds ``maxcount`` samples or
+    ``maxsize`` bytes. On an exception inside the ``with`` block the shard in progress is
+    deleted; shards already finished stay complete with their indexes.
+
+    Args:
+        pattern: printf-style pattern with one integer field, or a plain path if only one
+            shard will be written.
+        maxcount: Samples per shard at most. Defaults to ``100_000``.
+        maxsize: Bytes per shard at most (a single larger sample still goes in one shard).
+            Defaults to ``3e9``.
+        start_shard: Number of the first shard. Defaults to ``0``.
+        mtime: Integer mtime for every member header. Defaults to the time of construction.
+        encoder: ``(ext, value) -> bytes``. Defaults to :func:`tarindex.codecs.encode_value`.
+
+    Example:
+        >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
+        ...     sink.write({"__key__": "00000001", "png": png_bytes, "cls": 3})
+    """
+
+    def __init__(
+        self,
+        pattern: str | os.PathLike[str],
+        maxcount: int = 100_000,
+        maxsize: float = 3e9,
+        *,
+        start_shard: int = 0,
+        mtime: int | None = None,
+        encoder: Callable[[str, Any], bytes] = encode_value,
+    ) -> None:
+        self.pattern = os.fspath(pattern)
+        if maxcount < 1 or maxsize < 1:
+            raise ValueError(f"maxcount ({maxcount}) and maxsize ({maxsize}) must be >= 1")
+        self.maxcount = int(maxcount)
+        self.maxsize = int(maxsize)
+        self.shard = start_shard
+        self.mtime = int(time.time()) if mtime is None else int(mtime)
+        self.encoder = encoder
+        self.paths: list[str] = []
+        self.total = 0
+        self._cur: TarShardWriter | None = None
+
+    def _path(self, k: int) -> str:
+        try:
+            return self.pattern % k
+        except TypeError:
+            if k == 0:
+                return self.pattern
+            raise ValueError(
+                f"pattern {self.pattern!r} has no %d field but more than one shard is needed"
+            ) from None
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Write one sample: ``{"__key__": str, ext: value, ...}`` (keys starting ``__`` skipped).
+
+        Raises:
+            WriterError: Missing or invalid key (a dot in its basename, see FORMAT.md §4), a key
+                repeated within the shard, a bad extension, or a value that cannot be encoded.
+        """
+        key = sample.get("__key__")
+        if not isinstance(key, str):
+            raise WriterError(f"sample has no str '__key__' (got {key!r})")
+        try:
+            check_key(key)
+        except ValueError as e:
+            raise WriterError(str(e)) from None
+        members: list[tuple[str, bytes]] = []
+        for ext, value in sample.items():
+            if ext.startswith("__"):
+                continue
+            try:
+                check_ext(ext)
+                members.append((ext, self.encoder(ext, value)))
+            except (TypeError, ValueError) as e:
+                raise WriterError(f"sample {key!r}: {e}") from None
+        if not members:
+            raise WriterError(f"sample {key!r} has no members (only '__' entries)")
+        cur = self._cur
+        if cur is not None and (cur.count >= self.maxcount or cur.pos >= self.maxsize):
+            self._finish()
+            cur = None
+        if cur is None:
+            cur = self._cur = TarShardWriter(self._path(self.shard), self.mtime)
+        cur.write(key, members)
+        self.total += 1
+
+    def _finish(self) -> None:
+        if self._cur is not None:
+            self._cur.close()
+            self.paths.append(self._cur.path)
+            self._cur = None
+            self.shard += 1
+
+    def close(self) -> None:
+        """Finish the current shard."""
+        self._finish()
+
+    def abort(self) -> None:
+        """Discard the shard in progress."""
+        if self._cur is not None:
+            self._cur.abort()
+            self._cur = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
