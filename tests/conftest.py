@@ -1,0 +1,58 @@
+"""Shared fixtures: shards written by tarindex with seeded, varied samples."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def sample_payload(i: int, rng: np.random.Generator) -> dict[str, object]:
+    """A sample of varied shape: raw bytes of random size (0..3000), a label, text."""
+    n = int(rng.integers(0, 3000))
+    return {
+        "__key__": f"{i:08d}",
+        "bin": rng.integers(0, 256, n, dtype=np.uint8).tobytes(),
+        "cls": i % 10,
+        "txt": f"sample {i}",
+    }
+
+
+MakeShards = Callable[..., list[str]]
+
+
+@pytest.fixture
+def make_shards(tmp_path: Path) -> MakeShards:
+    """Factory: ``make_shards(sizes=[5, 7, 3], seed=0, name="train")`` -> shard paths.
+
+    Sample ``i`` (global) has key ``f"{i:08d}"``, ``cls = i % 10``, ``txt = f"sample {i}"``
+    and ``bin`` of seeded random bytes; ``sizes`` gives the samples per shard.
+    """
+
+    def make(sizes: list[int], seed: int = 0, name: str = "train") -> list[str]:
+        rng = np.random.default_rng(seed)
+        out: list[str] = []
+        i = 0
+        d = tmp_path / name
+        d.mkdir(exist_ok=True)
+        for s, n in enumerate(sizes):
+            with tarindex.ShardWriter(str(d / f"{name}-{s:06d}.tar"), maxcount=max(n, 1), mtime=0) as w:
+                for _ in range(n):
+                    w.write(sample_payload(i, rng))
+                    i += 1
+            out.append(str(d / f"{name}-{s:06d}.tar"))
+        return out
+
+    return make
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None
