@@ -12,6 +12,9 @@ from .scan import index_tables_for, scan_members
 
 __all__ = ["index_path_for", "write_atomic", "build_index", "is_up_to_date"]
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def index_path_for(tar_path: str | os.PathLike[str]) -> str:
     """Return the sidecar index path of a tar: ``<tar path>.tidx`` (FORMAT.md §1)."""
@@ -28,6 +31,7 @@ def write_atomic(path: str, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give what open() would
         os.replace(tmp, path)
     except BaseException:
         try:
