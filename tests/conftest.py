@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tarindex
+from tarindex.writer import TarShardWriter
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
@@ -44,6 +45,10 @@ def make_shards(tmp_path: Path) -> MakeShards:
         d = tmp_path / name
         d.mkdir(exist_ok=True)
         for s, n in enumerate(sizes):
+            if n == 0:  # an empty shard: valid tar, valid index, zero samples
+                TarShardWriter(str(d / f"{name}-{s:06d}.tar"), mtime=0).close()
+                out.append(str(d / f"{name}-{s:06d}.tar"))
+                continue
             with tarindex.ShardWriter(str(d / f"{name}-{s:06d}.tar"), maxcount=max(n, 1), mtime=0) as w:
                 for _ in range(n):
                     w.write(sample_payload(i, rng))
