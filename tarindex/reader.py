@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import sys
 import zlib
 from collections import OrderedDict
 from typing import Any
@@ -97,11 +98,14 @@ class ShardReader:
         t = self.index
         self.n_samples = t.n_samples
         self.exts = [e.decode("utf-8", "surrogateescape") for e in t.exts]
-        self._sample_ptr = t.sample_ptr
-        self._offset = t.offset
-        self._size = t.size
-        self._ext_id = t.ext_id
-        self._key_ptr = t.key_ptr
+        # Hot-path views: memoryview.cast("Q") indexes to Python ints ~3x faster than numpy
+        # scalars. The tables are little-endian (FORMAT.md §2); on a big-endian host fall back
+        # to numpy views (indexing them also yields ints via int()).
+        self._sample_ptr = _fast(t.sample_ptr)
+        self._offset = _fast(t.offset)
+        self._size = _fast(t.size)
+        self._ext_id = _fast(t.ext_id)
+        self._key_ptr = _fast(t.key_ptr)
         self._key_blob = t.key_blob
 
     def _check_fingerprint(self) -> None:
@@ -148,7 +152,7 @@ class ShardReader:
     def key(self, j: int) -> str:
         """Return the key of sample ``j`` (0 <= j < n_samples)."""
         kp = self._key_ptr
-        return bytes(self._key_blob[int(kp[j]) : int(kp[j + 1])]).decode("utf-8", "surrogateescape")
+        return self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
 
     def member_slice(self, j: int) -> tuple[int, int]:
         """Return the half-open member range ``[lo, hi)`` of sample ``j``."""
@@ -164,14 +168,20 @@ class ShardReader:
         """
         if not 0 <= j < self.n_samples:
             raise SampleIndexError(f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})")
-        lo, hi = self.member_slice(j)
-        out: Sample = {"__key__": self.key(j)}
-        exts = self.exts
-        read = self.read
-        for off, size, e in zip(
-            self._offset[lo:hi].tolist(), self._size[lo:hi].tolist(), self._ext_id[lo:hi].tolist()
-        ):
-            out[exts[e]] = read(off, size)
+        kp = self._key_ptr
+        out: Sample = {
+            "__key__": self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
+        }
+        exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
+        mm = self._mm
+        limit = self.tar_size
+        for m in range(self._sample_ptr[j], self._sample_ptr[j + 1]):
+            off = offs[m]
+            end = off + sizes[m]
+            if mm is not None and end <= limit:
+                out[exts[eids[m]]] = mm[off:end]
+            else:
+                out[exts[eids[m]]] = self.read(off, end - off)
         return out
 
     def sample_byte_range(self, j0: int, j1: int) -> tuple[int, int]:
@@ -181,12 +191,18 @@ class ShardReader:
         """
         lo, _ = self.member_slice(j0)
         _, hi = self.member_slice(j1 - 1)
-        offs = self._offset[lo:hi]
-        ends = offs + self._size[lo:hi]
+        if hi <= lo:
+            return 0, 0
+        offs = self.index.offset[lo:hi]
+        ends = offs + self.index.size[lo:hi]
         return int(offs.min()), int(ends.max())
 
     def close(self) -> None:
         """Release the mmaps and the file descriptor (idempotent)."""
+        # drop our views first so the index mmap has no exports left when it is closed
+        for attr in ("_sample_ptr", "_offset", "_size", "_ext_id", "_key_ptr", "_key_blob", "index"):
+            if hasattr(self, attr):
+                setattr(self, attr, None)
         for attr in ("_mm", "_imm"):
             m = getattr(self, attr, None)
             if m is not None:
@@ -210,6 +226,13 @@ class ShardReader:
             self.close()
         except Exception:
             pass
+
+
+def _fast(a: np.ndarray[Any, Any]) -> Any:
+    """A zero-copy view of a little-endian table that indexes to Python ints quickly."""
+    if sys.byteorder == "little" and a.dtype.itemsize in (4, 8) and len(a):
+        return memoryview(a).cast("B").cast("Q" if a.dtype.itemsize == 8 else "I")
+    return a  # big-endian host or empty table: numpy scalars still work as indices
 
 
 def read_sample_count(tar_path: str, index_path: str | None = None) -> int:
