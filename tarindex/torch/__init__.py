@@ -1,5 +1,7 @@
 """The torch layer: the only part of tarindex that imports torch."""
 
 from .dataset import TarDataset
+from .iterable import TarIterableDataset
+from .sampler import BlockSampler
 
-__all__ = ["TarDataset"]
+__all__ = ["TarDataset", "TarIterableDataset", "BlockSampler"]

@@ -1,0 +1,473 @@
+"""Pure, seeded planning of a streaming epoch: which samples each (rank, worker) reads, in what order.
+
+Nothing here reads data, imports torch or keeps state: every function is a pure function of its
+arguments, so every rank and every DataLoader worker computes the same plan with no
+communication, and the plan can be computed and inspected offline (docs/STREAMING.md).
+
+The plan of one epoch (``shuffle=True``):
+
+1. **Shard order**: a permutation of the shards.
+2. **Blocks**: each shard, in that order, is cut into blocks of at most ``block_size``
+   contiguous samples. The cut points are shifted by a random offset per shard and epoch, so
+   the same samples are not glued together every epoch.
+3. **Block order**: the blocks are permuted globally. Their concatenation is the epoch's
+   *stream* of ``n`` sample positions.
+4. **Dealing**: rank ``r`` takes stream positions ``[r * P, (r + 1) * P)`` where ``P`` is
+   :func:`rank_share`; within a rank, worker ``w`` takes a contiguous sub-range of
+   :func:`worker_shares` ``[w]`` positions. Blocks are dealt, not shards (a block is split where
+   a slice boundary falls inside it), so any number of ranks x workers works with one shard.
+5. **Remainder**: ``drop_last=False`` makes ``P = ceil(n / world_size)`` and the positions past
+   ``n`` wrap to the start of the stream (the first ``world_size * P - n`` samples of the
+   plan are yielded twice, the rest once). ``drop_last=True`` makes ``P = n // world_size``
+   and the last ``n - world_size * P`` stream positions are not yielded this epoch (a
+   different set each epoch when shuffling). Either way fewer than ``world_size`` samples are
+   affected; when ``world_size`` divides ``n`` every sample is yielded exactly once.
+6. **Mixing**: each worker's positions are cut into windows of ``buffer_size``; the samples of
+   window ``k`` are yielded in the order of :func:`window_order` ``(..., window=k)``, a
+   permutation that depends only on ``(seed, epoch, rank, worker, k)``. A worker holds one
+   window in memory; resuming at position ``p`` reads window ``p // buffer_size`` again and
+   skips ``p % buffer_size`` of its samples, so a resumed epoch is exact.
+
+Every worker of every rank gets the same per-worker counts (:func:`worker_shares` depends on
+``P`` and ``num_workers`` only), so all ranks yield the same number of samples *and* of batches.
+
+With ``shuffle=False`` steps 1, 2 (offset), 3 and 6 are the identity: rank ``r`` reads its
+share in stored order, worker ``w`` a contiguous part of it.
+
+Seeds: every generator is ``numpy.random.SeedSequence([seed_lo, seed_hi, epoch_lo, epoch_hi,
+tag, ...])`` with ``seed`` and ``epoch`` split into fixed-width 32-bit words and a distinct
+``tag`` per use. Passing ``[seed, epoch, ...]`` directly would collide for values ``>= 2**32``
+(``SeedSequence`` splits big ints into a variable number of words, so ``[2**32, 0]`` hashes as
+``[0, 1, 0]``) and for trailing zeros; ``seed + epoch`` collides for ``(0, 1)`` and ``(1, 0)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "BLOCK_DTYPE",
+    "WorkerPlan",
+    "make_rng",
+    "shard_order",
+    "cut_blocks",
+    "epoch_blocks",
+    "rank_share",
+    "worker_shares",
+    "slot_span",
+    "slice_blocks",
+    "blocks_to_indices",
+    "window_order",
+    "plan_worker",
+]
+
+BLOCK_DTYPE = np.dtype(np.int64)
+"""dtype of every block table: rows of ``(shard, start, stop)``, half-open sample ranges."""
+
+_MASK32 = (1 << 32) - 1
+_LIMIT = 1 << 64
+_TAG_SHARDS = 1
+_TAG_CUTS = 2
+_TAG_BLOCKS = 3
+_TAG_WINDOW = 4
+
+Blocks = NDArray[np.int64]
+
+
+def _check_nonneg(name: str, value: int, limit: int = _LIMIT) -> int:
+    v = int(value)
+    if not 0 <= v < limit:
+        raise ValueError(f"{name}={value!r}: expected an integer in [0, {limit})")
+    return v
+
+
+def make_rng(seed: int, epoch: int, tag: int, *keys: int) -> np.random.Generator:
+    """Return the generator for one use of the plan.
+
+    Args:
+        seed: Base seed, ``0 <= seed < 2**64``.
+        epoch: Epoch, ``0 <= epoch < 2**64``.
+        tag: Which use (shard order, cuts, block order, window); distinct tags never share a
+            stream.
+        *keys: Further non-negative 32-bit integers (rank, worker, window index).
+
+    Returns:
+        A PCG64 generator seeded from ``SeedSequence([seed_lo, seed_hi, epoch_lo, epoch_hi, tag,
+        *keys])``; the entropy list has a fixed length per tag, so no two inputs collide.
+
+    Raises:
+        ValueError: If ``seed``, ``epoch`` or a key is negative or too large.
+    """
+    s = _check_nonneg("seed", seed)
+    e = _check_nonneg("epoch", epoch)
+    words = [s & _MASK32, s >> 32, e & _MASK32, e >> 32, int(tag)]
+    words += [_check_nonneg("key", k, 1 << 32) for k in keys]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+
+
+def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool = True) -> NDArray[np.int64]:
+    """Return the order in which shards are cut into blocks this epoch.
+
+    Returns:
+        ``int64`` array of shape ``(n_shards,)``: a permutation of ``range(n_shards)``
+        (the identity when ``shuffle`` is false).
+    """
+    if not shuffle:
+        return np.arange(n_shards, dtype=np.int64)
+    return make_rng(seed, epoch, _TAG_SHARDS).permutation(n_shards).astype(np.int64)
+
+
+def cut_blocks(
+    counts: NDArray[np.integer] | list[int],
+    order: NDArray[np.integer] | list[int],
+    block_size: int,
+    offsets: NDArray[np.integer] | None = None,
+) -> Blocks:
+    """Cut shards into blocks of at most ``block_size`` contiguous samples.
+
+    Args:
+        counts: Samples per shard, shape ``(n_shards,)``, non-negative integers.
+        order: Shards to cut, in this order, shape ``(n_shards,)`` (usually a permutation).
+        block_size: Samples per block, ``>= 1``.
+        offsets: Per shard (indexed by shard id, shape ``(n_shards,)``), the size of its first
+            block in ``[1, block_size]``; later blocks are ``block_size`` long, the last one
+            what remains. ``None`` cuts at ``0, block_size, 2 * block_size, ...``.
+
+    Returns:
+        ``int64`` array of shape ``(n_blocks, 3)``: rows ``(shard, start, stop)``, a half-open
+        range of sample indices within the shard; shards in ``order``, blocks of one shard in
+        stored order. Empty shards contribute no rows.
+
+    Raises:
+        ValueError: If ``block_size < 1`` or a count is negative.
+    """
+    if int(block_size) < 1:
+        raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
+    bs = int(block_size)
+    cnt = np.asarray(counts, dtype=np.int64)
+    if cnt.size and int(cnt.min()) < 0:
+        raise ValueError("counts: sample counts must be >= 0")
+    ordr = np.asarray(order, dtype=np.int64)
+    c = cnt[ordr]
+    first = np.full(len(ordr), bs, dtype=np.int64)
+    if offsets is not None:
+        first = np.asarray(offsets, dtype=np.int64)[ordr]
+    first = np.minimum(first, c)
+    # blocks per shard: the first block, then ceil((c - first) / bs) more
+    rest = c - first
+    nb = np.where(c > 0, 1 + (rest + bs - 1) // bs, 0)
+    total = int(nb.sum())
+    out = np.empty((total, 3), dtype=BLOCK_DTYPE)
+    if total == 0:
+        return out
+    shard_of = np.repeat(ordr, nb)
+    # index of each block within its shard
+    ends = np.cumsum(nb)
+    k = np.arange(total, dtype=np.int64) - np.repeat(ends - nb, nb)
+    f = np.repeat(first, nb)
+    start = np.where(k == 0, 0, f + (k - 1) * bs)
+    stop = np.minimum(f + k * bs, np.repeat(c, nb))
+    out[:, 0] = shard_of
+    out[:, 1] = start
+    out[:, 2] = stop
+    return out
+
+
+def epoch_blocks(
+    counts: NDArray[np.integer] | list[int],
+    seed: int,
+    epoch: int,
+    block_size: int,
+    shuffle: bool = True,
+) -> Blocks:
+    """Return the epoch's stream: all blocks of all shards in the order they are dealt.
+
+    With ``shuffle``: shard order permuted (:func:`shard_order`), first-block sizes drawn
+    uniformly from ``[1, block_size]`` per shard, then the blocks permuted globally. Without:
+    shards in stored order, cut at multiples of ``block_size``, not permuted.
+
+    Args:
+        counts: Samples per shard, shape ``(n_shards,)``.
+        seed: Base seed, ``>= 0``.
+        epoch: Epoch, ``>= 0``.
+        block_size: Samples per block, ``>= 1``.
+        shuffle: Permute (see above). Defaults to ``True``.
+
+    Returns:
+        ``int64`` array of shape ``(n_blocks, 3)`` of ``(shard, start, stop)`` rows; the row
+        lengths sum to ``sum(counts)``.
+
+    Raises:
+        ValueError: Bad ``block_size``, ``seed`` or ``epoch``.
+    """
+    cnt = np.asarray(counts, dtype=np.int64)
+    order = shard_order(len(cnt), seed, epoch, shuffle)
+    offsets = None
+    if shuffle and int(block_size) > 1:
+        offsets = make_rng(seed, epoch, _TAG_CUTS).integers(1, int(block_size) + 1, len(cnt))
+    blocks = cut_blocks(cnt, order, block_size, offsets)
+    if shuffle and len(blocks) > 1:
+        blocks = blocks[make_rng(seed, epoch, _TAG_BLOCKS).permutation(len(blocks))]
+    return blocks
+
+
+def rank_share(n_samples: int, world_size: int, drop_last: bool = False) -> int:
+    """Return ``P``, the number of samples every rank yields per epoch.
+
+    ``ceil(n_samples / world_size)`` (padding by repeating) or, with ``drop_last``,
+    ``n_samples // world_size`` (dropping the remainder). ``0`` when ``n_samples == 0``.
+
+    Raises:
+        ValueError: If ``world_size < 1`` or ``n_samples < 0``.
+    """
+    if int(world_size) < 1:
+        raise ValueError(f"world_size={world_size!r}: expected >= 1")
+    if int(n_samples) < 0:
+        raise ValueError(f"n_samples={n_samples!r}: expected >= 0")
+    n, w = int(n_samples), int(world_size)
+    return n // w if drop_last else -(-n // w)
+
+
+def worker_shares(per_rank: int, num_workers: int) -> NDArray[np.int64]:
+    """Split one rank's ``per_rank`` samples over its DataLoader workers.
+
+    Returns:
+        ``int64`` array of shape ``(num_workers,)``: worker ``w`` gets
+        ``per_rank // num_workers + (w < per_rank % num_workers)``. The vector depends only on
+        ``(per_rank, num_workers)``, hence is the same on every rank: worker ``w`` yields the
+        same count on every rank, so every rank yields the same number of batches.
+
+    Raises:
+        ValueError: If ``num_workers < 1``.
+    """
+    if int(num_workers) < 1:
+        raise ValueError(f"num_workers={num_workers!r}: expected >= 1")
+    q, r = divmod(int(per_rank), int(num_workers))
+    return q + (np.arange(int(num_workers), dtype=np.int64) < r).astype(np.int64)
+
+
+def slot_span(
+    n_samples: int,
+    rank: int,
+    world_size: int,
+    worker: int = 0,
+    num_workers: int = 1,
+    drop_last: bool = False,
+) -> tuple[int, int]:
+    """Return the half-open stream positions ``[start, stop)`` dealt to ``(rank, worker)``.
+
+    Positions ``>= n_samples`` (only with ``drop_last=False``) wrap: position ``p`` means
+    stream position ``p % n_samples``.
+
+    Raises:
+        ValueError: If ``rank`` or ``worker`` is out of range.
+    """
+    if not 0 <= int(rank) < int(world_size):
+        raise ValueError(f"rank={rank!r}: expected 0 <= rank < world_size={world_size}")
+    if not 0 <= int(worker) < int(num_workers):
+        raise ValueError(f"worker={worker!r}: expected 0 <= worker < num_workers={num_workers}")
+    p = rank_share(n_samples, world_size, drop_last)
+    shares = worker_shares(p, num_workers)
+    start = int(rank) * p + int(shares[: int(worker)].sum())
+    return start, start + int(shares[int(worker)])
+
+
+def slice_blocks(blocks: Blocks, start: int, stop: int, wrap: bool = False) -> Blocks:
+    """Return the blocks covering positions ``[start, stop)`` of the concatenation of ``blocks``.
+
+    Args:
+        blocks: ``int64`` array of shape ``(n_blocks, 3)``, rows ``(shard, start, stop)``.
+        start: First position, ``>= 0``.
+        stop: End position (exclusive).
+        wrap: Allow positions past the total length ``n``: position ``p`` means ``p % n``
+            (used for padding). Without it, ``stop`` must be ``<= n``.
+
+    Returns:
+        ``int64`` array of shape ``(m, 3)``; the first and last rows are trimmed, so the row
+        lengths sum to ``max(stop - start, 0)``.
+
+    Raises:
+        ValueError: If the range is out of bounds (``wrap=False``) or ``blocks`` is empty while
+            the range is not.
+    """
+    b = np.asarray(blocks, dtype=BLOCK_DTYPE).reshape(-1, 3)
+    start, stop = int(start), int(stop)
+    if stop <= start:
+        return np.empty((0, 3), dtype=BLOCK_DTYPE)
+    lens = b[:, 2] - b[:, 1]
+    cum = np.zeros(len(b) + 1, dtype=np.int64)
+    np.cumsum(lens, out=cum[1:])
+    n = int(cum[-1])
+    if start < 0 or (not wrap and stop > n) or n == 0:
+        raise ValueError(f"positions [{start}, {stop}) out of range for {n} samples")
+    pieces = []
+    while start < stop:
+        base = (start // n) * n
+        a, e = start - base, min(stop - base, n)
+        i0 = int(np.searchsorted(cum, a, side="right")) - 1
+        i1 = int(np.searchsorted(cum, e, side="left"))
+        part = b[i0:i1].copy()
+        part[0, 1] += a - cum[i0]
+        part[-1, 2] -= cum[i1] - e
+        pieces.append(part)
+        start = base + e
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+def blocks_to_indices(blocks: Blocks, starts: NDArray[np.integer]) -> NDArray[np.int64]:
+    """Expand blocks into global sample indices (``starts[shard] + j``), in block order.
+
+    Args:
+        blocks: ``int64`` ``(m, 3)`` rows ``(shard, start, stop)``.
+        starts: Cumulative sample counts, shape ``(n_shards + 1,)`` (``ShardSet.starts``).
+
+    Returns:
+        ``int64`` array of shape ``(sum of block lengths,)``.
+    """
+    b = np.asarray(blocks, dtype=np.int64).reshape(-1, 3)
+    lens = b[:, 2] - b[:, 1]
+    first = np.asarray(starts, dtype=np.int64)[b[:, 0]] + b[:, 1]
+    tot = int(lens.sum())
+    if tot == 0:
+        return np.empty(0, dtype=np.int64)
+    offs = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    return np.repeat(first, lens) + offs
+
+
+def window_order(
+    length: int, seed: int, epoch: int, rank: int, worker: int, window: int
+) -> NDArray[np.int64]:
+    """Return the order in which a worker yields the samples of one buffer window.
+
+    Returns:
+        ``int64`` permutation of ``range(length)``, a pure function of all arguments
+        (``SeedSequence`` of ``(seed, epoch, rank, worker, window)``).
+    """
+    return make_rng(seed, epoch, _TAG_WINDOW, rank, worker, window).permutation(int(length))
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one (rank, worker) yields in one epoch, and in what order.
+
+    Built by :func:`plan_worker`. Holds ``O(blocks dealt to this worker)`` integers, never a
+    per-sample list unless :meth:`order` is called.
+    """
+
+    segments: Blocks
+    """``int64 (m, 3)``: rows ``(shard, start, stop)``, this worker's share of the stream in
+    stream order (padding included); each row is read as one sequential byte range."""
+    n_samples: int
+    """Samples this worker yields this epoch (sum of segment lengths)."""
+    seed: int
+    """Base seed."""
+    epoch: int
+    """Epoch."""
+    rank: int
+    """Rank of this worker's process group member."""
+    worker: int
+    """DataLoader worker id within the rank."""
+    buffer_size: int
+    """Window length of the mixing permutation (``<= 1``: no mixing)."""
+    shuffle: bool
+    """Whether windows are permuted."""
+
+    @property
+    def n_windows(self) -> int:
+        """Number of buffer windows (the last may be short)."""
+        w = max(self.buffer_size, 1)
+        return -(-self.n_samples // w)
+
+    def window(self, k: int) -> tuple[Blocks, NDArray[np.int64] | None]:
+        """Return window ``k``: its segments and its yield order.
+
+        Returns:
+            ``(pieces, perm)``: ``pieces`` is ``int64 (p, 3)``, the segment rows covering
+            positions ``[k * B, min((k + 1) * B, n_samples))`` (``B = buffer_size``); ``perm``
+            is the ``int64`` permutation of the window's positions in yield order, or ``None``
+            for stored order.
+        """
+        w = max(self.buffer_size, 1)
+        a, b = k * w, min((k + 1) * w, self.n_samples)
+        pieces = slice_blocks(self.segments, a, b)
+        if not self.shuffle or w <= 1:
+            return pieces, None
+        return pieces, window_order(b - a, self.seed, self.epoch, self.rank, self.worker, k)
+
+    def order(self, starts: NDArray[np.integer]) -> NDArray[np.int64]:
+        """Return the global sample indices in the exact order this worker yields them.
+
+        Args:
+            starts: ``ShardSet.starts``, shape ``(n_shards + 1,)``.
+
+        Returns:
+            ``int64`` array of shape ``(n_samples,)``.
+        """
+        idx = blocks_to_indices(self.segments, starts)
+        if not self.shuffle or self.buffer_size <= 1:
+            return idx
+        out = np.empty_like(idx)
+        w = self.buffer_size
+        for k in range(self.n_windows):
+            a, b = k * w, min((k + 1) * w, self.n_samples)
+            out[a:b] = idx[a:b][window_order(b - a, self.seed, self.epoch, self.rank, self.worker, k)]
+        return out
+
+
+def plan_worker(
+    counts: NDArray[np.integer] | list[int],
+    seed: int,
+    epoch: int,
+    block_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    *,
+    buffer_size: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    blocks: Blocks | None = None,
+) -> WorkerPlan:
+    """Plan one epoch for one (rank, worker).
+
+    Args:
+        counts: Samples per shard, shape ``(n_shards,)``, integers ``>= 0``.
+        seed: Base seed, ``>= 0``.
+        epoch: Epoch, ``>= 0``.
+        block_size: Contiguous samples per block, ``>= 1``.
+        rank: This process's rank, ``0 <= rank < world_size``. Defaults to ``0``.
+        world_size: Number of ranks. Defaults to ``1``.
+        worker: DataLoader worker id, ``0 <= worker < num_workers``. Defaults to ``0``.
+        num_workers: DataLoader workers per rank (``1`` for in-process loading). Defaults to ``1``.
+        buffer_size: Mixing window in samples; ``<= 1`` disables mixing. Defaults to ``0``.
+        shuffle: Permute shards, blocks and windows. Defaults to ``True``.
+        drop_last: Remainder policy (module docstring, step 5). Defaults to ``False`` (pad).
+        blocks: The epoch's stream if already computed (:func:`epoch_blocks` with the same
+            arguments); saves recomputing it per worker.
+
+    Returns:
+        The :class:`WorkerPlan`.
+
+    Raises:
+        ValueError: For out-of-range arguments.
+    """
+    cnt = np.asarray(counts, dtype=np.int64)
+    if blocks is None:
+        blocks = epoch_blocks(cnt, seed, epoch, block_size, shuffle)
+    n = int(cnt.sum())
+    a, b = slot_span(n, rank, world_size, worker, num_workers, drop_last)
+    segs = slice_blocks(blocks, a, b, wrap=True) if b > a else np.empty((0, 3), dtype=BLOCK_DTYPE)
+    return WorkerPlan(
+        segments=segs,
+        n_samples=b - a,
+        seed=int(seed),
+        epoch=int(epoch),
+        rank=int(rank),
+        worker=int(worker),
+        buffer_size=int(buffer_size),
+        shuffle=bool(shuffle),
+    )

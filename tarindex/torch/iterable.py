@@ -1,0 +1,443 @@
+"""TarIterableDataset: streaming over indexed tar shards, split over ranks and workers, resumable.
+
+The epoch plan (which blocks each rank and worker reads, in which order) comes from the pure
+functions of :mod:`tarindex.shuffle`; this module only resolves rank and worker, reads each
+planned block as one sequential byte range, and yields its samples.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Union
+
+import numpy as np
+import torch.utils.data
+
+from .. import shuffle as plan_mod
+from ..codecs import Decoder, make_decoder
+from ..reader import Sample, ShardSet
+from ..sources import Source
+from ._dist import require_rank, resolve_rank
+
+__all__ = ["TarIterableDataset"]
+
+_STATE_VERSION = 1
+_PLAN_KEYS = ("block_size", "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank")
+
+
+class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
+    """Streaming dataset: sequential block reads, a deterministic shuffle, equal shares per rank.
+
+    Per epoch the plan of :mod:`tarindex.shuffle` is computed from ``(seed, epoch)`` alone, the
+    same in every rank and worker: shards permuted, cut into blocks of ``block_size`` contiguous
+    samples, blocks permuted and dealt to ``(rank, worker)``, samples mixed in windows of
+    ``buffer_size``. Each block (or the part of it in one window) is read with one sequential
+    read of its byte range.
+
+    Samples are dicts like :class:`TarDataset`'s: ``__key__`` (str), ``__shard__`` (path),
+    ``__index__`` (int, global index) and one entry per extension (``bytes`` unless decoded).
+
+    **Counts.** Rank ``r`` yields ``len(ds)`` samples per epoch, the same on every rank:
+    ``ceil(n / world_size)`` with ``drop_last=False`` (the first ``world_size * len - n``
+    samples of the epoch's plan are yielded a second time, by the last rank(s)), or
+    ``n // world_size`` with ``drop_last=True`` (``n mod world_size`` samples of the plan are
+    not yielded this epoch). When ``world_size`` divides ``n`` every sample is yielded exactly
+    once either way. Within a rank, worker ``w`` of ``W`` yields ``len // W`` or one more
+    (the first ``len % W`` workers), the same on every rank, so every rank also yields the
+    same number of batches.
+
+    **Order with ``shuffle=False``.** Rank ``r`` reads samples ``[r * len, (r + 1) * len)`` of
+    the stored order (shard by shard, source order); worker ``w`` reads a contiguous part of
+    that, starting at ``r * len + sum of the earlier workers' counts``. A ``DataLoader`` takes
+    whole batches from the workers in turn, so with ``W`` workers and batch size ``b`` the
+    batches are: samples ``0..b-1`` of worker 0, samples ``0..b-1`` of worker 1, ...,
+    samples ``b..2b-1`` of worker 0, and so on; with ``num_workers=0`` (or 1) it is the stored
+    order itself.
+
+    **Epochs.** Each ``__iter__`` plays epoch ``e + k``, where ``e`` is the last
+    :meth:`set_epoch` value (``0`` initially) and ``k`` the number of ``__iter__`` calls on
+    this object since. So calling ``set_epoch(epoch)`` before each epoch works in-process and
+    with fresh workers (the dataset is copied to them when the loader's iterator is created),
+    and persistent workers, which never see a later ``set_epoch``, still advance one epoch
+    per ``iter(loader)``. With non-persistent workers call ``set_epoch`` every epoch: each
+    epoch's workers get a fresh copy, so without it every epoch would replay epoch ``e``.
+
+    **Resume.** :meth:`state_dict` is ``O(1)``: seed, epoch, the samples this process
+    (worker) has consumed this epoch, and the plan parameters. After
+    :meth:`load_state_dict`, the next ``__iter__`` yields exactly what the interrupted epoch
+    would have yielded next. With workers, use ``torchdata``'s ``StatefulDataLoader``, which
+    saves and restores each worker's state through these two methods.
+
+    **Ranks.** ``rank``/``world_size`` if given, else ``torch.distributed`` if initialised,
+    resolved in the parent process (at construction, ``len()``, ``__iter__`` or when pickled
+    to a worker), never in a worker where a spawned process group is not initialised.
+
+    Args:
+        source: Path, list, brace pattern, glob or directory of ``*.tar`` shards with indexes.
+        shuffle: Shuffle shards, blocks and samples. Defaults to ``True``.
+        seed: Base seed, ``0 <= seed < 2**64``. Defaults to ``0``.
+        block_size: Contiguous samples per block (one read each). Larger reads faster,
+            mixes less. Defaults to ``64``.
+        buffer_size: Samples mixed together (a window held in memory per worker); ``<= 1``
+            yields each worker's blocks in plan order. Defaults to ``1024``.
+        decode: ``None`` (bytes), ``"pil"``, ``"rgb8"``, ``"l8"`` or a callable, as for
+            :class:`TarDataset`.
+        transform: Called on each (decoded) sample; its result is yielded.
+        rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
+        world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
+        drop_last: Remainder policy, see **Counts**. Defaults to ``False`` (pad by repeating).
+        on_error: ``"raise"`` or ``"skip"``. ``"skip"`` warns and skips a block that cannot be
+            read or a sample whose decode or transform raises; skipped samples are not replaced,
+            so that rank yields fewer than ``len(ds)`` and DDP may wait at the end of an epoch.
+            Defaults to ``"raise"``.
+        allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
+        max_open: Open shards per process at most. Defaults to ``64``.
+        use_mmap: mmap the tars (``False``: one ``os.pread`` per block). Defaults to ``True``.
+
+    Raises:
+        FileNotFoundError: Nothing matches ``source``.
+        IndexMissingError: A shard has no index (the message says how to build it).
+        ValueError: Bad ``block_size``, ``seed``, ``on_error``, ``rank``/``world_size``.
+        RuntimeError: From ``len()`` or ``__iter__``: ``WORLD_SIZE > 1`` in the environment but
+            no rank could be resolved (see :func:`tarindex.torch._dist.require_rank`).
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        shuffle: bool = True,
+        seed: int = 0,
+        block_size: int = 64,
+        buffer_size: int = 1024,
+        decode: Union[None, str, bool, Decoder] = None,
+        transform: Callable[[Sample], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        on_error: str = "raise",
+        *,
+        allow_pickle: bool = False,
+        max_open: int = 64,
+        use_mmap: bool = True,
+    ) -> None:
+        if int(block_size) < 1:
+            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+        plan_mod.make_rng(seed, 0, 0)  # validates seed
+        self.shards = ShardSet(source, max_open=max_open, use_mmap=use_mmap)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.block_size = int(block_size)
+        self.buffer_size = max(int(buffer_size), 0)
+        self.decoder = make_decoder(decode, allow_pickle)
+        self.transform = transform
+        self.drop_last = bool(drop_last)
+        self.on_error = on_error
+        self._rank_arg = rank
+        self._world_arg = world_size
+        self._dist: tuple[int, int] | None = resolve_rank(rank, world_size)
+        self.epoch = 0
+        self._iters_since_set = 0
+        self._loaded: dict[str, Any] | None = None
+        self._active: dict[str, Any] | None = None  # the epoch being iterated by this process
+        self._consumed = 0
+        self._blocks_cache: tuple[int, np.ndarray] | None = None
+
+    # -- ranks, epochs, sizes ---------------------------------------------------------------
+    def _rank(self) -> tuple[int, int]:
+        if self._dist is None:
+            self._dist = require_rank(self._rank_arg, self._world_arg, "TarIterableDataset")
+        return self._dist
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (resolved on first use)."""
+        return self._rank()[0]
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks (resolved on first use)."""
+        return self._rank()[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Play epoch ``epoch`` on the next ``__iter__`` (and ``epoch + k`` on the k-th after).
+
+        Call it in the parent before ``iter(loader)``: the workers created for that iterator
+        get the new epoch. Persistent workers advance by themselves (one epoch per
+        ``__iter__``).
+
+        Raises:
+            ValueError: If ``epoch`` is negative or ``>= 2**64``.
+        """
+        plan_mod.make_rng(0, epoch, 0)  # validates
+        self.epoch = int(epoch)
+        self._iters_since_set = 0
+        self._active = None
+
+    @property
+    def n_samples(self) -> int:
+        """Samples in all shards (before splitting over ranks)."""
+        return len(self.shards)
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (all its workers together); equal on every rank.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved (see the class docstring).
+        """
+        return plan_mod.rank_share(len(self.shards), self._rank()[1], self.drop_last)
+
+    def _epoch_blocks(self, epoch: int) -> np.ndarray:
+        c = self._blocks_cache
+        if c is not None and c[0] == epoch:
+            return c[1]
+        blocks = plan_mod.epoch_blocks(self.shards.counts, self.seed, epoch, self.block_size, self.shuffle)
+        self._blocks_cache = (epoch, blocks)
+        return blocks
+
+    def plan(self, epoch: int, worker: int = 0, num_workers: int = 1) -> plan_mod.WorkerPlan:
+        """Return the plan of ``epoch`` for this rank's worker ``worker`` of ``num_workers``.
+
+        Computed from the indexes' sample counts only (no data read); see
+        :func:`tarindex.shuffle.plan_worker`. ``plan(...).order(ds.shards.starts)`` lists the
+        global indices in the order that worker yields them.
+        """
+        rank, ws = self._rank()
+        return plan_mod.plan_worker(
+            self.shards.counts, self.seed, epoch, self.block_size, rank, ws, worker, num_workers,
+            buffer_size=self.buffer_size, shuffle=self.shuffle, drop_last=self.drop_last,
+            blocks=self._epoch_blocks(epoch),
+        )
+
+    # -- state ------------------------------------------------------------------------------
+    def _plan_params(self) -> dict[str, Any]:
+        rank, ws = self._rank()
+        return {
+            "block_size": self.block_size,
+            "buffer_size": self.buffer_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "n_samples": len(self.shards),
+            "world_size": ws,
+            "rank": rank,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where this process is in the epoch, in ``O(1)`` (a few ints).
+
+        Returns:
+            ``{"version", "seed", "epoch", "consumed", "worker", "num_workers", "block_size",
+            "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank"}``:
+            ``consumed`` is the number of plan positions this worker has passed in ``epoch``
+            (yielded or skipped). Before any iteration it describes the next epoch at 0; a
+            loaded but not yet consumed state is returned as loaded.
+        """
+        if self._loaded is not None:
+            return dict(self._loaded)
+        if self._active is not None:
+            epoch, worker, nw = self._active["epoch"], self._active["worker"], self._active["num_workers"]
+            consumed = self._consumed
+        else:
+            info = torch.utils.data.get_worker_info()
+            worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+            epoch, consumed = self.epoch + self._iters_since_set, 0
+        return {
+            "version": _STATE_VERSION,
+            "seed": self.seed,
+            "epoch": epoch,
+            "consumed": consumed,
+            "worker": worker,
+            "num_workers": nw,
+            **self._plan_params(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
+
+        The seed is taken from the state; later epochs follow from it (the ``__iter__`` after
+        the resumed one plays ``epoch + 1``).
+
+        Raises:
+            ValueError: If the state has an unknown version or was taken with different plan
+                parameters (block or buffer size, shuffle, drop_last, sample count, rank or
+                world size): resuming would not be exact. The message names the field.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"state version {state.get('version')!r}: this tarindex reads version {_STATE_VERSION}"
+            )
+        mine = self._plan_params()
+        for k in _PLAN_KEYS:
+            if state.get(k) != mine[k]:
+                raise ValueError(
+                    f"state {k}={state.get(k)!r} but this dataset has {k}={mine[k]!r}: resuming "
+                    f"would not replay the same plan; construct the dataset with the same "
+                    f"{k} (and shards) as the one that saved the state"
+                )
+        self._loaded = dict(state)
+        self.seed = int(state["seed"])
+        self._blocks_cache = None
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """Start (or resume) an epoch; see the class docstring for which epoch.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved.
+            ValueError: If a loaded state came from a different worker layout.
+        """
+        info = torch.utils.data.get_worker_info()
+        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            self._rank()  # parent: may resolve now (process group initialised since)
+        elif self._dist is None:
+            # fork workers inherit an initialised process group; spawned ones were resolved
+            # when pickled (__getstate__). Anything else is an error, raised here.
+            self._dist = require_rank(self._rank_arg, self._world_arg, "TarIterableDataset worker")
+        start = 0
+        if self._loaded is not None:
+            st, self._loaded = self._loaded, None
+            if (st["worker"], st["num_workers"]) != (worker, nw):
+                raise ValueError(
+                    f"state saved by worker {st['worker']} of {st['num_workers']} loaded into "
+                    f"worker {worker} of {nw}: restore it with the same num_workers (with workers, "
+                    f"through torchdata's StatefulDataLoader)"
+                )
+            epoch, start = int(st["epoch"]), int(st["consumed"])
+            self.epoch, self._iters_since_set = epoch, 1
+        else:
+            epoch = self.epoch + self._iters_since_set
+            self._iters_since_set += 1
+        p = self.plan(epoch, worker, nw)
+        self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
+        self._consumed = min(start, p.n_samples)
+        return self._generate(p, self._consumed)
+
+    def _generate(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Any]:
+        finish = self._finish
+        mixing = p.shuffle and p.buffer_size > 1
+        pos = start
+        if not mixing:
+            for s, j0, j1 in plan_mod.slice_blocks(p.segments, start, p.n_samples).tolist():
+                samples = self._read(s, j0, j1)
+                for smp in samples:
+                    pos += 1
+                    self._consumed = pos
+                    if smp is None:
+                        continue
+                    out = finish(smp)
+                    if out is not _SKIP:
+                        yield out
+            return
+        w = p.buffer_size
+        for k in range(start // w, p.n_windows):
+            pieces, perm = p.window(k)
+            buf: list[Sample | None] = []
+            for s, j0, j1 in pieces.tolist():
+                buf.extend(self._read(s, j0, j1))
+            order = perm.tolist() if perm is not None else range(len(buf))
+            skip = start - k * w if start > k * w else 0
+            for i in order[skip:]:
+                pos += 1
+                self._consumed = pos
+                smp = buf[i]
+                if smp is None:
+                    continue
+                out = finish(smp)
+                if out is not _SKIP:
+                    yield out
+
+    def _read(self, s: int, j0: int, j1: int) -> list[Sample | None]:
+        """Read samples ``j0 <= j < j1`` of shard ``s`` with one read of their byte range."""
+        try:
+            return self._read_block(s, j0, j1)
+        except Exception as e:
+            if self.on_error != "skip":
+                raise
+            warnings.warn(
+                f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return [None] * (j1 - j0)
+
+    def _read_block(self, s: int, j0: int, j1: int) -> list[Sample | None]:
+        r = self.shards.reader(s)
+        t = r.index
+        a, b = r.sample_byte_range(j0, j1)
+        buf = r.read(a, b - a)
+        sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
+        lo, hi = int(sp[0]), int(sp[-1])
+        offs = (t.offset[lo:hi].astype(np.int64) - a).tolist()
+        ends = (np.asarray(offs, dtype=np.int64) + t.size[lo:hi].astype(np.int64)).tolist()
+        exts = r.exts
+        names = [exts[e] for e in t.ext_id[lo:hi].tolist()]
+        spl = (sp - lo).tolist()
+        kp = t.key_ptr[j0 : j1 + 1].astype(np.int64)
+        k0 = int(kp[0])
+        kpl = (kp - k0).tolist()
+        blob = bytes(t.key_blob[k0 : int(kp[-1])])
+        if blob.isascii():
+            text = blob.decode("ascii")
+            keys = [text[kpl[i] : kpl[i + 1]] for i in range(j1 - j0)]
+        else:
+            keys = [blob[kpl[i] : kpl[i + 1]].decode("utf-8", "surrogateescape") for i in range(j1 - j0)]
+        path = self.shards.paths[s]
+        base = int(self.shards.starts[s]) + j0
+        out: list[Sample | None] = []
+        append = out.append
+        for i in range(j1 - j0):
+            d: Sample = {"__key__": keys[i], "__shard__": path, "__index__": base + i}
+            for m in range(spl[i], spl[i + 1]):
+                d[names[m]] = buf[offs[m] : ends[m]]
+            append(d)
+        return out
+
+    def _finish(self, sample: Sample) -> Any:
+        if self.decoder is None and self.transform is None:
+            return sample
+        try:
+            if self.decoder is not None:
+                sample = self.decoder(sample)
+            if self.transform is not None:
+                return self.transform(sample)
+            return sample
+        except Exception as e:
+            where = f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}"
+            if self.on_error != "skip":
+                if hasattr(e, "add_note"):
+                    e.add_note(f"while decoding/transforming {where}")
+                raise
+            warnings.warn(f"{where}: skipped (on_error='skip'): {e!r}", RuntimeWarning, stacklevel=2)
+            return _SKIP
+
+    # -- pickling ---------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        if self._dist is None and torch.utils.data.get_worker_info() is None:
+            try:  # resolve in the parent before crossing to a spawned worker
+                self._dist = resolve_rank(self._rank_arg, self._world_arg)
+            except Exception:
+                pass
+        state = self.__dict__.copy()
+        state["_blocks_cache"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return (
+            f"TarIterableDataset({self.shards.n_shards} shards, {len(self.shards)} samples, "
+            f"shuffle={self.shuffle}, seed={self.seed}, block_size={self.block_size}, "
+            f"buffer_size={self.buffer_size}, pid={os.getpid()})"
+        )
+
+
+class _Skip:
+    pass
+
+
+_SKIP = _Skip()
