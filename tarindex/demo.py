@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = ["DemoResult", "MissingExtraError", "run", "DEFAULT_EPOCHS"]
 
@@ -80,8 +81,8 @@ class DemoResult:
 def _require() -> tuple[Any, Any]:
     """Import scikit-learn's digits loader and torch, or raise MissingExtraError."""
     try:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
+        from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
+        from sklearn.model_selection import train_test_split  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         raise MissingExtraError(
             f"tarindex demo needs scikit-learn (its handwritten digits); run: {_INSTALL_HINT}"
@@ -93,7 +94,7 @@ def _require() -> tuple[Any, Any]:
     return load_digits, train_test_split
 
 
-def _png(img: np.ndarray) -> bytes:
+def _png(img: NDArray[np.uint8]) -> bytes:
     """Encode a ``uint8`` array of shape ``(H, W)`` as a greyscale PNG."""
     from PIL import Image
 
@@ -102,7 +103,7 @@ def _png(img: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def to_xy(sample: dict[str, Any]) -> tuple[np.ndarray, int]:
+def to_xy(sample: dict[str, Any]) -> tuple[NDArray[np.float32], int]:
     """Turn a decoded digit sample into ``(x, label)``.
 
     Args:
@@ -121,7 +122,7 @@ def _write_shards(
     import tarindex
 
     with tarindex.ShardWriter(pattern, maxcount=maxcount, mtime=0) as sink:
-        for key, png, label in zip(keys, pngs, labels):
+        for key, png, label in zip(keys, pngs, labels, strict=True):
             sink.write({"__key__": key, "png": png, "cls": int(label)})
     return sink.paths
 
@@ -138,7 +139,7 @@ def _tar_copy(
     files = os.path.join(root, "files")
     os.makedirs(files, exist_ok=True)
     names: list[str] = []
-    for key, png, label in zip(keys, pngs, labels):
+    for key, png, label in zip(keys, pngs, labels, strict=True):
         for ext, data in (("png", png), ("cls", str(int(label)).encode())):
             with open(os.path.join(files, f"{key}.{ext}"), "wb") as f:
                 f.write(data)
