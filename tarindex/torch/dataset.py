@@ -35,6 +35,11 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
         max_open: Open shards per process at most. Defaults to ``64``.
         use_mmap: mmap the tars (``False``: ``os.pread``). Defaults to ``True``.
+        batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
+            :class:`tarindex.torch.collate.BatchedSamples` per batch, read straight into one
+            buffer, instead of a list of dicts; use it with
+            ``collate_fn=tarindex.torch.collate.collate_batched``. Raw bytes only: not with
+            ``decode`` or ``transform``. ``ds[i]`` is unchanged. Defaults to ``False``.
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
@@ -43,6 +48,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         FormatError: On first read of a shard whose index is truncated or corrupt.
         IndexError: ``ds[i]`` with ``i`` outside ``[-len(ds), len(ds))``
             (:class:`tarindex.SampleIndexError`).
+        ValueError: ``batched=True`` together with ``decode`` or ``transform``.
     """
 
     def __init__(
@@ -54,10 +60,14 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         allow_pickle: bool = False,
         max_open: int = 64,
         use_mmap: bool = True,
+        batched: bool = False,
     ) -> None:
         self.shards = ShardSet(source, max_open=max_open, use_mmap=use_mmap)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
+        if batched and (self.decoder is not None or transform is not None):
+            raise ValueError("TarDataset(batched=True) returns raw bytes: drop decode/transform")
+        self.batched = batched
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -75,7 +85,14 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         return sample
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Batched fetch used by ``DataLoader`` (one call per batch instead of one per sample)."""
+        """Batched fetch used by ``DataLoader`` (one call per batch instead of one per sample).
+
+        Returns a list of samples, or with ``batched=True`` one ``BatchedSamples``.
+        """
+        if self.batched:
+            from .collate import fetch_batched
+
+            return fetch_batched(self.shards, indices)  # type: ignore[return-value]
         get = self.shards.get
         samples = [get(int(i)) for i in indices]
         if self.decoder is not None:
