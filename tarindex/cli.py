@@ -101,8 +101,9 @@ def _stdout_bytes() -> IO[bytes]:
 def _progress(total: int, unit: str, quiet: bool, desc: str) -> Any:
     from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
 
-    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, disable=quiet, leave=False,
-                dynamic_ncols=True)
+    # disable=None: shown only when stderr is a terminal, so logs and pipes stay clean
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr,
+                disable=True if quiet else None, leave=False, dynamic_ncols=True)
 
 
 def _human(n: float) -> str:
@@ -216,7 +217,8 @@ def cmd_index(args: argparse.Namespace) -> int:
                 bar.write(f"tarindex index: warning: {' '.join(w.split())}", file=sys.stderr)
             if out.status == "failed":
                 failed.append(out)
-                bar.write(f"tarindex index: error: {out.message}", file=sys.stderr)
+                if not bar.disable:  # live feedback on a terminal; the summary repeats it
+                    bar.write(f"tarindex index: error: {out.message}", file=sys.stderr)
             else:
                 built.append(out)
             bar.update(1)
@@ -225,7 +227,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     print(f"indexed {len(paths)} shard(s): {len(built)} built, {n_skipped} up to date "
           f"(skipped), {len(failed)} failed")
     for out in failed:
-        print(f"  FAILED {out.path}: {out.message}", file=sys.stderr)
+        msg = out.message if out.path in out.message else f"{out.path}: {out.message}"
+        print(f"  FAILED {msg}", file=sys.stderr)
     return EXIT_FAIL if failed else EXIT_OK
 
 

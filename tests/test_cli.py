@@ -1,0 +1,451 @@
+"""The `tarindex` command: every subcommand through main([...]), plus real subprocesses."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex.cli import main, parse_size, plan_pack, sanitize_stem
+from tests.conftest import MakeShards
+
+Cap = pytest.CaptureFixture[str]
+CapB = pytest.CaptureFixture[bytes]
+
+ALL_BYTES = bytes(range(256)) * 3 + b"\r\n\x00\r\x1a\xff"
+
+
+def run(argv: list[str], capsys: Cap) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_clear_line(err: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tarindex "), err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def shards(make_shards: MakeShards) -> list[str]:
+    return make_shards([5, 7, 3], seed=1)
+
+
+def _rewrite_header(buf: bytearray, pos: int, name: bytes) -> None:
+    """Give the ustar header at ``pos`` a new name and a correct checksum."""
+    buf[pos : pos + 100] = name.ljust(100, b"\0")
+    buf[pos + 148 : pos + 156] = b" " * 8
+    buf[pos + 148 : pos + 156] = b"%06o\0 " % sum(buf[pos : pos + 512])
+
+
+# -- usage ------------------------------------------------------------------------------------
+def test_no_command_prints_help_and_exits_2(capsys: Cap) -> None:
+    code, out, err = run([], capsys)
+    assert code == 2 and "usage: tarindex" in err
+
+
+def test_unknown_command_and_bad_option_exit_2(capsys: Cap) -> None:
+    assert run(["bogus"], capsys)[0] == 2
+    assert run(["index", "--jobs", "0", "x.tar"], capsys)[0] == 2
+    assert run(["pack", "a", "b", "--maxsize", "12Q"], capsys)[0] == 2
+
+
+def test_help_and_version_exit_0(capsys: Cap) -> None:
+    assert run(["--help"], capsys)[0] == 0
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and tarindex.__version__ in out
+    code, out, _ = run(["pack", "--help"], capsys)
+    assert code == 0 and "%2E" in out
+
+
+def test_missing_path_is_usage_error(tmp_path: Path, capsys: Cap) -> None:
+    for cmd in (["info"], ["ls"], ["verify"], ["index"]):
+        code, _, err = run([*cmd, str(tmp_path / "nope.tar")], capsys)
+        assert code == 2
+        one_clear_line(err)
+        assert "nope.tar" in err
+    code, _, err = run(["info", str(tmp_path / "x-*.tar")], capsys)
+    assert code == 2 and "glob" in err
+
+
+def test_missing_index_is_a_clear_error(shards: list[str], capsys: Cap) -> None:
+    os.unlink(tarindex.index_path_for(shards[1]))
+    for argv in (["info", *shards], ["ls", *shards], ["cat", shards[1], "0", "cls"]):
+        code, _, err = run(argv, capsys)
+        assert code == 1, argv
+        one_clear_line(err)
+        assert f"tarindex index {shards[1]}" in err
+
+
+# -- info, ls, cat ----------------------------------------------------------------------------
+def test_info(shards: list[str], capsys: Cap) -> None:
+    code, out, _ = run(["info", os.path.dirname(shards[0])], capsys)
+    assert code == 0
+    assert "shards:      3" in out and "samples:     15" in out and "members:     45" in out
+    assert "bin (15), cls (15), txt (15)" in out
+    code, out, _ = run(["info", "--json", *shards], capsys)
+    info = json.loads(out)
+    assert info["shards"] == 3 and info["samples"] == 15 and info["members"] == 45
+    assert info["extensions"] == {"bin": 15, "cls": 15, "txt": 15}
+    assert info["tar_bytes"] == sum(os.path.getsize(p) for p in shards)
+    data = 0
+    for p in shards:
+        m = tarindex.scan(p)
+        data += int(m.size.sum())
+    assert info["data_bytes"] == data
+
+
+def test_ls_samples(shards: list[str], capsys: Cap) -> None:
+    code, out, _ = run(["ls", *shards], capsys)
+    assert code == 0
+    rows = [ln.split("\t") for ln in out.splitlines()]
+    assert rows == [[str(i), f"{i:08d}", "bin,cls,txt"] for i in range(15)]
+
+
+def test_ls_members_match_the_tar(shards: list[str], capsys: Cap) -> None:
+    code, out, _ = run(["ls", "--members", shards[0]], capsys)
+    assert code == 0
+    data = Path(shards[0]).read_bytes()
+    rows = [ln.split("\t") for ln in out.splitlines()]
+    assert len(rows) == 15
+    ds = tarindex.ShardReader(shards[0])
+    for j in range(5):
+        sample = ds.sample(j)
+        for name, off, size in rows[3 * j : 3 * j + 3]:
+            key, ext = name.split(".", 1)
+            assert key == sample["__key__"]
+            assert data[int(off) : int(off) + int(size)] == sample[ext]
+    ds.close()
+    code, out, _ = run(["ls", "-m", *shards], capsys)
+    assert out.count("==> ") == 3 and len([ln for ln in out.splitlines() if "\t" in ln]) == 45
+
+
+def test_cat_is_binary_exact(tmp_path: Path, capsysbinary: CapB) -> None:
+    with tarindex.ShardWriter(str(tmp_path / "b-%02d.tar"), maxcount=2) as w:
+        for i in range(5):
+            w.write({"__key__": f"k{i}", "bin": ALL_BYTES * (i + 1), "cls": i})
+    src = str(tmp_path / "b-{00..02}.tar")
+    assert main(["cat", src, "k3", "bin"]) == 0
+    assert capsysbinary.readouterr().out == ALL_BYTES * 4
+    assert main(["cat", src, "3", "bin"]) == 0  # no key "3": global index 3
+    assert capsysbinary.readouterr().out == ALL_BYTES * 4
+    assert main(["cat", src, "-1", "cls"]) == 0
+    assert capsysbinary.readouterr().out == b"4"
+    assert main(["cat", "--index", src, "0", "cls"]) == 0
+    assert capsysbinary.readouterr().out == b"0"
+
+
+def test_cat_prefers_a_key_over_an_index(tmp_path: Path, capsysbinary: CapB) -> None:
+    p = str(tmp_path / "k.tar")
+    with tarindex.ShardWriter(p) as w:
+        for i in range(3):
+            w.write({"__key__": str(2 - i), "txt": f"key {2 - i} at {i}"})
+    assert main(["cat", p, "0", "txt"]) == 0
+    assert capsysbinary.readouterr().out == b"key 0 at 2"
+    assert main(["cat", "-i", p, "0", "txt"]) == 0
+    assert capsysbinary.readouterr().out == b"key 2 at 0"
+    assert main(["cat", "-k", p, "7", "txt"]) == 1
+    assert b"no sample with key '7'" in capsysbinary.readouterr().err
+
+
+def test_cat_missing_sample_or_extension(shards: list[str], capsys: Cap) -> None:
+    code, out, err = run(["cat", shards[0], "00000002", "png"], capsys)
+    assert code == 1 and out == ""
+    one_clear_line(err)
+    assert "has no member 'png'; it has: bin, cls, txt" in err
+    code, _, err = run(["cat", shards[0], "nokey", "bin"], capsys)
+    assert code == 1 and "no sample with key 'nokey'" in err
+    code, _, err = run(["cat", shards[0], "99", "bin"], capsys)
+    assert code == 1 and "out of range" in err
+
+
+# -- index ------------------------------------------------------------------------------------
+def test_index_builds_skips_and_forces(shards: list[str], capsys: Cap) -> None:
+    idx = [tarindex.index_path_for(p) for p in shards]
+    written = [Path(p).read_bytes() for p in idx]
+    for p in idx:
+        os.unlink(p)
+    pattern = os.path.join(os.path.dirname(shards[0]), "train-*.tar")
+    code, out, _ = run(["index", "-j", "1", pattern], capsys)
+    assert code == 0 and "3 built, 0 up to date (skipped), 0 failed" in out
+    for p, w in zip(idx, written, strict=True):  # tables equal the writer's
+        assert tarindex.ShardReader(p[: -len(".tidx")]).index.tables_bytes() == \
+            tarindex.format.index.decode_index(w).tables_bytes()
+    code, out, _ = run(["index", pattern], capsys)
+    assert code == 0 and "0 built, 3 up to date (skipped)" in out
+    os.unlink(idx[2])
+    code, out, _ = run(["index", pattern], capsys)
+    assert code == 0 and "1 built, 2 up to date (skipped)" in out
+    code, out, _ = run(["index", "--force", pattern], capsys)
+    assert code == 0 and "3 built, 0 up to date" in out
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_index_goes_on_after_a_corrupt_tar(
+    shards: list[str], tmp_path: Path, jobs: str, capsys: Cap
+) -> None:
+    for p in shards:
+        os.unlink(tarindex.index_path_for(p))
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(Path(shards[0]).read_bytes()[:3000])
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"not a tar at all" * 64)
+    argv = ["index", "-j", jobs, shards[0], str(cut), shards[1], str(junk), shards[2]]
+    code, out, err = run(argv, capsys)
+    assert code == 1
+    assert "5 shard(s): 3 built, 0 up to date (skipped), 2 failed" in out
+    assert f"FAILED {cut}: byte " in err and f"FAILED {junk}: byte 0" in err
+    assert "Traceback" not in err
+    for p in shards:
+        assert tarindex.ShardReader(p).n_samples > 0
+    assert not os.path.exists(tarindex.index_path_for(str(cut)))
+    assert not os.path.exists(tarindex.index_path_for(str(junk)))
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
+
+
+# -- verify -----------------------------------------------------------------------------------
+def test_verify_ok(shards: list[str], capsys: Cap) -> None:
+    code, out, err = run(["verify", *shards], capsys)
+    assert code == 0 and "3 ok, 0 failed" in out and err == ""
+
+
+def test_verify_detects_a_corrupt_index(shards: list[str], capsys: Cap) -> None:
+    ip = tarindex.index_path_for(shards[1])
+    buf = bytearray(Path(ip).read_bytes())
+    buf[100] ^= 0x01  # inside the sample/member tables: the cheap open checks do not see it
+    Path(ip).write_bytes(bytes(buf))
+    code, out, err = run(["verify", *shards], capsys)
+    assert code == 1 and "2 ok, 1 failed" in out
+    assert f"FAIL {shards[1]}" in err and "crc32" in err
+
+
+def test_verify_detects_a_replaced_tar(shards: list[str], capsys: Cap) -> None:
+    with open(shards[0], "ab") as f:
+        f.write(bytes(10240))
+    code, _, err = run(["verify", shards[0]], capsys)
+    assert code == 1 and "tarindex index --force" in err
+
+
+def test_verify_detects_a_rewritten_tar_the_open_check_misses(
+    tmp_path: Path, capsys: Cap
+) -> None:
+    p = str(tmp_path / "big.tar")
+    with tarindex.ShardWriter(p) as w:
+        for i in range(40):
+            w.write({"__key__": f"{i:04d}", "bin": bytes(1000), "cls": i})
+    # rename a member in the middle, beyond the 4 KiB head/tail fingerprint, same size
+    m = tarindex.scan(p)
+    k = m.names.index("0020.cls")
+    hdr = int(m.offset[k]) - 512
+    buf = bytearray(Path(p).read_bytes())
+    _rewrite_header(buf, hdr, b"0020.txt")
+    Path(p).write_bytes(bytes(buf))
+    tarindex.ShardReader(p).close()  # the O(1) open check still passes
+    code, _, err = run(["verify", p], capsys)
+    assert code == 1
+    assert "does not match the tar: extensions" in err and "tarindex index --force" in err
+
+
+def test_verify_missing_index_fails(shards: list[str], capsys: Cap) -> None:
+    os.unlink(tarindex.index_path_for(shards[2]))
+    code, out, err = run(["verify", *shards], capsys)
+    assert code == 1 and "no index" in err and "Traceback" not in err
+
+
+# -- pack -------------------------------------------------------------------------------------
+def _png(value: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (4, 4), value).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_pack_class_folders(tmp_path: Path, capsys: Cap) -> None:
+    src = tmp_path / "src"
+    files = {
+        "dog/b.png": _png(1), "cat/a.png": _png(2), "cat/a.v2.png": _png(3),
+        "cat/100%.png": _png(4), "bird/deep/x.png": _png(5), "dog/README": b"no ext",
+        "dog/.DS_Store": b"hidden",
+    }
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    out = tmp_path / "out"
+    argv = ["pack", str(src), str(out / "train-%04d.tar"), "--maxcount", "2"]
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err
+    assert "packed 5 samples" in stdout and "classes layout" in stdout
+    assert "README" in err and ".DS_Store" not in err
+    assert json.loads((out / "classes.json").read_text()) == ["bird", "cat", "dog"]
+    assert sorted(os.listdir(out)) == [
+        "classes.json", "train-0000.tar", "train-0000.tar.tidx", "train-0001.tar",
+        "train-0001.tar.tidx", "train-0002.tar", "train-0002.tar.tidx",
+    ]
+    ds = tarindex.ShardSet(str(out / "train-*.tar"))
+    got = {}
+    for i in range(len(ds)):
+        s = ds.get(i)
+        got[s["__key__"]] = (s["png"], int(s["cls"]))
+    assert got == {
+        "bird/deep/x": (files["bird/deep/x.png"], 0),
+        "cat/100%25": (files["cat/100%.png"], 1),
+        "cat/a": (files["cat/a.png"], 1),
+        "cat/a%2Ev2": (files["cat/a.v2.png"], 1),
+        "dog/b": (files["dog/b.png"], 2),
+    }
+    assert run(["verify", str(out)], capsys)[0] == 0
+
+
+def test_pack_class_folders_decode_with_torch(tmp_path: Path, capsys: Cap) -> None:
+    pytest.importorskip("torch")
+    src = tmp_path / "src"
+    for c, cls in enumerate(["a", "b"]):
+        (src / cls).mkdir(parents=True)
+        for i in range(3):
+            (src / cls / f"{i}.png").write_bytes(_png(10 * c + i))
+    assert run(["pack", str(src), str(tmp_path / "o" / "s.tar")], capsys)[0] == 0
+    ds = tarindex.TarDataset(str(tmp_path / "o" / "s.tar"), decode="l8")
+    assert [(int(s["png"][0, 0]), s["cls"]) for s in (ds[i] for i in range(len(ds)))] == [
+        (0, 0), (1, 0), (2, 0), (10, 1), (11, 1), (12, 1)
+    ]
+
+
+def test_pack_flat_groups_by_first_dot(tmp_path: Path, capsys: Cap) -> None:
+    src = tmp_path / "flat"
+    (src / "sub").mkdir(parents=True)
+    for rel, data in {"0001.png": b"p1", "0001.cls": b"3", "0001.seg.png": b"s1", "0002.png": b"p2",
+                      "sub/0003.txt": b"t", "notes": b"x"}.items():
+        (src / rel).write_bytes(data)
+    code, out, err = run(["pack", str(src), str(tmp_path / "f-%d.tar")], capsys)
+    assert code == 0 and "flat layout" in out and "notes" in err
+    assert not os.path.exists(tmp_path / "classes.json")
+    code, out, _ = run(["ls", str(tmp_path / "f-0.tar")], capsys)
+    assert out.splitlines() == ["0\t0001\tcls,png,seg.png", "1\t0002\tpng", "2\tsub/0003\ttxt"]
+
+
+def test_pack_usage_errors(tmp_path: Path, capsys: Cap) -> None:
+    src = tmp_path / "src"
+    (src / "cat").mkdir(parents=True)
+    for i in range(3):
+        (src / "cat" / f"{i}.png").write_bytes(b"x")
+    cases = [
+        ([str(tmp_path / "missing"), str(tmp_path / "o-%d.tar")], "not a directory"),
+        ([str(src), str(src / "o-%d.tar")], "inside SRC_DIR"),
+        ([str(src), str(tmp_path / "one.tar"), "--maxcount", "2"], "more than one shard"),
+        ([str(src), str(tmp_path / "o-%d%d.tar")], "one integer field"),
+        ([str(src), str(tmp_path / "o-%d.tar"), "--layout", "flat", "--maxcount", "1"], None),
+    ]
+    for argv, msg in cases:
+        code, _, err = run(["pack", *argv], capsys)
+        if msg is None:
+            assert code == 0, err
+            continue
+        assert code == 2, argv
+        one_clear_line(err)
+        assert msg in err
+    (src / "stray.png").write_bytes(b"x")
+    code, _, err = run(["pack", str(src), str(tmp_path / "x.tar"), "--layout", "classes"], capsys)
+    assert code == 2 and "stray.png" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(["pack", str(tmp_path / "empty"), str(tmp_path / "e.tar")], capsys)
+    assert code == 2 and "no files to pack" in err
+
+
+def test_pack_refuses_a_cls_file_in_class_layout(tmp_path: Path) -> None:
+    (tmp_path / "s" / "a").mkdir(parents=True)
+    (tmp_path / "s" / "a" / "0.png").write_bytes(b"x")
+    (tmp_path / "s" / "a" / "0.cls").write_bytes(b"1")
+    assert main(["pack", str(tmp_path / "s"), str(tmp_path / "o.tar")]) == 2
+
+
+def test_sanitize_stem_is_injective() -> None:
+    stems = ["a.b", "a%2Eb", "a_b", "a%b", "a%25b", "a..b", "%", "."]
+    keys = [sanitize_stem(s) for s in stems]
+    assert len(set(keys)) == len(stems)
+    assert all("." not in k for k in keys)
+    from urllib.parse import unquote
+
+    assert [unquote(k) for k in keys] == stems
+
+
+def test_plan_pack_is_deterministic(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for i in rng.permutation(20).tolist():
+        (tmp_path / f"{i:03d}.bin").write_bytes(b"x")
+    plan = plan_pack(str(tmp_path))
+    assert [k for k, _, _ in plan.samples] == [f"{i:03d}" for i in range(20)]
+
+
+def test_parse_size() -> None:
+    assert parse_size("1000") == 1000
+    assert parse_size("1e9") == 10**9
+    assert parse_size("500M") == 500 * 10**6
+    assert parse_size("1.5G") == 1_500_000_000
+    assert parse_size("64KiB") == 65536
+    assert parse_size("2gib") == 2 * 1024**3
+
+
+# -- demo (fast paths; the real run is in test_demo.py) ----------------------------------------
+def test_demo_without_sklearn_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: Cap
+) -> None:
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    code, _, err = run(["demo"], capsys)
+    assert code == 1
+    one_clear_line(err)
+    assert 'pip install "tarindex[demo]"' in err
+
+
+# -- real processes ---------------------------------------------------------------------------
+def _python(*args: str, **kw: object) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, *args], capture_output=True, timeout=120, **kw)  # type: ignore[call-overload,no-any-return]
+
+
+def test_python_m_tarindex(shards: list[str], tmp_path: Path) -> None:
+    r = _python("-m", "tarindex", "info", *shards)
+    assert r.returncode == 0 and b"samples:     15" in r.stdout
+    expected = tarindex.ShardReader(shards[1]).sample(2)["bin"]
+    r = _python("-m", "tarindex", "cat", shards[1], "00000007", "bin")
+    assert r.returncode == 0 and r.stdout == expected
+    r = _python("-m", "tarindex", "info", str(tmp_path / "none.tar"))
+    assert r.returncode == 2 and b"Traceback" not in r.stderr
+    want = f"tarindex info: error: {tmp_path / 'none.tar'}: shard not found"
+    assert r.stderr.decode().strip() == want
+
+
+def test_cli_works_without_torch(shards: list[str]) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from tarindex.cli import main\n"
+        f"rc = main(['info', {shards[0]!r}]) or main(['verify', {shards[0]!r}])\n"
+        "assert 'torch' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
+        "sys.exit(rc)\n"
+    )
+    r = _python("-c", code)
+    assert r.returncode == 0, r.stderr.decode()
+
+
+def test_ls_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    p = str(tmp_path / "many.tar")
+    with tarindex.ShardWriter(p) as w:
+        for i in range(6000):
+            w.write({"__key__": f"{i:08d}", "cls": i})
+    proc = subprocess.Popen([sys.executable, "-m", "tarindex", "ls", p], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"0\t00000000\tcls\n"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err
