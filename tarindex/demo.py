@@ -283,7 +283,7 @@ def _run(
             f"samples as the shards (keys and bytes)")
 
     # 4. random access, one process
-    rate = _rate(train_raw, 20_000, seed)
+    rate = _rate(train_raw, 50_000, seed)
     decoded = _rate(tarindex.TarDataset(train_shards, decode="l8"), 5_000, seed + 1)
     say(f"random access, 1 process: {rate:,.0f} samples/s raw ds[i], "
         f"{decoded:,.0f} samples/s with PNG decode")
