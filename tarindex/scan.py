@@ -2,21 +2,32 @@
 
 The walk reads only header blocks (via mmap; member data is skipped, never read) and
 understands: v7, old GNU, GNU and POSIX ustar headers; the ustar prefix field; GNU
-LongName ('L') and LongLink ('K') records; pax extended ('x') and global ('g') headers,
-including ``path`` and ``size`` overrides; base-256 numbers; the signed-checksum variant;
-concatenated archives (zero blocks in the middle, as ``tar --ignore-zeros`` reads them).
+LongName ('L') and LongLink ('K') records; pax extended ('x', Solaris 'X') and global ('g')
+headers, including ``path`` and ``size`` overrides; base-256 numbers; every octal terminator
+style; the signed-checksum variant; concatenated archives (zero blocks in the middle, as
+``tar --ignore-zeros`` reads them); GNU volume labels and multi-volume parts.
 Sources: POSIX.1-2001 "pax Interchange Format", GNU tar manual "Basic Tar Format".
+The decisions (links, sparse files, duplicates, name decoding, ...) are in docs/TAR_DIALECTS.md.
 
-What is indexed: regular files (typeflag '0', NUL, '7'). Not samples: directories,
-symlinks, hard links, character/block devices, fifos, GNU volume labels, GNU dumpdirs.
-GNU sparse members ('S', or pax ``GNU.sparse.*``) and multi-volume continuations ('M')
-are not contiguous bytes in the tar: they are skipped with a warning (FORMAT.md §5).
+What is indexed: regular files (typeflag '0', NUL, '7'). Not samples: directories (also the
+v7 form, a regular-file header whose name ends in '/'), symlinks, hard links, character and
+block devices, fifos, GNU volume labels, dumpdirs and unknown typeflags. GNU sparse members
+('S', or pax ``GNU.sparse.*``) and multi-volume continuations ('M') are not contiguous bytes in
+the tar: they are skipped with a warning.
+
+Speed: the walk is a linked list (each header gives the size that leads to the next), so it is
+a Python loop; it does the least possible per header (the typeflag byte, the size field) and
+defers everything else to numpy over batches of gathered header blocks: the checksum of every
+header, the names of plain members and the ustar prefix. A header whose checksum fails is
+reported at its own offset even when the walk had already passed it (the earliest bad header
+wins over any later error).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -29,19 +40,43 @@ from .errors import (
     CompressedTarError,
     NotATarError,
     TarHeaderError,
+    TarIndexError,
     TrailingGarbageError,
     TruncatedError,
 )
 from .format.group import group_members
 from .format.index import IndexTables
 from .format.spec import BLOCK, FINGERPRINT_BYTES, OFFSET_DTYPE
-from .format.tar import ZERO_BLOCK, checksum_ok, compression_of, padded, parse_number, parse_pax
+from .format.tar import (
+    SPARSE_EXT_FLAG,
+    ZERO_BLOCK,
+    checksum_ok,
+    compression_of,
+    header_checksums,
+    padded,
+    parse_number,
+    parse_pax,
+)
 
 __all__ = ["Members", "scan", "scan_members", "index_tables_for", "fingerprint"]
 
 _REGULAR = frozenset(b"0\x007")
-_NO_DATA = frozenset(b"123456")  # link, symlink, chr, blk, dir, fifo: no data blocks follow
 _USTAR = b"ustar\x00"
+_BATCH = 2048  # headers checked together: their blocks are still in the CPU cache (~1 MiB)
+_VOLUME_RE = re.compile(rb" Volume [0-9]+\Z")  # GNU tar -M -V: "LABEL Volume N"
+
+_KIND = {
+    0x31: "hard link",
+    0x32: "symlink",
+    0x33: "character device",
+    0x34: "block device",
+    0x35: "directory",
+    0x36: "fifo",
+    0x56: "GNU volume label",
+    0x44: "GNU dumpdir",
+    0x4E: "GNU old long-name record",
+}
+_NO_DATA = frozenset(b"23456")  # symlink, chr, blk, dir, fifo: no data blocks follow (POSIX)
 
 
 @dataclass
@@ -55,15 +90,16 @@ class Members:
     path: str
     """The tar's path."""
     raw_names: list[bytes]
-    """Member names as stored (after GNU/pax long-name resolution), length ``m``."""
+    """Member names as stored (after ustar prefix, GNU and pax long-name resolution), length ``m``."""
     offset: NDArray[np.uint64]
-    """Shape ``(m,)``, ``<u8``: data offset of each member in bytes from the start of the tar."""
+    """Shape ``(m,)``, ``<u8``: data offset of each member in bytes from the start of the tar.
+    The member's own ustar header block is the 512 bytes right before it."""
     size: NDArray[np.uint64]
     """Shape ``(m,)``, ``<u8``: data size of each member in bytes."""
     tar_size: int
     """Size of the tar in bytes."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    """``(name, reason)`` for non-regular members that were skipped."""
+    """``(name, reason)`` for non-regular members that were skipped, in archive order."""
 
     @property
     def names(self) -> list[str]:
@@ -103,7 +139,8 @@ def scan_members(path: str | os.PathLike[str]) -> Members:
         NotATarError: Empty file, or the first block is not a tar header.
         CompressedTarError: The file is gzip/bzip2/xz/zstd/lz4 data.
         ChecksumError: A header block's checksum is wrong (offset given).
-        TarHeaderError: A numeric field is not a number, or a pax record is malformed.
+        TarHeaderError: A numeric field is not a number, a pax record is malformed, or a pax
+            or long-name record is not followed by a member.
         TruncatedError: The file ends inside a header or a member's data, or before the
             end-of-archive marker.
         TrailingGarbageError: Non-zero bytes that are not a header follow the end marker.
@@ -115,175 +152,407 @@ def scan_members(path: str | os.PathLike[str]) -> Members:
             raise NotATarError(f"{path}: byte 0: empty file (0 bytes), expected a tar header")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return _walk(path, mm, size)
+        return _Walk(path, mm, size).run()
     finally:
-        mm.close()
+        try:
+            mm.close()
+        except BufferError:  # a numpy view is still referenced by a traceback: GC closes it
+            pass
 
 
-def _walk(path: str, mm: mmap.mmap, size: int) -> Members:
-    names: list[bytes] = []
-    offsets: list[int] = []
-    sizes: list[int] = []
-    skipped: list[tuple[str, str]] = []
-    longname: bytes | None = None
-    longlink_pending = False
-    pax: dict[bytes, bytes] = {}
-    pos = 0
-    if size < BLOCK:
-        _fail_head(path, mm[:size])
-        raise NotATarError(f"{path}: byte 0: file is {size} bytes, shorter than one 512-byte tar header")
-    while True:
-        if pos + BLOCK > size:
-            if pos == size:
-                raise TruncatedError(
-                    f"{path}: byte {pos}: file ends without the end-of-archive marker (two zero "
-                    f"blocks); it was probably cut short: copy it again"
-                )
-            raise TruncatedError(
-                f"{path}: byte {pos}: file ends inside a header block ({size - pos} of 512 bytes); "
-                f"it was cut short: copy it again"
+class _Walk:
+    """One header walk over a mapped tar (state for the slow path; the fast loop is in run)."""
+
+    def __init__(self, path: str, mm: mmap.mmap, size: int) -> None:
+        self.path = path
+        self.mm = mm
+        self.size = size
+        nb = size // BLOCK
+        self.blocks = np.frombuffer(mm, np.uint8, count=nb * BLOCK).reshape(nb, BLOCK)
+        self.mpos: list[int] = []  # header offset of every member (archive order)
+        self.msize: list[int] = []
+        self.names: dict[int, bytes] = {}  # member number -> name resolved by the slow path
+        self.deferred: list[int] = []  # slow-path header offsets whose checksum is not checked yet
+        self.checked = 0  # members mpos[:checked] have had their checksum verified
+        self.skipped: list[tuple[str, str]] = []
+        self.pax: dict[bytes, bytes] = {}
+        self.gpax: dict[bytes, bytes] = {}
+        self.longname: bytes | None = None
+        self.pending_at = -1  # offset of a pax/long-name record still waiting for its member
+        self.volume_label: bytes | None = None
+        self.fast_names: list[bytes] = []  # names of mpos[:checked], from the name/prefix fields
+        self.dirs: list[int] = []  # member numbers that turned out to be v7 directories
+
+    # -- checksums and names, in batches ---------------------------------------------------
+    def flush(self) -> None:
+        """Verify every deferred header checksum; raise ChecksumError at the earliest bad one.
+
+        Also extracts the names of the members the fast path recorded since the last flush,
+        while their header blocks are still in the CPU cache.
+        """
+        lo = self.checked
+        fast = np.array(self.mpos[lo:], np.int64)
+        self.checked = len(self.mpos)
+        bad_at = -1
+        if len(fast):
+            rows = self.blocks[fast >> 9]
+            bad_at = self._first_bad(rows, fast)
+            if bad_at < 0:
+                self._names_of(rows, fast, lo)
+        if self.deferred:
+            slow = np.array(self.deferred, np.int64)
+            self.deferred = []
+            b = self._first_bad(self.blocks[slow >> 9], slow)
+            if b >= 0 and (bad_at < 0 or b < bad_at):
+                bad_at = b
+        if bad_at >= 0:
+            self._raise_checksum(bad_at)
+
+    def _first_bad(self, rows: NDArray[np.uint8], pos: NDArray[np.int64]) -> int:
+        computed, stored = header_checksums(rows)
+        for i in np.flatnonzero(computed != stored).tolist():
+            p = int(pos[i])
+            if not checksum_ok(self.mm[p : p + BLOCK]):
+                return p  # positions are ascending within one batch
+        return -1
+
+    def _names_of(self, rows: NDArray[np.uint8], pos: NDArray[np.int64], lo: int) -> None:
+        m = len(pos)
+        fields = np.zeros((m, 101), np.uint8)  # the name field plus one NUL column
+        fields[:, :100] = rows[:, :100]
+        la = (fields == 0).argmax(axis=1)  # length = index of the first NUL
+        blob = fields.tobytes()
+        names = [blob[s : s + n] for s, n in zip(range(0, 101 * m, 101), la.tolist())]
+        # ustar prefix: only headers with the POSIX magic and a non-empty prefix field
+        for i in np.flatnonzero(rows[:, 345]).tolist():
+            p = int(pos[i])
+            block = self.mm[p : p + BLOCK]
+            if block[257:263] == _USTAR:
+                names[i] = self._plain_name(block)
+        # v7 directories: a regular-file header whose name ends in '/'
+        last = fields[np.arange(m), np.maximum(la - 1, 0)]
+        dirs = np.flatnonzero(last == 0x2F)
+        if len(dirs):
+            self.dirs.extend((dirs + lo).tolist())
+        self.fast_names.extend(names)
+
+    def _raise_checksum(self, pos: int) -> None:
+        block = self.mm[pos : pos + BLOCK]
+        if pos == 0:
+            _fail_head(self.path, block)
+            raise NotATarError(
+                f"{self.path}: byte 0: not a tar archive (the first 512-byte block is not a valid "
+                f"tar header: checksum mismatch; found {block[:16]!r})"
             )
+        computed = sum(block) - sum(block[148:156]) + 256
+        raise ChecksumError(
+            f"{self.path}: byte {pos}: tar header checksum mismatch: the chksum field holds "
+            f"{block[148:156]!r}, the block sums to {computed} (0o{computed:o}); found name "
+            f"{block[:100].split(bytes(1), 1)[0][:60]!r}. The archive is corrupt at this header "
+            f"(or the previous member's size is wrong): re-copy or re-create it"
+        )
+
+    def fail(self, exc: TarIndexError) -> TarIndexError:
+        """Return ``exc`` unless an earlier header already fails its checksum (then raise that)."""
+        self.flush()
+        return exc
+
+    # -- the walk --------------------------------------------------------------------------
+    def run(self) -> Members:
+        path, mm, size = self.path, self.mm, self.size
+        if size < BLOCK:
+            _fail_head(path, mm[:size])
+            raise NotATarError(
+                f"{path}: byte 0: file is {size} bytes, shorter than one 512-byte tar header "
+                f"(found {mm[:16]!r})"
+            )
+        if not checksum_ok(mm[:BLOCK]) and mm[:BLOCK] != ZERO_BLOCK:
+            self._raise_checksum(0)
+        mpos, msize = self.mpos, self.msize
+        mapp, sapp = mpos.append, msize.append
+        slow = self.slow
+        pending = False
+        pos = 0
+        limit = size - BLOCK
+        while pos <= limit:
+            tf = mm[pos + 156]
+            if (tf == 0x30 or tf == 0) and not pending and (tf or mm[pos]):
+                f = mm[pos + 124 : pos + 135]
+                t = mm[pos + 135]
+                if (t == 0 or t == 0x20) and f.isdigit():
+                    try:
+                        ms = int(f, 8)
+                    except ValueError:  # digits 8 or 9: the slow path reports it
+                        ms = -1
+                    end = pos + BLOCK + ms
+                    if ms >= 0 and end <= size:
+                        mapp(pos)
+                        sapp(ms)
+                        pos = end + (-ms & 511)
+                        if len(mpos) - self.checked >= _BATCH:
+                            self.flush()
+                        continue
+            pos = slow(pos)
+            if pos < 0:
+                break
+            pending = self.pending_at >= 0 or bool(self.gpax)
+        else:
+            self.at_eof(pos)
+        self.flush()
+        return self.finish()
+
+    def at_eof(self, pos: int) -> None:
+        """The walk reached ``pos`` >= size - 511 without an end-of-archive marker: raise."""
+        path, size = self.path, self.size
+        if pos == size:
+            raise self.fail(
+                TruncatedError(
+                    f"{path}: byte {pos}: file ends without the end-of-archive marker (two zero "
+                    f"blocks) after the last member; it was probably cut short: copy it again"
+                )
+            )
+        if pos > size:
+            raise self.fail(
+                TruncatedError(
+                    f"{path}: byte {size}: file ends inside the zero padding of the last member "
+                    f"(its padded data runs to byte {pos}); it was cut short: copy it again"
+                )
+            )
+        raise self.fail(
+            TruncatedError(
+                f"{path}: byte {pos}: file ends inside a header block ({size - pos} of 512 bytes, "
+                f"found {self.mm[pos:pos + 16]!r}); it was cut short: copy it again"
+            )
+        )
+
+    def slow(self, pos: int) -> int:
+        """Handle the header at ``pos`` in full; return the next header's offset, or -1 at the end."""
+        path, mm, size = self.path, self.mm, self.size
         block = mm[pos : pos + BLOCK]
         if block == ZERO_BLOCK:
-            pos = _after_end(path, mm, pos, size)
-            if pos >= size:
-                break
-            continue
-        if not checksum_ok(block):
-            if pos == 0:
-                _fail_head(path, block)
-                raise NotATarError(
-                    f"{path}: byte 0: not a tar archive (the first 512-byte block is not a valid "
-                    f"tar header: checksum mismatch)"
+            if self.pending_at >= 0:
+                raise self.fail(
+                    TarHeaderError(
+                        f"{path}: byte {self.pending_at}: a pax or GNU long-name record is followed "
+                        f"by the end-of-archive marker at byte {pos}, not by a member; the archive "
+                        f"is damaged"
+                    )
                 )
-            raise ChecksumError(
-                f"{path}: byte {pos}: tar header checksum mismatch (expected a valid header after "
-                f"the previous member); the archive is corrupt"
-            )
+            nxt = self.after_end(pos)
+            self.gpax = {}
+            return -1 if nxt >= size else nxt
+        self.deferred.append(pos)
         tf = block[156]
         try:
-            msize = parse_number(block[124:136])
+            hsize = parse_number(block[124:136])
         except ValueError:
-            raise TarHeaderError(
-                f"{path}: byte {pos + 124}: size field {block[124:136]!r} is not an octal or "
-                f"base-256 number"
+            raise self.fail(
+                TarHeaderError(
+                    f"{path}: byte {pos + 124}: size field of the header at byte {pos} is "
+                    f"{block[124:136]!r}, not an octal or base-256 number"
+                )
             ) from None
-        if b"size" in pax and tf not in b"xg":
-            try:
-                msize = int(pax[b"size"])
-            except ValueError:
-                raise TarHeaderError(f"{path}: byte {pos}: pax size {pax[b'size']!r} is not a number") from None
+        pax = self.pax
+        if self.gpax:
+            pax = {**self.gpax, **pax}
+        msize = hsize
+        if tf not in b"xXg" and pax.get(b"size"):
+            sv = pax[b"size"]
+            if not sv.isdigit():
+                raise self.fail(
+                    TarHeaderError(f"{path}: byte {pos}: pax size {sv!r} is not a decimal number")
+                )
+            msize = int(sv)
         if msize < 0:
-            raise TarHeaderError(f"{path}: byte {pos + 124}: negative size {msize}")
+            raise self.fail(TarHeaderError(f"{path}: byte {pos + 124}: negative size {msize}"))
         data = pos + BLOCK
-        has_data = tf not in _NO_DATA
+        if tf in _NO_DATA:
+            has_data = False
+        elif tf == 0x31:  # hard link: data only in pax, or when no header follows (libarchive)
+            has_data = msize > 0 and (bool(self.pax) or not self._header_at(data))
+        else:
+            has_data = True
+        if tf == 0x53:  # 'S' old GNU sparse: extension blocks before the data
+            data = self._sparse_ext(pos, block)
         end = data + (msize if has_data else 0)
         if end > size:
-            raise TruncatedError(
-                f"{path}: byte {size}: member at header byte {pos} needs {msize} data bytes up to "
-                f"byte {end}, but the file ends at byte {size}; it was cut short: copy it again"
-            )
+            self.truncated_member(pos, block, msize, end)
+            return -1
+        nxt = data + (padded(msize) if has_data else 0)
         if tf == 0x4C:  # 'L' GNU LongName
-            longname = mm[data:end].split(b"\0", 1)[0]
-        elif tf == 0x4B:  # 'K' GNU LongLink
-            longlink_pending = True
-        elif tf == 0x78:  # 'x' pax extended header for the next member
-            try:
-                pax.update(parse_pax(mm[data:end]))
-            except ValueError as e:
-                raise TarHeaderError(f"{path}: byte {data}: malformed pax header: {e}") from None
-        elif tf == 0x67:  # 'g' pax global header: validated; path/size in it are not applied
-            try:
-                parse_pax(mm[data:end])
-            except ValueError as e:
-                raise TarHeaderError(f"{path}: byte {data}: malformed pax global header: {e}") from None
-        else:
-            name = _member_name(block, longname, pax)
-            if tf in _REGULAR:
-                if any(k.startswith(b"GNU.sparse.") for k in pax):
-                    sname = pax.get(b"GNU.sparse.name", name)
-                    _warn_skip(path, pos, sname, "pax sparse file", skipped)
+            self.longname = mm[data:end].split(b"\0", 1)[0]
+            self.pending_at = pos
+        elif tf == 0x4B:  # 'K' GNU LongLink (target of the next link member)
+            self.pending_at = pos
+        elif tf == 0x78 or tf == 0x58:  # 'x' pax extended header ('X': Solaris)
+            self.pax.update(self._pax(data, end, "pax extended header"))
+            self.pending_at = pos
+        elif tf == 0x67:  # 'g' pax global header: applies to every later member of this archive
+            for k, v in self._pax(data, end, "pax global header").items():
+                if v:
+                    self.gpax[k] = v
                 else:
-                    names.append(name)
-                    offsets.append(data)
-                    sizes.append(msize)
-            elif tf == 0x53:  # 'S' GNU sparse
-                _warn_skip(path, pos, name, "GNU sparse file", skipped)
-            elif tf == 0x4D:  # 'M' multi-volume continuation
-                _warn_skip(path, pos, name, "multi-volume continuation", skipped)
+                    self.gpax.pop(k, None)
+            self.gpax = {k: v for k, v in self.gpax.items() if k in (b"path", b"size")}
+        else:
+            self.member(pos, block, tf, pax, msize, data)
+            self.pax = {}
+            self.longname = None
+            self.pending_at = -1
+        return nxt
+
+    def _header_at(self, pos: int) -> bool:
+        b = self.mm[pos : pos + BLOCK]
+        return len(b) < BLOCK or b == ZERO_BLOCK or checksum_ok(b)
+
+    def _pax(self, data: int, end: int, what: str) -> dict[bytes, bytes]:
+        try:
+            return parse_pax(self.mm[data:end])
+        except ValueError as e:
+            raise self.fail(TarHeaderError(f"{self.path}: byte {data}: malformed {what}: {e}")) from None
+
+    def _sparse_ext(self, pos: int, block: bytes) -> int:
+        """Skip the extension blocks of an old GNU sparse header; return where its data starts."""
+        data = pos + BLOCK
+        ext = block[SPARSE_EXT_FLAG]
+        while ext:
+            if data + BLOCK > self.size:
+                raise self.fail(
+                    TruncatedError(
+                        f"{self.path}: byte {data}: file ends inside the sparse map of the member at "
+                        f"byte {pos}; it was cut short: copy it again"
+                    )
+                )
+            ext = self.mm[data + 504]
+            data += BLOCK
+        return data
+
+    def member(
+        self, pos: int, block: bytes, tf: int, pax: dict[bytes, bytes], msize: int, data: int
+    ) -> None:
+        """Record the non-metadata header at ``pos``: a regular member, or a skipped entry."""
+        name = self._name(block, pax)
+        if tf in _REGULAR:
+            if name.endswith(b"/") and tf != 0x37:  # v7 directory: regular header, name ends in '/'
+                self.skipped.append((name.decode("utf-8", "surrogateescape"), "directory"))
+            elif any(k.startswith(b"GNU.sparse.") for k in pax):
+                self._warn_skip(pos, pax.get(b"GNU.sparse.name", name), "pax sparse file")
             else:
-                skipped.append((name.decode("utf-8", "surrogateescape"), _KIND.get(tf, f"type {chr(tf)!r}")))
-            longname = None
-            longlink_pending = False
-            pax = {}
-        pos = data + (padded(msize) if has_data else 0)
-    del longlink_pending
-    return Members(
-        path=path,
-        raw_names=names,
-        offset=np.array(offsets, OFFSET_DTYPE),
-        size=np.array(sizes, OFFSET_DTYPE),
-        tar_size=size,
-        skipped=skipped,
-    )
+                if name != self._plain_name(block):
+                    self.names[len(self.mpos)] = name
+                self.mpos.append(pos)
+                self.msize.append(msize)
+        elif tf == 0x53:
+            self._warn_skip(pos, name, "GNU sparse file")
+        elif tf == 0x4D:
+            self._warn_skip(pos, name, "multi-volume continuation (its start is in the previous volume)")
+        elif tf == 0x56:
+            if pos == 0:
+                self.volume_label = name
+            self.skipped.append((name.decode("utf-8", "surrogateescape"), _KIND[tf]))
+        elif tf in _KIND:
+            kind = _KIND[tf]
+            if tf == 0x31 or tf == 0x32:
+                target = pax.get(b"linkpath") or block[157:257].split(b"\0", 1)[0]
+                kind += " to " + target.decode("utf-8", "surrogateescape")
+            self.skipped.append((name.decode("utf-8", "surrogateescape"), kind))
+        else:
+            self._warn_skip(pos, name, f"member of unknown type {chr(tf)!r}")
 
+    def _warn_skip(self, pos: int, name: bytes, what: str) -> None:
+        self.flush()  # never warn about a header that is really garbage
+        n = name.decode("utf-8", "surrogateescape")
+        self.skipped.append((n, what))
+        warnings.warn(
+            f"{self.path}: byte {pos}: member {n!r} is a {what}, not stored as contiguous bytes; "
+            f"skipped (extract and re-pack it to include it)",
+            stacklevel=5,
+        )
 
-_KIND = {
-    0x31: "hard link",
-    0x32: "symlink",
-    0x33: "character device",
-    0x34: "block device",
-    0x35: "directory",
-    0x36: "fifo",
-    0x56: "GNU volume label",
-    0x44: "GNU dumpdir",
-}
+    def _plain_name(self, block: bytes) -> bytes:
+        name = block[0:100].split(b"\0", 1)[0]
+        if block[257:263] == _USTAR and block[345]:  # POSIX ustar prefix (GNU uses it otherwise)
+            name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+        return name
 
+    def _name(self, block: bytes, pax: dict[bytes, bytes]) -> bytes:
+        if pax.get(b"path"):
+            return pax[b"path"]
+        if self.longname is not None:
+            return self.longname
+        return self._plain_name(block)
 
-def _warn_skip(path: str, pos: int, name: bytes, what: str, skipped: list[tuple[str, str]]) -> None:
-    n = name.decode("utf-8", "surrogateescape")
-    skipped.append((n, what))
-    warnings.warn(
-        f"{path}: byte {pos}: member {n!r} is a {what}, not stored as contiguous bytes; "
-        f"skipped (extract and re-pack it to include it)",
-        stacklevel=3,
-    )
+    def truncated_member(self, pos: int, block: bytes, msize: int, end: int) -> None:
+        """The member at ``pos`` runs past EOF: a cut file, or the end of one multi-volume part."""
+        path, size = self.path, self.size
+        name = self._name(block, self.pax)
+        if (
+            self.volume_label is not None
+            and _VOLUME_RE.search(self.volume_label)
+            and size % BLOCK == 0
+            and block[156] in _REGULAR
+        ):
+            self._warn_skip(pos, name, "member continued in the next volume of a multi-volume archive")
+            return
+        raise self.fail(
+            TruncatedError(
+                f"{path}: byte {size}: member {name[:80]!r} (header at byte {pos}) needs {msize} "
+                f"data bytes up to byte {end}, but the file ends at byte {size}; it was cut short: "
+                f"copy it again (a part of a GNU multi-volume archive made without -V is "
+                f"indistinguishable: extract the set with tar -M and re-pack it)"
+            )
+        )
 
+    def after_end(self, pos: int) -> int:
+        """Skip zero blocks at ``pos``; return where the next archive starts, or ``size`` at the end.
 
-def _member_name(block: bytes, longname: bytes | None, pax: dict[bytes, bytes]) -> bytes:
-    if b"path" in pax:
-        return pax[b"path"]
-    if longname is not None:
-        return longname
-    name = block[0:100].split(b"\0", 1)[0]
-    if block[257:263] == _USTAR:  # POSIX ustar: prefix field (GNU uses the area otherwise)
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return name
+        Concatenated archives continue after the zeros (GNU ``--ignore-zeros``); anything else
+        non-zero after the end marker is trailing garbage.
+        """
+        mm, size = self.mm, self.size
+        while pos + BLOCK <= size and mm[pos : pos + BLOCK] == ZERO_BLOCK:
+            pos += BLOCK
+        if pos >= size:
+            return size
+        rest = mm[pos : min(size, pos + BLOCK)]
+        if len(rest) == BLOCK and checksum_ok(rest):
+            return pos  # another archive follows
+        if rest.count(0) == len(rest):
+            return size  # a short run of zero padding at the end
+        nz = pos + next(i for i, b in enumerate(rest) if b)
+        raise self.fail(
+            TrailingGarbageError(
+                f"{self.path}: byte {nz}: non-zero bytes after the end-of-archive marker that are "
+                f"not a tar header (found {bytes(mm[nz:nz + 16])!r}); the file has trailing garbage "
+                f"(or a concatenated archive whose first header is damaged): truncate it to {pos} "
+                f"bytes if the rest is not needed"
+            )
+        )
 
-
-def _after_end(path: str, mm: mmap.mmap, pos: int, size: int) -> int:
-    """Skip zero blocks at ``pos``; return where the next archive starts, or ``size`` at the end.
-
-    Concatenated archives continue after the zeros (GNU ``--ignore-zeros``); anything else
-    non-zero after the end marker is trailing garbage.
-    """
-    while pos + BLOCK <= size and mm[pos : pos + BLOCK] == ZERO_BLOCK:
-        pos += BLOCK
-    if pos >= size:
-        return size
-    rest = mm[pos : min(size, pos + BLOCK)]
-    if len(rest) == BLOCK and checksum_ok(rest):
-        return pos  # another archive follows
-    if rest.count(0) == len(rest) and pos + len(rest) == size:
-        return size  # a short run of zero padding
-    nz = pos + next(i for i, b in enumerate(rest) if b)
-    raise TrailingGarbageError(
-        f"{path}: byte {nz}: non-zero bytes after the end-of-archive marker that are not a tar "
-        f"header (found {bytes(mm[nz:nz + 16])!r}); the file has trailing garbage: truncate it "
-        f"to {pos} bytes"
-    )
+    # -- result ----------------------------------------------------------------------------
+    def finish(self) -> Members:
+        names = self.fast_names
+        for i, n in self.names.items():
+            names[i] = n
+        offset = (np.array(self.mpos, np.int64) + BLOCK).astype(OFFSET_DTYPE)
+        size = np.array(self.msize, OFFSET_DTYPE)
+        skipped = self.skipped
+        dirs = [i for i in self.dirs if i not in self.names]
+        if dirs:
+            keep = np.ones(len(names), bool)
+            keep[dirs] = False
+            skipped = skipped + [(names[i].decode("utf-8", "surrogateescape"), "directory") for i in dirs]
+            names = [n for i, n in enumerate(names) if keep[i]]
+            offset, size = offset[keep], size[keep]
+        self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
+        return Members(
+            path=self.path,
+            raw_names=names,
+            offset=offset,
+            size=size,
+            tar_size=self.size,
+            skipped=skipped,
+        )
 
 
 def index_tables_for(members: Members, mm: mmap.mmap | bytes, producer: str = "tarindex.scan") -> IndexTables:
@@ -317,6 +586,10 @@ def index_tables_for(members: Members, mm: mmap.mmap | bytes, producer: str = "t
 
 def scan(path: str | os.PathLike[str]) -> Members:
     """List the regular-file members of a tar: names, data offsets (bytes) and sizes (bytes).
+
+    Returns:
+        :class:`Members`: ``raw_names`` (list of ``m`` bytes), ``offset`` and ``size`` (shape
+        ``(m,)``, dtype ``<u8``, bytes from the start of the tar), in archive order.
 
     Same as :func:`scan_members`; see it for the errors raised.
     """

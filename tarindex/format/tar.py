@@ -21,9 +21,17 @@ __all__ = [
     "parse_pax",
     "compression_of",
     "padded",
+    "parse_octal_rows",
+    "header_checksums",
+    "SPARSE_EXT_FLAG",
 ]
 
+import numpy as np
+from numpy.typing import NDArray
+
 from .spec import BLOCK, USTAR_MAX_SIZE
+
+SPARSE_EXT_FLAG = 482  # old GNU sparse header: "isextended" byte (GNU tar manual, "Basic Tar Format")
 
 ZERO_BLOCK = bytes(BLOCK)
 _USTAR_MAGIC = b"ustar\x0000"  # POSIX ustar: magic "ustar\0" + version "00"
@@ -65,10 +73,14 @@ def parse_number(field: bytes) -> int:
         if field[0] == 0xFF:  # negative (only for times; never valid for sizes)
             value -= 1 << (8 * (len(field) - 1))
         return value
+    # leading spaces, octal digits, then a NUL or space terminator (or the end of the field);
+    # bytes after the first NUL are ignored, as GNU tar and tarfile do
     text = field.split(b"\0", 1)[0].strip(b" ")
     if not text:
         return 0
-    return int(text, 8)  # raises ValueError on non-octal digits
+    if text.translate(None, b"01234567"):
+        raise ValueError(f"not an octal number: {field!r}")
+    return int(text, 8)
 
 
 def checksum_ok(block: bytes) -> bool:
@@ -85,6 +97,67 @@ def checksum_ok(block: bytes) -> bool:
         return True
     signed = sum((b - 256 if b > 127 else b) for b in block[:148] + block[156:]) + 8 * 32
     return want == signed
+
+
+def parse_octal_rows(fields: NDArray[np.uint8]) -> NDArray[np.int64]:
+    """Parse a column of octal header fields at once (the vectorised :func:`parse_number`).
+
+    Args:
+        fields: Shape ``(k, w)``, uint8: one numeric field per row (for example the 8-byte
+            chksum field of ``k`` headers).
+
+    Returns:
+        Shape ``(k,)``, int64: each field's value, or ``-1`` where the field is not leading
+        spaces + octal digits + NUL/space terminator (base-256 or malformed: the caller falls
+        back to :func:`parse_number` for those rows).
+    """
+    k, w = fields.shape
+    val = np.zeros(k, np.int64)
+    state = np.zeros(k, np.int8)  # 0 leading spaces, 1 in digits, 2 terminated, 3 bad
+    for j in range(w):
+        c = fields[:, j]
+        dig = (c >= 0x30) & (c <= 0x37)
+        term = (c == 0) | (c == 0x20)
+        s0 = state == 0
+        s1 = state == 1
+        acc = (s0 | s1) & dig
+        val = np.where(acc, val * 8 + (c.astype(np.int64) - 0x30), val)
+        state[acc] = 1
+        state[s0 & (c == 0)] = 2
+        state[s1 & term] = 2
+        state[(s0 | s1) & ~dig & ~term] = 3
+    val[state == 3] = -1
+    return val
+
+
+_POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+
+
+def header_checksums(rows: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Return ``(computed, stored)`` unsigned header checksums of ``k`` header blocks at once.
+
+    Args:
+        rows: Shape ``(k, 512)``, uint8: header blocks.
+
+    Returns:
+        Two arrays of shape ``(k,)``, int64: the POSIX (unsigned) checksum of each block, the
+        chksum field taken as 8 spaces; and the stored chksum value (``-1`` if it is not a
+        plain octal field). Rows where they differ may still pass the signed variant: check
+        them with :func:`checksum_ok`.
+    """
+    total = np.add.reduce(rows, axis=1, dtype=np.uint32).astype(np.int64)
+    chk = np.ascontiguousarray(rows[:, 148:156])
+    total -= chk.astype(np.int64).sum(axis=1)
+    total += 8 * 32
+    # common layout first: 6 octal digits then NUL or space (GNU tar, tarfile, libarchive)
+    digits = chk[:, :6].astype(np.int64) - 0x30
+    t6 = chk[:, 6]
+    plain = ((digits >= 0) & (digits <= 7)).all(axis=1) & ((t6 == 0) | (t6 == 0x20))
+    stored = digits @ _POW8_6
+    other = np.flatnonzero(~plain)
+    if len(other):
+        stored[other] = parse_octal_rows(chk[other])
+    return total, stored
 
 
 def parse_pax(data: bytes) -> dict[bytes, bytes]:
@@ -105,7 +178,10 @@ def parse_pax(data: bytes) -> dict[bytes, bytes]:
         sp = data.find(b" ", pos, pos + 24)
         if sp < 0:
             raise ValueError(f"pax record at +{pos}: no length field")
-        length = int(data[pos:sp])
+        digits = data[pos:sp]
+        if not digits.isdigit():
+            raise ValueError(f"pax record at +{pos}: length field {digits!r} is not a number")
+        length = int(digits)
         end = pos + length
         if length <= 0 or end > n or data[end - 1] != 0x0A:
             raise ValueError(f"pax record at +{pos}: length {length} does not end at a newline")
