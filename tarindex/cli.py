@@ -44,6 +44,7 @@ import numpy as np
 from . import __version__
 from .errors import StaleIndexError, TarIndexError
 from .format.keys import check_ext, check_key, normalize_name, split_key
+from .format.spec import INDEX_SUFFIX
 from .indexfile import build_index, is_up_to_date, write_atomic
 from .reader import ShardReader, ShardSet
 from .scan import index_tables_for, scan_members
@@ -76,6 +77,9 @@ def _describe(e: BaseException) -> str:
 def _expand(sources: Sequence[str]) -> list[str]:
     """Expand every source (path, directory, glob, braces); keep order, drop repeats.
 
+    Index files (``*.tidx``) and directories matched by a glob are dropped: ``'out/*'`` means
+    the shards.
+
     Raises:
         UsageError: If a source matches nothing or a brace range is malformed.
     """
@@ -87,9 +91,13 @@ def _expand(sources: Sequence[str]) -> list[str]:
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(_describe(e)) from None
         for p in paths:
+            if p != src and (p.endswith(INDEX_SUFFIX) or os.path.isdir(p)):
+                continue  # a glob like 'out/*' also matches the indexes and sub-directories
             if p not in seen:
                 seen.add(p)
                 out.append(p)
+    if not out:
+        raise UsageError(f"{' '.join(sources)}: matches only index files, no shards")
     return out
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -449,3 +451,41 @@ def test_ls_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     err = proc.stderr.read()
     proc.wait(timeout=60)
     assert b"Traceback" not in err and b"Exception ignored" not in err, err
+
+
+# -- tars made by other tools -----------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs the tar command")
+def test_gnu_tar_index_ls_cat(tmp_path: Path, capsysbinary: CapB) -> None:
+    src = tmp_path / "files"
+    (src / "d.1").mkdir(parents=True)
+    blobs = {f"d.1/{i:03d}.{ext}": ALL_BYTES[i:] + ext.encode() for i in range(4)
+             for ext in ("bin", "seg.bin")}
+    for rel, data in blobs.items():
+        (src / rel).write_bytes(data)
+    tar = tmp_path / "gnu.tar"
+    subprocess.run(["tar", "cf", str(tar), "-C", str(src), *sorted(blobs)], check=True)
+    assert main(["cat", str(tar), "0", "bin"]) == 1  # not indexed yet
+    assert b"tarindex index" in capsysbinary.readouterr().err
+    assert main(["ls", "--members", str(tar)]) == 0  # the header walk needs no index
+    rows = capsysbinary.readouterr().out.decode().splitlines()
+    assert [r.split("\t")[0] for r in rows] == sorted(blobs)
+    assert main(["index", str(tmp_path / "*")]) == 0  # the glob also matches files/: skipped
+    capsysbinary.readouterr()
+    assert main(["cat", str(tar), "d.1/002", "seg.bin"]) == 0
+    assert capsysbinary.readouterr().out == blobs["d.1/002.seg.bin"]
+    assert main(["index", str(tmp_path / "*.t*")]) == 0  # gnu.tar.tidx is not a shard
+    assert "0 built, 1 up to date" in capsysbinary.readouterr().out.decode()
+
+
+def test_index_reports_interleaved_samples(tmp_path: Path, capsys: Cap) -> None:
+    p = tmp_path / "mixed.tar"
+    with tarfile.open(p, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name in ("a.png", "b.png", "a.cls", "b.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    code, out, err = run(["index", str(p)], capsys)
+    assert code == 0 and "1 built" in out
+    assert "tarindex index: warning:" in err and "not adjacent" in err
+    code, out, _ = run(["ls", str(p)], capsys)
+    assert out.splitlines() == ["0\ta\tpng,cls", "1\tb\tpng,cls"]
