@@ -671,7 +671,7 @@ layouts:
            0001.seg.png -> key 0001). Sub-folders become part of the key.
   auto     (default) classes if SRC_DIR's top level holds only folders, else flat.
 Hidden files and folders, and files without an extension, are skipped. Samples are written in
-sorted key order. OUT_PATTERN takes one integer field (out/train-%%06d.tar)."""
+sorted key order. OUT_PATTERN takes one integer field (out/train-%06d.tar)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
