@@ -3,7 +3,7 @@
 Subcommands::
 
     tarindex index PATH_OR_GLOB... [--jobs N] [--force]   build sidecar indexes
-    tarindex verify SOURCE...                             index matches tar (full check)
+    tarindex verify SOURCE...                             index matches tar (tarindex.verify)
     tarindex info SOURCE...                               shards, samples, extensions, bytes
     tarindex ls SOURCE... [--members]                     samples, or tar members
     tarindex cat SOURCE KEY_OR_INDEX EXT                  one member's bytes to stdout
@@ -29,25 +29,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import re
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
 
 from . import __version__
-from .errors import StaleIndexError, TarIndexError
+from .errors import TarIndexError
 from .format.keys import check_ext, check_key, normalize_name, split_key
 from .format.spec import INDEX_SUFFIX
 from .indexfile import build_index, is_up_to_date, write_atomic
 from .reader import ShardReader, ShardSet
-from .scan import index_tables_for, scan_members
+from .scan import scan_members
 from .sources import expand_source
 
 __all__ = ["main", "build_parser", "plan_pack", "sanitize_stem", "parse_size", "PackPlan"]
@@ -241,94 +240,20 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 # -- verify -----------------------------------------------------------------------------------
-def _first_difference(stored: Any, fresh: Any) -> str:
-    """Name the first table entry where two IndexTables differ (for the error message)."""
-    for name in ("tar_size", "head_crc", "tail_crc"):
-        a, b = getattr(stored, name), getattr(fresh, name)
-        if a != b:
-            return f"{name} {a} in the index, {b} in the tar"
-    if stored.n_samples != fresh.n_samples or stored.n_members != fresh.n_members:
-        return (f"index has {stored.n_samples} samples / {stored.n_members} members, the tar "
-                f"{fresh.n_samples} / {fresh.n_members}")
-    if list(stored.exts) != list(fresh.exts):
-        return f"extensions {stored.exts} in the index, {fresh.exts} in the tar"
-    for name in ("sample_ptr", "offset", "size", "ext_id", "key_ptr"):
-        a, b = np.asarray(getattr(stored, name)), np.asarray(getattr(fresh, name))
-        diff = np.flatnonzero(a != b)
-        if len(diff):
-            i = int(diff[0])
-            return f"{name}[{i}] is {int(a[i])} in the index, {int(b[i])} in the tar"
-    if bytes(stored.key_blob) != bytes(fresh.key_blob):
-        for j in range(stored.n_samples):
-            lo, hi = int(stored.key_ptr[j]), int(stored.key_ptr[j + 1])
-            ka, kb = bytes(stored.key_blob[lo:hi]), bytes(fresh.key_blob[lo:hi])
-            if ka != kb:
-                return f"key of sample {j} is {ka!r} in the index, {kb!r} in the tar"
-    return "tables differ"
-
-
-def verify_shard(tar_path: str) -> str:
-    """Check that a shard's index describes its tar exactly (the CLI's fallback verifier).
-
-    Opens the index with its full checks (crc32 footer, monotonic pointers, ranges inside
-    the tar), then rescans the tar's headers and compares the rebuilt sample, member and key
-    tables with the stored ones byte for byte.
-
-    Returns:
-        A short summary (``"1437 samples, 2874 members"``).
-
-    Raises:
-        IndexMissingError: No index.
-        FormatError: Corrupt index (crc32, bad tables) or corrupt tar (scan errors).
-        StaleIndexError: The index's fingerprint or tables do not match the tar.
-    """
-    with ShardReader(tar_path, full_check=True) as r:
-        stored = r.index
-        members = scan_members(tar_path)
-        with open(tar_path, "rb") as f, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # interleaving/duplicates: reported by `index`
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                fresh = index_tables_for(members, mm)
-            finally:
-                mm.close()
-        if fresh.tables_bytes() != stored.tables_bytes():
-            raise StaleIndexError(
-                f"{tar_path}: index {r.index_path} does not match the tar: "
-                f"{_first_difference(stored, fresh)}; rebuild it with: "
-                f"tarindex index --force {tar_path}"
-            )
-        return f"{stored.n_samples} samples, {stored.n_members} members"
-
-
-def _verifier() -> Callable[[str], object]:
-    """``tarindex.verify.verify`` when that module exists, else :func:`verify_shard`."""
-    try:
-        from .verify import verify  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return verify_shard
-    return verify  # type: ignore[no-any-return,unused-ignore]
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
-    """``tarindex verify``: full check of every shard's index against its tar; exit 1 on failure."""
+    """``tarindex verify``: :func:`tarindex.verify.verify` on every shard; exit 1 on any failure."""
+    from .verify import verify
+
     paths = _expand(args.paths)
-    check = _verifier()
     failed = 0
     for p in paths:
         try:
-            result = check(p)
+            report = verify(p)
         except (TarIndexError, OSError) as e:
             failed += 1
             print(f"FAIL {p}: {_describe(e)}", file=sys.stderr)
             continue
-        ok = getattr(result, "ok", result is not False)
-        if not ok:
-            failed += 1
-            print(f"FAIL {p}: {result}", file=sys.stderr)
-        else:
-            detail = result if isinstance(result, str) else ""
-            print(f"ok   {p}" + (f": {detail}" if detail else ""))
+        print(f"ok   {p}: {report}")
     print(f"verified {len(paths)} shard(s): {len(paths) - failed} ok, {failed} failed")
     return EXIT_FAIL if failed else EXIT_OK
 

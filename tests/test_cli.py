@@ -220,6 +220,22 @@ def test_verify_ok(shards: list[str], capsys: Cap) -> None:
     assert code == 0 and "3 ok, 0 failed" in out and err == ""
 
 
+def test_verify_calls_tarindex_verify(
+    shards: list[str], monkeypatch: pytest.MonkeyPatch, capsys: Cap
+) -> None:
+    import tarindex.verify
+
+    seen: list[str] = []
+
+    def fake(p: str) -> str:
+        seen.append(p)
+        return "checked"
+
+    monkeypatch.setattr(tarindex.verify, "verify", fake)
+    code, out, _ = run(["verify", *shards], capsys)
+    assert code == 0 and seen == shards and f"ok   {shards[0]}: checked" in out
+
+
 def test_verify_detects_a_corrupt_index(shards: list[str], capsys: Cap) -> None:
     ip = tarindex.index_path_for(shards[1])
     buf = bytearray(Path(ip).read_bytes())
@@ -254,7 +270,7 @@ def test_verify_detects_a_rewritten_tar_the_open_check_misses(
     tarindex.ShardReader(p).close()  # the O(1) open check still passes
     code, _, err = run(["verify", p], capsys)
     assert code == 1
-    assert "does not match the tar: extensions" in err and "tarindex index --force" in err
+    assert f"FAIL {p}" in err and "0020" in err and "tarindex index --force" in err
 
 
 def test_verify_missing_index_fails(shards: list[str], capsys: Cap) -> None:
