@@ -93,9 +93,9 @@ def lister_gnu_tar(p: str) -> int:
 
 
 def lister_ratarmount(p: str) -> int:
-    from ratarmountcore.mountsource.formats.tar import SQLiteIndexedTar
-
     import contextlib
+
+    from ratarmountcore.mountsource.formats.tar import SQLiteIndexedTar
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         with SQLiteIndexedTar(p, writeIndex=False, indexFilePath=":memory:") as src:

@@ -222,7 +222,7 @@ class _Walk:
         fields[:, :100] = rows[:, :100]
         la = (fields == 0).argmax(axis=1)  # length = index of the first NUL
         blob = fields.tobytes()
-        names = [blob[s : s + n] for s, n in zip(range(0, 101 * m, 101), la.tolist())]
+        names = [blob[s : s + n] for s, n in zip(range(0, 101 * m, 101), la.tolist(), strict=False)]
         # ustar prefix: only headers with the POSIX magic and a non-empty prefix field
         for i in np.flatnonzero(rows[:, 345]).tolist():
             p = int(pos[i])
