@@ -10,8 +10,11 @@ so it pickles small and is safe under fork, spawn and forkserver worker processe
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
+import operator
 import os
+import stat
 import sys
 import zlib
 from collections import OrderedDict
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import (
+    FormatError,
     IndexMissingError,
     SampleIndexError,
     StaleIndexError,
@@ -39,6 +43,24 @@ def _missing(tar_path: str, index_path: str) -> IndexMissingError:
     return IndexMissingError(
         f"{index_path}: no index for shard {tar_path}; build it with: tarindex index {tar_path}"
     )
+
+
+def _open_regular(path: str) -> int:
+    """``os.open`` read-only without blocking (a FIFO would hang ``open``); regular files only.
+
+    Raises:
+        FileNotFoundError, PermissionError, ...: As ``os.open``.
+        IsADirectoryError: ``path`` is a directory.
+        FormatError: ``path`` is a FIFO, socket or device.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return fd
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a shard or index file", path)
+    raise FormatError(f"{path}: byte 0: not a regular file (mode 0o{mode:o}); expected a tar or index file")
 
 
 class ShardReader:
@@ -72,7 +94,7 @@ class ShardReader:
         self._mm: mmap.mmap | None = None
         self._fd = -1
         try:
-            fi = open(self.index_path, "rb")
+            fi = open(_open_regular(self.index_path), "rb")
         except FileNotFoundError:
             raise _missing(tar_path, self.index_path) from None
         with fi:
@@ -87,7 +109,7 @@ class ShardReader:
             self.index: IndexTables = decode_index(
                 memoryview(self._imm), self.index_path, full_check=full_check
             )
-            self._fd = os.open(tar_path, os.O_RDONLY)
+            self._fd = _open_regular(tar_path)
             self.tar_size = os.fstat(self._fd).st_size
             self._check_fingerprint()
             if use_mmap and self.tar_size:
@@ -107,6 +129,19 @@ class ShardReader:
         self._ext_id = _fast(t.ext_id)
         self._key_ptr = _fast(t.key_ptr)
         self._key_blob = t.key_blob
+        self._n_members = t.n_members
+        self._key_bytes = len(t.key_blob)
+
+    def _corrupt(self, j: int, what: str) -> FormatError:
+        return FormatError(
+            f"{self.index_path}: sample {j}: {what}; the index is corrupt (checked lazily at read "
+            f"time): tarindex verify {self.tar_path}, rebuild with: tarindex index --force "
+            f"{self.tar_path}"
+        )
+
+    def _check_j(self, j: int) -> None:
+        if not 0 <= j < self.n_samples:
+            raise SampleIndexError(f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})")
 
     def _check_fingerprint(self) -> None:
         t = self.index
@@ -151,13 +186,20 @@ class ShardReader:
 
     def key(self, j: int) -> str:
         """Return the key of sample ``j`` (0 <= j < n_samples)."""
+        self._check_j(j)
         kp = self._key_ptr
+        if not kp[j] <= kp[j + 1] <= self._key_bytes:
+            raise self._corrupt(j, f"key_ptr {kp[j]}..{kp[j + 1]} outside key_blob[0:{self._key_bytes}]")
         return self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
 
     def member_slice(self, j: int) -> tuple[int, int]:
         """Return the half-open member range ``[lo, hi)`` of sample ``j``."""
+        self._check_j(j)
         sp = self._sample_ptr
-        return int(sp[j]), int(sp[j + 1])
+        lo, hi = int(sp[j]), int(sp[j + 1])
+        if not lo <= hi <= self._n_members:
+            raise self._corrupt(j, f"sample_ptr {lo}..{hi} outside members [0, {self._n_members}]")
+        return lo, hi
 
     def sample(self, j: int) -> Sample:
         """Return sample ``j`` as ``{"__key__": str, ext: bytes, ...}`` (no ``__shard__``/``__index__``).
@@ -168,20 +210,31 @@ class ShardReader:
         """
         if not 0 <= j < self.n_samples:
             raise SampleIndexError(f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})")
-        kp = self._key_ptr
-        out: Sample = {
-            "__key__": self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
-        }
+        kp, sp = self._key_ptr, self._sample_ptr
+        k0, k1, lo, hi = kp[j], kp[j + 1], sp[j], sp[j + 1]
+        # O(1) guards against a corrupt index that passed the cheap checks at open: pointers
+        # that go backwards or past their tables would give a wrong key or a missing member
+        if not (k0 <= k1 <= self._key_bytes and lo <= hi <= self._n_members):
+            raise self._corrupt(
+                j, f"key_ptr {k0}..{k1} (key_blob has {self._key_bytes} bytes) or sample_ptr "
+                f"{lo}..{hi} ({self._n_members} members) out of range"
+            )
+        out: Sample = {"__key__": self._key_blob[k0:k1].tobytes().decode("utf-8", "surrogateescape")}
         exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
         mm = self._mm
         limit = self.tar_size
-        for m in range(self._sample_ptr[j], self._sample_ptr[j + 1]):
-            off = offs[m]
-            end = off + sizes[m]
-            if mm is not None and end <= limit:
-                out[exts[eids[m]]] = mm[off:end]
-            else:
-                out[exts[eids[m]]] = self.read(off, end - off)
+        try:
+            for m in range(lo, hi):
+                off = offs[m]
+                end = off + sizes[m]
+                if mm is not None and end <= limit:
+                    out[exts[eids[m]]] = mm[off:end]
+                else:
+                    out[exts[eids[m]]] = self.read(off, end - off)
+        except IndexError:  # exts[eids[m]]: ext_id out of range
+            raise self._corrupt(j, f"ext_id[{m}] = {eids[m]} >= {len(exts)} extensions") from None
+        if len(out) != hi - lo + 1:  # an extension twice in one sample: a member would vanish
+            raise self._corrupt(j, f"{hi - lo} members but {len(out) - 1} distinct extensions")
         return out
 
     def sample_byte_range(self, j0: int, j1: int) -> tuple[int, int]:
@@ -189,6 +242,8 @@ class ShardReader:
 
         The range includes the headers in between; read it once for sequential access.
         """
+        if j1 <= j0:
+            return 0, 0
         lo, _ = self.member_slice(j0)
         _, hi = self.member_slice(j1 - 1)
         if hi <= lo:
@@ -244,7 +299,7 @@ def read_sample_count(tar_path: str, index_path: str | None = None) -> int:
     """
     ip = index_path or index_path_for(tar_path)
     try:
-        with open(ip, "rb") as f:
+        with open(_open_regular(ip), "rb") as f:
             head = f.read(HEADER.size)
     except FileNotFoundError:
         raise _missing(tar_path, ip) from None
@@ -296,6 +351,7 @@ class ShardSet:
         Raises:
             SampleIndexError: If ``i`` is out of range.
         """
+        i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing
         n = self._starts_list[-1]
         if i < 0:
             i += n
@@ -314,6 +370,13 @@ class ShardSet:
             self._readers.move_to_end(s)
             return r
         r = ShardReader(self.paths[s], use_mmap=self.use_mmap)
+        if r.n_samples != self._starts_list[s + 1] - self._starts_list[s]:
+            r.close()
+            raise StaleIndexError(
+                f"{r.index_path}: now holds {r.n_samples} samples, this ShardSet counted "
+                f"{self._starts_list[s + 1] - self._starts_list[s]} when it was made (the index was "
+                f"rebuilt meanwhile); make a new ShardSet"
+            )
         self._readers[s] = r
         while len(self._readers) > self.max_open:
             _, old = self._readers.popitem(last=False)

@@ -13,34 +13,68 @@ __all__ = ["Source", "expand_braces", "expand_source"]
 Source = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
+_INT = re.compile(r"-?[0-9]+")  # ASCII digits only: int() would also take "1_0", " 5", "٣"
+MAX_EXPANSION = 1_000_000
+"""Most paths one brace pattern may expand to; ``{0..100000000}`` is a typo, not 10^8 shards."""
 
 
-def expand_braces(pattern: str) -> list[str]:
+def expand_braces(pattern: str, limit: int = MAX_EXPANSION) -> list[str]:
     """Expand ``{000..009}`` ranges (zero padding kept) and ``{a,b,c}`` lists, left to right.
 
     Examples:
         ``"train-{000..002}.tar"`` -> ``["train-000.tar", "train-001.tar", "train-002.tar"]``.
 
     Raises:
-        ValueError: For a range whose ends are not integers.
+        ValueError: For a range whose ends are not integers, or a pattern that expands to more
+            than ``limit`` paths (checked before the list is built).
     """
+    n = 1  # fail fast on "{0..999}{0..999}{0..999}": product of the groups' sizes
+    for m in _BRACE.finditer(pattern):
+        lo_s, dots, hi_s = m.group(1).partition("..")
+        if dots and _INT.fullmatch(lo_s) and _INT.fullmatch(hi_s) and max(len(lo_s), len(hi_s)) <= 18:
+            n *= abs(int(hi_s) - int(lo_s)) + 1
+        elif not dots:
+            n *= m.group(1).count(",") + 1
+        if n > limit:
+            raise _too_many(pattern, limit)
+    out: list[str] = []
+    _expand(pattern, pattern, limit, out)
+    return out
+
+
+def _too_many(pattern: str, limit: int) -> ValueError:
+    return ValueError(
+        f"brace pattern {pattern!r} expands to more than {limit} paths; check the range ends "
+        f"(or pass a list of paths)"
+    )
+
+
+def _expand(pattern: str, whole: str, limit: int, out: list[str]) -> None:
     m = _BRACE.search(pattern)
     if m is None:
-        return [pattern]
+        if len(out) >= limit:
+            raise _too_many(whole, limit)
+        out.append(pattern)
+        return
     body = m.group(1)
     head, tail = pattern[: m.start()], pattern[m.end() :]
     if ".." in body:
         lo_s, hi_s = body.split("..", 1)
-        try:
-            lo, hi = int(lo_s), int(hi_s)
-        except ValueError:
-            raise ValueError(f"brace range {{{body}}} in {pattern!r}: ends must be integers") from None
+        if not (_INT.fullmatch(lo_s) and _INT.fullmatch(hi_s)) or max(len(lo_s), len(hi_s)) > 18:
+            raise ValueError(
+                f"brace range {{{body}}} in {whole!r}: ends must be integers (ASCII digits, at "
+                f"most 18)"
+            )
+        lo, hi = int(lo_s), int(hi_s)
+        if abs(hi - lo) >= limit:
+            raise _too_many(whole, limit)
         width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
         step = 1 if hi >= lo else -1
-        items = [f"{i:0{width}d}" for i in range(lo, hi + step, step)]
+        items: Iterable[str] = (f"{i:0{width}d}" for i in range(lo, hi + step, step))
     else:
         items = body.split(",")
-    return [p for item in items for p in expand_braces(head + item + tail)]
+    for item in items:
+        _expand(head + item + tail, whole, limit, out)
 
 
 def expand_source(source: Source) -> list[str]:
@@ -54,6 +88,8 @@ def expand_source(source: Source) -> list[str]:
     """
     if isinstance(source, (str, os.PathLike)):
         items = [os.fspath(source)]
+    elif isinstance(source, (bytes, bytearray)):  # iterating would give ints
+        raise TypeError(f"source {source!r}: pass a str path (os.fsdecode it), not bytes")
     else:
         items = [os.fspath(s) for s in source]
     out: list[str] = []

@@ -12,13 +12,24 @@ from .errors import WriterError
 from .format.group import group_members
 from .format.index import encode_index
 from .format.keys import check_ext, check_key
-from .format.spec import BLOCK, FINGERPRINT_BYTES
+from .format.spec import BLOCK, FINGERPRINT_BYTES, USTAR_MAX_SIZE
 from .format.tar import ZERO_BLOCK, build_member_header, padded
 from .indexfile import index_path_for, write_atomic
 
 __all__ = ["ShardWriter", "TarShardWriter"]
 
 _RECORD = 20 * BLOCK  # GNU tar and Python tarfile pad archives to 10240-byte records
+
+
+def _check_mtime(mtime: int | None) -> int:
+    """Now, or ``mtime`` if it fits the 11 octal digits of the ustar mtime field."""
+    t = int(time.time()) if mtime is None else int(mtime)
+    if not 0 <= t <= USTAR_MAX_SIZE:  # same 12-byte field width as size
+        raise WriterError(
+            f"mtime {mtime!r} does not fit a ustar header (0 <= mtime <= {USTAR_MAX_SIZE}); a wider "
+            f"value would shift every byte after it and corrupt the tar"
+        )
+    return t
 
 
 class TarShardWriter:
@@ -36,7 +47,7 @@ class TarShardWriter:
     def __init__(self, path: str, mtime: int | None = None) -> None:
         self.path = os.fspath(path)
         self.tmp = f"{self.path}.{os.getpid()}.tmp"
-        self.mtime = int(time.time()) if mtime is None else int(mtime)
+        self.mtime = _check_mtime(mtime)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._f = open(self.tmp, "wb")
         self.pos = 0
@@ -63,9 +74,12 @@ class TarShardWriter:
         """
         if key in self._keys:
             raise WriterError(f"{self.path}: key {key!r} written twice in this shard (byte {self.pos})")
+        try:  # every name before any byte: a failure never leaves half a sample in the tar
+            named = [(f"{key}.{ext}".encode("utf-8"), data) for ext, data in members]
+        except UnicodeEncodeError as e:
+            raise WriterError(f"{self.path}: sample {key!r}: name not encodable as UTF-8 ({e})") from None
         self._keys.add(key)
-        for ext, data in members:
-            name = f"{key}.{ext}".encode("utf-8")
+        for name, data in named:
             size = len(data)
             self._write(build_member_header(name, size, self.mtime))
             self._names.append(name)
@@ -145,13 +159,30 @@ class ShardWriter:
         encoder: Callable[[str, Any], bytes] = encode_value,
     ) -> None:
         self.pattern = os.fspath(pattern)
-        if maxcount < 1 or maxsize < 1:
-            raise ValueError(f"maxcount ({maxcount}) and maxsize ({maxsize}) must be >= 1")
-        self.maxcount = int(maxcount)
-        self.maxsize = int(maxsize)
+        try:
+            if not (maxcount >= 1 and 1 <= maxsize < float("inf")):  # False for NaN too
+                raise ValueError
+            self.maxcount = int(maxcount)
+            self.maxsize = int(maxsize)
+        except (TypeError, ValueError, OverflowError):
+            raise WriterError(
+                f"maxcount ({maxcount!r}) and maxsize ({maxsize!r}) must be finite numbers >= 1"
+            ) from None
         self.shard = start_shard
-        self.mtime = int(time.time()) if mtime is None else int(mtime)
+        self.mtime = _check_mtime(mtime)
+        # a bad pattern fails here, not after the first shard is written
+        try:
+            p0, p1 = self.pattern % start_shard, self.pattern % (start_shard + 1)
+        except TypeError as e:
+            if "not all arguments converted" not in str(e):  # "%d%d", "%(x)d": not one field
+                raise WriterError(f"pattern {self.pattern!r}: {e}; use one integer field like %06d") from None
+        except ValueError as e:  # "100%.tar": write a literal % as %%
+            raise WriterError(f"pattern {self.pattern!r}: {e}; write a literal '%' as '%%'") from None
+        else:
+            if p0 == p1:
+                raise WriterError(f"pattern {self.pattern!r} gives the same path {p0!r} for two shards")
         self.encoder = encoder
+        self._first = start_shard
         self.paths: list[str] = []
         self.total = 0
         self._cur: TarShardWriter | None = None
@@ -160,10 +191,11 @@ class ShardWriter:
         try:
             return self.pattern % k
         except TypeError:
-            if k == 0:
+            if k == self._first:
                 return self.pattern
-            raise ValueError(
-                f"pattern {self.pattern!r} has no %d field but more than one shard is needed"
+            raise WriterError(
+                f"pattern {self.pattern!r} has no %d field but more than one shard is needed "
+                f"(maxcount={self.maxcount}, maxsize={self.maxsize}); use e.g. 'out-%06d.tar'"
             ) from None
 
     def write(self, sample: dict[str, Any]) -> None:
@@ -173,6 +205,8 @@ class ShardWriter:
             WriterError: Missing or invalid key (a dot in its basename, see FORMAT.md §4), a key
                 repeated within the shard, a bad extension, or a value that cannot be encoded.
         """
+        if not isinstance(sample, dict):
+            raise WriterError(f"a sample is a dict {{'__key__': str, ext: value}}, not a {type(sample).__name__}")
         key = sample.get("__key__")
         if not isinstance(key, str):
             raise WriterError(f"sample has no str '__key__' (got {key!r})")
@@ -182,13 +216,20 @@ class ShardWriter:
             raise WriterError(str(e)) from None
         members: list[tuple[str, bytes]] = []
         for ext, value in sample.items():
+            if not isinstance(ext, str):
+                raise WriterError(f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str")
             if ext.startswith("__"):
                 continue
             try:
                 check_ext(ext)
-                members.append((ext, self.encoder(ext, value)))
-            except (TypeError, ValueError) as e:
-                raise WriterError(f"sample {key!r}: {e}") from None
+                data = self.encoder(ext, value)
+            except (TypeError, ValueError, RecursionError) as e:  # deep json nests: RecursionError
+                raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from None
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise WriterError(
+                    f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, not bytes"
+                )
+            members.append((ext, bytes(data)))
         if not members:
             raise WriterError(f"sample {key!r} has no members (only '__' entries)")
         cur = self._cur

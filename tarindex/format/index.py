@@ -218,10 +218,20 @@ def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
             f"{path}: byte 8: index format version {h.major}.{h.minor}, this tarindex reads "
             f"{FORMAT_MAJOR}.x; upgrade tarindex or rebuild with: tarindex index --force <tar>"
         )
-    if h.n_samples > MAX_SAMPLES or h.n_members > MAX_MEMBERS or max(
-        h.key_bytes, h.ext_bytes, h.meta_bytes
-    ) > MAX_BLOB_BYTES or h.n_exts > h.n_members + 1:
-        raise FormatError(f"{path}: byte 16: header counts exceed format limits: {h}")
+    for at, name, value, limit in (
+        (16, "n_samples", h.n_samples, MAX_SAMPLES),
+        (24, "n_members", h.n_members, MAX_MEMBERS),
+        (32, "n_exts", h.n_exts, min(h.n_members, MAX_MEMBERS) + 1),
+        (40, "key_bytes", h.key_bytes, MAX_BLOB_BYTES),
+        (48, "ext_bytes", h.ext_bytes, MAX_BLOB_BYTES),
+        (56, "meta_bytes", h.meta_bytes, MAX_BLOB_BYTES),
+    ):
+        if value > limit:
+            raise FormatError(
+                f"{path}: byte {at}: header field {name} = {value} exceeds its limit {limit} "
+                f"(FORMAT.md §2.1); the index is corrupt; rebuild it with: "
+                f"tarindex index --force <tar>"
+            )
     return h
 
 
@@ -284,12 +294,37 @@ def decode_index(buf: bytes | memoryview, path: str = "<index>", full_check: boo
         )
     ext_blob = bytes(blob("ext_blob"))
     eps = ext_ptr.tolist()
+    # O(n_exts), like the decoding below: extensions are few, and a reader that trusted a
+    # decreasing ext_ptr or a repeated name would silently drop members (FORMAT.md §2.4)
     exts = [ext_blob[eps[i] : eps[i + 1]] for i in range(h.n_exts)]
+    seen: set[bytes] = set()
+    for i, e in enumerate(exts):
+        what = None
+        if eps[i + 1] <= eps[i]:
+            what = "is empty or decreases"
+        elif e.startswith(b"__"):
+            what = f"names extension {e!r}, reserved for sample metadata ('__' prefix)"
+        elif e in seen:
+            what = f"repeats extension {e!r}"
+        seen.add(e)
+        if what is not None:
+            raise FormatError(
+                f"{path}: byte {lay['ext_ptr'][0] + 8 * (i + 1)}: ext_ptr[{i + 1}] {what}; the "
+                f"index is corrupt; rebuild it with: tarindex index --force <tar>"
+            )
     meta_raw = bytes(blob("meta"))
     try:
         meta = json.loads(meta_raw) if meta_raw else {}
-    except ValueError as e:
-        raise FormatError(f"{path}: byte {lay['meta'][0]}: metadata is not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested too deep
+        raise FormatError(
+            f"{path}: byte {lay['meta'][0]}: metadata is not JSON ({type(e).__name__}: {e}); "
+            f"rebuild it with: tarindex index --force <tar>"
+        ) from None
+    if not isinstance(meta, dict):
+        raise FormatError(
+            f"{path}: byte {lay['meta'][0]}: metadata is a JSON {type(meta).__name__}, not an "
+            f"object (FORMAT.md §2.6); rebuild it with: tarindex index --force <tar>"
+        )
     t = IndexTables(
         sample_ptr=sample_ptr,
         offset=arr("offset", OFFSET_DTYPE, h.n_members),
@@ -309,21 +344,31 @@ def decode_index(buf: bytes | memoryview, path: str = "<index>", full_check: boo
 
 
 def _full_check(t: IndexTables, path: str, lay: dict[str, tuple[int, int]]) -> None:
-    """O(n) consistency: monotonic pointers, member ranges inside the tar, ext ids in range."""
-    def bad(section: str, i: int, what: str) -> FormatError:
+    """O(n) consistency: monotonic pointers, member ranges inside the tar, ext ids in range,
+    no extension twice in one sample (``decode_index`` already checked the extension table)."""
+    def bad(section: str, i: int, what: str, itemsize: int = 8) -> FormatError:
         return FormatError(
-            f"{path}: byte {lay[section][0] + 8 * i}: {section}[{i}] {what}; the index is "
+            f"{path}: byte {lay[section][0] + itemsize * i}: {section}[{i}] {what}; the index is "
             f"corrupt; rebuild it with: tarindex index --force <tar>"
         )
 
     for name, ptr in (("sample_ptr", t.sample_ptr), ("key_ptr", t.key_ptr)):
-        d = np.diff(ptr.astype(np.int64))
-        if len(d) and d.min() < 0:
-            raise bad(name, int(np.argmax(d < 0)) + 1, "decreases")
+        dec = ptr[1:] < ptr[:-1]  # compared as u8: no int64 wrap-around
+        if dec.any():
+            raise bad(name, int(np.argmax(dec)) + 1, "decreases")
     if t.n_members:
         end = t.offset.astype(np.uint64) + t.size.astype(np.uint64)
         over = (end > np.uint64(t.tar_size)) | (end < t.offset)
         if over.any():
             raise bad("offset", int(np.argmax(over)), f"range runs past the tar's {t.tar_size} bytes")
         if int(t.ext_id.max()) >= len(t.exts):
-            raise bad("ext_id", int(np.argmax(t.ext_id >= len(t.exts))), "is out of range")
+            raise bad("ext_id", int(np.argmax(t.ext_id >= len(t.exts))), "is out of range", 4)
+        # one extension at most once per sample, else the reader's dict would drop a member
+        sample_of = np.repeat(np.arange(t.n_samples, dtype=np.int64),
+                              np.diff(t.sample_ptr).astype(np.int64))
+        order = np.lexsort((t.ext_id, sample_of))
+        same = (sample_of[order][1:] == sample_of[order][:-1]) & (
+            t.ext_id[order][1:] == t.ext_id[order][:-1])
+        if same.any():
+            m = int(order[1:][np.argmax(same)])
+            raise bad("ext_id", m, f"repeats an extension of sample {int(sample_of[m])}", 4)

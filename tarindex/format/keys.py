@@ -66,9 +66,24 @@ def check_key(key: str) -> None:
         raise ValueError(f"sample key {key!r} starts with './' or '/'; readers strip it")
     if "\0" in key:
         raise ValueError(f"sample key {key!r} contains a NUL byte")
+    if ".." in key.split("/"):
+        raise ValueError(
+            f"sample key {key!r} has a '..' component; extracting the shard would write outside "
+            f"the target directory (tar and tarfile refuse or rewrite such names)"
+        )
+    _check_utf8("sample key", key)
+
+
+def _check_utf8(what: str, s: str) -> None:
+    # names are stored as UTF-8; a lone surrogate would fail half-way through a sample
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {s!r} is not encodable as UTF-8 ({e.reason} at {e.start})") from None
 
 
 def check_ext(ext: str) -> None:
     """Raise ValueError unless ``ext`` is a valid extension: non-empty, no '/', no NUL."""
     if not ext or "/" in ext or "\0" in ext or ext.startswith(".") or ext.endswith("."):
         raise ValueError(f"invalid extension {ext!r}: must be non-empty, without '/' or NUL")
+    _check_utf8("extension", ext)
