@@ -26,6 +26,8 @@ _TEXT_EXTS = frozenset({"txt", "text", "caption"})
 _JSON_EXTS = frozenset({"json", "jsn"})
 _PICKLE_EXTS = frozenset({"pickle", "pyd", "pkl"})
 IMAGE_MODES = ("pil", "rgb8", "l8")
+ZSTD_MAX_OUTPUT = 1 << 30
+"""Largest decompressed ``.zst`` member :func:`decode_value` accepts (decompression bombs)."""
 
 
 def _last(ext: str) -> str:
@@ -96,8 +98,18 @@ def decode_value(ext: str, data: bytes, image: str = "pil", allow_pickle: bool =
     if ext.endswith(".zst"):
         import zstandard
 
+        # a 40-byte frame may declare 16 GiB (allocated up front) or expand to it: cap both
+        try:
+            declared = zstandard.frame_content_size(data)  # -1: not in the frame header
+        except zstandard.ZstdError:
+            declared = -1  # not a frame: decompress() below says so
+        if declared > ZSTD_MAX_OUTPUT:
+            raise ValueError(
+                f"extension {ext!r}: zstd frame declares {declared} bytes, more than "
+                f"tarindex.codecs.ZSTD_MAX_OUTPUT = {ZSTD_MAX_OUTPUT} (raise it if this is real)"
+            )
         return decode_value(
-            ext[:-4], zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34),
+            ext[:-4], zstandard.ZstdDecompressor().decompress(data, max_output_size=ZSTD_MAX_OUTPUT),
             image, allow_pickle,
         )
     last = _last(ext)

@@ -702,3 +702,35 @@ def test_meta_roundtrip_does_not_leak_into_reader(tmp_path: Path) -> None:
         assert r.index.meta == meta and r.sample(0) == EXPECTED[0]
     assert json.loads(json.dumps(meta)) == meta
     assert glob.glob(str(tmp_path / "*.tmp")) == []
+
+
+# --- codecs ------------------------------------------------------------------------------------
+
+def test_zstd_bombs_are_refused() -> None:
+    zstandard = pytest.importorskip("zstandard")
+    from tarindex.codecs import ZSTD_MAX_OUTPUT, decode_value, encode_value
+
+    assert decode_value("txt.zst", encode_value("txt.zst", "hi")) == "hi"
+    assert decode_value("bin.zst", zstandard.ZstdCompressor().compress(b"")) == b""
+    # a 40-byte frame whose header claims 15 GiB: used to be allocated up front
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"x" * 300)
+    fhd = frame[4]
+    body = frame[4 + 1 + (0 if fhd & 0x20 else 1) + {0: 1 if fhd & 0x20 else 0, 1: 2, 2: 4, 3: 8}[fhd >> 6] :]
+    liar = frame[:4] + bytes([0xC0, 0x58]) + struct.pack("<Q", 15 << 30) + body
+    assert zstandard.frame_content_size(liar) == 15 << 30
+    with pytest.raises(ValueError, match="ZSTD_MAX_OUTPUT"):
+        decode_value("bin.zst", liar)
+    # a real bomb without a declared size stops at the cap
+    cobj = zstandard.ZstdCompressor(write_content_size=False).compressobj()
+    bomb = cobj.compress(bytes(4 << 20)) + cobj.flush()
+    import tarindex.codecs as codecs
+
+    old = codecs.ZSTD_MAX_OUTPUT
+    codecs.ZSTD_MAX_OUTPUT = 1 << 20
+    try:
+        with pytest.raises(zstandard.ZstdError):
+            decode_value("bin.zst", bomb)
+    finally:
+        codecs.ZSTD_MAX_OUTPUT = old
+    with pytest.raises(zstandard.ZstdError):
+        decode_value("bin.zst", b"\x28\xb5\x2f\xfd")
