@@ -76,8 +76,7 @@ def _describe(e: BaseException) -> str:
 def _expand(sources: Sequence[str]) -> list[str]:
     """Expand every source (path, directory, glob, braces); keep order, drop repeats.
 
-    Index files (``*.tidx``) and directories matched by a glob are dropped: ``'out/*'`` means
-    the shards.
+    A glob drops index files and directories (:func:`tarindex.sources.expand_source`).
 
     Raises:
         UsageError: If a source matches nothing or a brace range is malformed.
@@ -90,8 +89,6 @@ def _expand(sources: Sequence[str]) -> list[str]:
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(_describe(e)) from None
         for p in paths:
-            if p != src and (p.endswith(INDEX_SUFFIX) or os.path.isdir(p)):
-                continue  # a glob like 'out/*' also matches the indexes and sub-directories
             if p not in seen:
                 seen.add(p)
                 out.append(p)

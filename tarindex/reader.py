@@ -166,8 +166,11 @@ class ShardReader:
         """Return ``size`` bytes of the tar at byte ``offset``.
 
         Raises:
+            ValueError: If ``offset`` or ``size`` is negative.
             TruncatedError: If the range runs past the end of the tar.
         """
+        if offset < 0 or size < 0:
+            raise ValueError(f"{self.tar_path}: negative range offset={offset} size={size}")
         end = offset + size
         if end > self.tar_size:
             raise TruncatedError(

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterable
 from typing import Union
 
+from .format.spec import INDEX_SUFFIX
+
 __all__ = ["Source", "expand_braces", "expand_source"]
 
 Source = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
@@ -101,7 +103,11 @@ def expand_source(source: Source) -> list[str]:
                     raise FileNotFoundError(f"{p}: directory has no *.tar shards")
                 out.extend(found)
             elif any(c in p for c in "*?[") and not os.path.exists(p):
-                found = sorted(glob.glob(p))
+                # 'out/*' means the shards: not their indexes, temp files or sub-directories
+                found = sorted(
+                    f for f in glob.glob(p)
+                    if not f.endswith((INDEX_SUFFIX, ".tmp")) and not os.path.isdir(f)
+                )
                 if not found:
                     raise FileNotFoundError(f"{p}: no shard matches this glob")
                 out.extend(found)

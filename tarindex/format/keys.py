@@ -36,12 +36,14 @@ def split_key(name: bytes) -> tuple[bytes, bytes] | None:
     Returns:
         ``(key, ext)`` where ``key`` is the normalized path up to the first dot of the
         basename and ``ext`` the rest of the basename; ``None`` when the basename has no
-        dot, starts with a dot, or ends with one (such members belong to no sample).
+        dot, starts with a dot, or ends with one, or when the extension starts with ``__``
+        (reserved for ``__key__``, ``__shard__``, ``__index__``): such members belong to no
+        sample.
     """
     name = normalize_name(name)
     slash = name.rfind(b"/") + 1
     dot = name.find(b".", slash)
-    if dot <= slash or dot == len(name) - 1:
+    if dot <= slash or dot == len(name) - 1 or name.startswith(b"__", dot + 1):
         return None
     return name[:dot], name[dot + 1 :]
 

@@ -265,10 +265,8 @@ def build_member_header(name: bytes, size: int, mtime: int, mode: int = 0o644) -
             prefix, field_name = split
         else:
             pax.append(_pax_record(b"path", name))
-            field_name = name[:100]
-            # keep the truncated name decodable on its own
-            while field_name and (field_name[-1] & 0xC0) == 0x80:
-                field_name = field_name[:-1]
+            # keep the truncated name decodable on its own (no dangling UTF-8 lead byte)
+            field_name = name[:100].decode("utf-8", "ignore").encode("utf-8")
     field_size = size
     if size > USTAR_MAX_SIZE:
         pax.append(_pax_record(b"size", str(size).encode()))
