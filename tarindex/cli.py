@@ -43,7 +43,6 @@ import numpy as np
 from . import __version__
 from .errors import TarIndexError
 from .format.keys import check_ext, check_key, normalize_name, split_key
-from .format.spec import INDEX_SUFFIX
 from .indexfile import build_index, is_up_to_date, write_atomic
 from .reader import ShardReader, ShardSet
 from .scan import scan_members
