@@ -181,7 +181,13 @@ def quality(order: np.ndarray) -> dict[str, float]:
 def shuffle_quality(
     n_samples: int = 100_000,
     n_shards: int = 20,
-    configs: Sequence[tuple[int, int]] = ((16, 256), (64, 1024), (64, 4096), (256, 1024), (256, 4096)),
+    configs: Sequence[tuple[int, int]] = (
+        (16, 256),
+        (64, 1024),
+        (64, 4096),
+        (256, 1024),
+        (256, 4096),
+    ),
     seed: int = 0,
 ) -> list[tuple[str, dict[str, float]]]:
     """Rows ``(label, metrics)`` for tarindex plans, a webdataset-like reservoir and baselines."""
@@ -196,13 +202,26 @@ def shuffle_quality(
         rows.append((f"tarindex block={block} buffer={buf}", quality(p.order(starts))))
     shard_perm = np.random.default_rng(seed).permutation(n_shards)
     sharded = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in shard_perm])
-    rows.append(("webdataset-like: shard shuffle + shuffle(1000)", quality(_reservoir(sharded, 1000, 100, seed))))
-    rows.append(("full random permutation", quality(np.random.default_rng(seed).permutation(n_samples))))
+    rows.append(
+        (
+            "webdataset-like: shard shuffle + shuffle(1000)",
+            quality(_reservoir(sharded, 1000, 100, seed)),
+        )
+    )
+    rows.append(
+        ("full random permutation", quality(np.random.default_rng(seed).permutation(n_samples)))
+    )
     return rows
 
 
-def run(n_samples: int = 40_000, mean_size: int = 4000, n_shards: int = 16, repeats: int = 2,
-        workdir: str | None = None, workers: Sequence[int] = (0,)) -> dict[str, Any]:
+def run(
+    n_samples: int = 40_000,
+    mean_size: int = 4000,
+    n_shards: int = 16,
+    repeats: int = 2,
+    workdir: str | None = None,
+    workers: Sequence[int] = (0,),
+) -> dict[str, Any]:
     """Run both parts, print tables, and return the figures."""
     tmp = workdir or tempfile.mkdtemp(prefix="bench_stream_")
     results: dict[str, Any] = {"rates": {}, "quality": None}
@@ -210,8 +229,10 @@ def run(n_samples: int = 40_000, mean_size: int = 4000, n_shards: int = 16, repe
         t = time.perf_counter()
         paths = make_data(os.path.join(tmp, "tars"), n_samples, mean_size, n_shards)
         mb = sum(os.path.getsize(p) for p in paths) / 1e6
-        print(f"data: {n_samples} samples, {len(paths)} shards, {mb:.0f} MB of tar, ~{mean_size} B per "
-              f"sample ({time.perf_counter() - t:.1f}s to write); warm page cache, one process, no decode")
+        print(
+            f"data: {n_samples} samples, {len(paths)} shards, {mb:.0f} MB of tar, ~{mean_size} B "
+            f"per sample ({time.perf_counter() - t:.1f}s to write); warm page cache, no decode"
+        )
         litdir: list[str] = []
 
         def lit(w: int) -> tuple[float, int]:
@@ -219,19 +240,21 @@ def run(n_samples: int = 40_000, mean_size: int = 4000, n_shards: int = 16, repe
                 litdir.append(make_litdata(paths, os.path.join(tmp, "litdata")))
             return bench_litdata(litdir[0], repeats, w)
 
+        contenders: list[tuple[str, Callable[[int], tuple[float, int]]]] = [
+            ("tarindex (block=64, buffer=1024)", lambda w: bench_tarindex(paths, repeats, w)),
+            (
+                "tarindex (block=256, buffer=4096)",
+                lambda w: bench_tarindex(paths, repeats, w, block_size=256, buffer_size=4096),
+            ),
+            ("webdataset shuffle(1000)", lambda w: bench_webdataset(paths, repeats, w)),
+            ("litdata StreamingDataset(shuffle=True)", lit),
+        ]
         for w in workers:
             rates: dict[str, float | str] = {}
             results["rates"][w] = rates
-            contenders: list[tuple[str, Callable[[], tuple[float, int]]]] = [
-                ("tarindex (block=64, buffer=1024)", lambda: bench_tarindex(paths, repeats, w)),
-                ("tarindex (block=256, buffer=4096)",
-                 lambda: bench_tarindex(paths, repeats, w, block_size=256, buffer_size=4096)),
-                ("webdataset shuffle(1000)", lambda: bench_webdataset(paths, repeats, w)),
-                ("litdata StreamingDataset(shuffle=True)", lambda: lit(w)),
-            ]
             for name, fn in contenders:
                 try:
-                    rate, count = fn()
+                    rate, count = fn(w)
                     if count != n_samples:
                         print(f"  note: {name} yielded {count} of {n_samples} samples")
                     rates[name] = rate
@@ -269,8 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--workdir", default=None, help="keep the data here (default: a temp dir)")
-    ap.add_argument("--workers", default="0,2",
-                    help="comma-separated DataLoader worker counts; 0 = in-process (default: 0,2)")
+    ap.add_argument(
+        "--workers",
+        default="0,2",
+        help="comma-separated DataLoader worker counts; 0 = in-process (default: 0,2)",
+    )
     a = ap.parse_args(argv)
     run(a.samples, a.size, a.shards, a.repeats, a.workdir, [int(x) for x in a.workers.split(",")])
     return 0

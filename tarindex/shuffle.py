@@ -1,4 +1,4 @@
-"""Pure, seeded planning of a streaming epoch: which samples each (rank, worker) reads, in what order.
+"""Pure, seeded planning of a streaming epoch: what each (rank, worker) reads, in what order.
 
 Nothing here reads data, imports torch or keeps state: every function is a pure function of its
 arguments, so every rank and every DataLoader worker computes the same plan with no
@@ -43,7 +43,9 @@ tag, ...])`` with ``seed`` and ``epoch`` split into fixed-width 32-bit words and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -75,6 +77,7 @@ _TAG_BLOCKS = 3
 _TAG_WINDOW = 4
 
 Blocks = NDArray[np.int64]
+IntArray = NDArray[np.integer[Any]] | Sequence[int]
 
 
 def _check_nonneg(name: str, value: int, limit: int = _LIMIT) -> int:
@@ -121,10 +124,10 @@ def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool = True) -> N
 
 
 def cut_blocks(
-    counts: NDArray[np.integer] | list[int],
-    order: NDArray[np.integer] | list[int],
+    counts: IntArray,
+    order: IntArray,
     block_size: int,
-    offsets: NDArray[np.integer] | None = None,
+    offsets: IntArray | None = None,
 ) -> Blocks:
     """Cut shards into blocks of at most ``block_size`` contiguous samples.
 
@@ -177,7 +180,7 @@ def cut_blocks(
 
 
 def epoch_blocks(
-    counts: NDArray[np.integer] | list[int],
+    counts: IntArray,
     seed: int,
     epoch: int,
     block_size: int,
@@ -317,7 +320,7 @@ def slice_blocks(blocks: Blocks, start: int, stop: int, wrap: bool = False) -> B
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
-def blocks_to_indices(blocks: Blocks, starts: NDArray[np.integer]) -> NDArray[np.int64]:
+def blocks_to_indices(blocks: Blocks, starts: IntArray) -> NDArray[np.int64]:
     """Expand blocks into global sample indices (``starts[shard] + j``), in block order.
 
     Args:
@@ -334,7 +337,8 @@ def blocks_to_indices(blocks: Blocks, starts: NDArray[np.integer]) -> NDArray[np
     if tot == 0:
         return np.empty(0, dtype=np.int64)
     offs = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-    return np.repeat(first, lens) + offs
+    out: NDArray[np.int64] = np.repeat(first, lens) + offs
+    return out
 
 
 def window_order(
@@ -346,7 +350,8 @@ def window_order(
         ``int64`` permutation of ``range(length)``, a pure function of all arguments
         (``SeedSequence`` of ``(seed, epoch, rank, worker, window)``).
     """
-    return make_rng(seed, epoch, _TAG_WINDOW, rank, worker, window).permutation(int(length))
+    rng = make_rng(seed, epoch, _TAG_WINDOW, rank, worker, window)
+    return rng.permutation(int(length)).astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True)
@@ -397,7 +402,7 @@ class WorkerPlan:
             return pieces, None
         return pieces, window_order(b - a, self.seed, self.epoch, self.rank, self.worker, k)
 
-    def order(self, starts: NDArray[np.integer]) -> NDArray[np.int64]:
+    def order(self, starts: IntArray) -> NDArray[np.int64]:
         """Return the global sample indices in the exact order this worker yields them.
 
         Args:
@@ -413,12 +418,14 @@ class WorkerPlan:
         w = self.buffer_size
         for k in range(self.n_windows):
             a, b = k * w, min((k + 1) * w, self.n_samples)
-            out[a:b] = idx[a:b][window_order(b - a, self.seed, self.epoch, self.rank, self.worker, k)]
+            out[a:b] = idx[a:b][
+                window_order(b - a, self.seed, self.epoch, self.rank, self.worker, k)
+            ]
         return out
 
 
 def plan_worker(
-    counts: NDArray[np.integer] | list[int],
+    counts: IntArray,
     seed: int,
     epoch: int,
     block_size: int,

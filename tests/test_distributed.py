@@ -59,26 +59,49 @@ def loader_batches(ds: TarIterableDataset, epoch: int, nw: int, bs: int = BS) ->
 
 
 def _rank_main(rank: int, ws: int, port: int, paths: dict[str, list[str]], out: str) -> None:
-    os.environ.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      RANK=str(rank), WORLD_SIZE=str(ws))
+    os.environ.update(
+        GLOO_SOCKET_IFNAME="lo",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(ws),
+    )
     res: dict[str, Any] = {}
     try:
         # built before the process group exists: rank unresolved until the parent pickles it
         early = TarIterableDataset(paths["uneven7"], **KW)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=ws, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=ws,
+            timeout=datetime.timedelta(seconds=60),
+        )
         for name, p in paths.items():
             for drop_last in (False, True):
                 ds = TarIterableDataset(p, drop_last=drop_last, **KW)  # rank from torch.distributed
-                loader = DataLoader(ds, batch_size=BS, num_workers=2, collate_fn=indices, timeout=60,
-                                    multiprocessing_context=FORK)
+                loader = DataLoader(
+                    ds,
+                    batch_size=BS,
+                    num_workers=2,
+                    collate_fn=indices,
+                    timeout=60,
+                    multiprocessing_context=FORK,
+                )
                 for e in (0, 1, 0):
                     ds.set_epoch(e)
                     res[f"{name}/{drop_last}/{e}"] = {"len": len(ds), "batches": list(loader)}
         if ws == 2:  # spawned, persistent workers: rank resolved in the parent, epochs advance
             # one spawned worker per rank keeps the launch cost down (a spawn imports torch)
-            loader = DataLoader(early, batch_size=BS, num_workers=1, collate_fn=indices, timeout=60,
-                                multiprocessing_context="spawn", persistent_workers=True)
+            loader = DataLoader(
+                early,
+                batch_size=BS,
+                num_workers=1,
+                collate_fn=indices,
+                timeout=60,
+                multiprocessing_context="spawn",
+                persistent_workers=True,
+            )
             for e in (0, 1):
                 res[f"spawn/{e}"] = {"len": len(early), "batches": list(loader)}
         mapds = TarDataset(paths["uneven7"])
@@ -102,8 +125,11 @@ def _rank_main(rank: int, ws: int, port: int, paths: dict[str, list[str]], out: 
 def launch(ws: int, paths: dict[str, list[str]], out: str, timeout: float) -> list[dict[str, Any]]:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     ctx = tmp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, ws, free_port() if r < 0 else port, paths, out))
-             for port in [free_port()] for r in range(ws)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, ws, free_port() if r < 0 else port, paths, out))
+        for port in [free_port()]
+        for r in range(ws)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -146,18 +172,20 @@ def test_distributed_epochs(ws: int, make_shards: Any, tmp_path: Any) -> None:
     for name, sizes in DATASETS.items():
         n = sum(sizes)
         for drop_last in (False, True):
-            orders = {}
+            orders: dict[int, list[list[int]]] = {}
             for e in (0, 1, 0):
                 runs = [res[f"{name}/{drop_last}/{e}"] for res in results]
                 flat = [[i for b in run["batches"] for i in b] for run in runs]
                 # equal per-rank samples and batches, and len() is exact
                 assert len({len(f) for f in flat}) == 1
-                assert all(len(f) == run["len"] for f, run in zip(flat, runs))
+                assert all(len(f) == run["len"] for f, run in zip(flat, runs, strict=True))
                 assert len({len(run["batches"]) for run in runs}) == 1
                 check_union(flat, n, ws, drop_last)
                 # exactly the plan (same seed + epoch => same order, computed anywhere)
                 for r, run in enumerate(runs):
-                    ref = TarIterableDataset(paths[name], rank=r, world_size=ws, drop_last=drop_last, **KW)
+                    ref = TarIterableDataset(
+                        paths[name], rank=r, world_size=ws, drop_last=drop_last, **KW
+                    )
                     assert run["batches"] == loader_batches(ref, e, 2), (name, drop_last, e, r)
                 if e in orders:
                     assert orders[e] == flat  # same seed and epoch, same order
@@ -176,9 +204,9 @@ def test_distributed_epochs(ws: int, make_shards: Any, tmp_path: Any) -> None:
         n = sum(DATASETS[name])
         for drop_last in (False, True):
             got = {e: [res[f"sampler/{name}/{drop_last}/{e}"] for res in results] for e in (0, 1)}
-            for e, runs in got.items():
+            for runs in got.values():
                 flat = [[i for b in run["batches"] for i in b] for run in runs]
-                assert all(len(f) == run["len"] for f, run in zip(flat, runs))
+                assert all(len(f) == run["len"] for f, run in zip(flat, runs, strict=True))
                 assert len({len(run["batches"]) for run in runs}) == 1
                 check_union(flat, n, ws, drop_last)
             assert got[0] != got[1]

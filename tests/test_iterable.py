@@ -1,4 +1,4 @@
-"""TarIterableDataset and BlockSampler with real DataLoaders, spawn workers and StatefulDataLoader."""
+"""TarIterableDataset and BlockSampler: real DataLoaders, spawn workers, StatefulDataLoader."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def loader_batches(ds: TarIterableDataset, epoch: int, nw: int, bs: int = BS) ->
 
 @pytest.fixture
 def shards(make_shards: Any) -> list[str]:
-    return make_shards(SIZES)
+    paths: list[str] = make_shards(SIZES)
+    return paths
 
 
 def keys_of(ds: Any) -> list[int]:
@@ -88,7 +89,7 @@ def test_shuffle_false_order_with_workers(shards: list[str]) -> None:
     # worker 0 reads samples 0..32, worker 1 samples 33..65; batches alternate between them
     w0 = [list(range(i, min(i + BS, 33))) for i in range(0, 33, BS)]
     w1 = [list(range(i, min(i + BS, 66))) for i in range(33, 66, BS)]
-    want = [b for pair in zip(w0, w1) for b in pair]
+    want = [b for pair in zip(w0, w1, strict=True) for b in pair]
     assert got == want
 
 
@@ -100,8 +101,9 @@ def test_ranks_in_process(make_shards: Any, drop_last: bool) -> None:
         for ws in (2, 3):
             per = []
             for r in range(ws):
-                ds = TarIterableDataset(paths, block_size=3, buffer_size=5, rank=r, world_size=ws,
-                                        drop_last=drop_last)
+                ds = TarIterableDataset(
+                    paths, block_size=3, buffer_size=5, rank=r, world_size=ws, drop_last=drop_last
+                )
                 per.append(keys_of(ds))
                 assert len(per[-1]) == len(ds)
             assert len({len(p) for p in per}) == 1
@@ -130,7 +132,9 @@ def test_epochs(shards: list[str]) -> None:
 @pytest.mark.timeout(60)
 def test_persistent_workers_advance_epoch(shards: list[str]) -> None:
     ds = TarIterableDataset(shards, block_size=4, buffer_size=8)
-    loader = DataLoader(ds, batch_size=BS, num_workers=2, collate_fn=indices, persistent_workers=True)
+    loader = DataLoader(
+        ds, batch_size=BS, num_workers=2, collate_fn=indices, persistent_workers=True
+    )
     epochs = []
     for e in range(3):
         ds.set_epoch(e)  # never reaches the persistent workers; they count __iter__ calls
@@ -159,24 +163,39 @@ def test_spawn_after_read_in_parent(shards: list[str]) -> None:
     mp = TarDataset(shards)
     assert mp[0]["__index__"] == 0 and mp[N - 1]["__index__"] == N - 1  # opens shards (mmaps)
     want = full_check([mp[i] for i in range(N)])
-    got = list(DataLoader(mp, batch_size=BS, num_workers=2, collate_fn=full_check,
-                          multiprocessing_context="spawn"))
+    got = list(
+        DataLoader(
+            mp, batch_size=BS, num_workers=2, collate_fn=full_check, multiprocessing_context="spawn"
+        )
+    )
     assert [x for b in got for x in b] == want
 
     it = TarIterableDataset(shards, block_size=4, buffer_size=8)
     first = next(iter(it))  # read in the parent: open readers, an active epoch
     assert isinstance(first["bin"], bytes)
     it.set_epoch(2)
-    got = list(DataLoader(it, batch_size=BS, num_workers=2, collate_fn=full_check,
-                          multiprocessing_context="spawn"))
+    got = list(
+        DataLoader(
+            it, batch_size=BS, num_workers=2, collate_fn=full_check, multiprocessing_context="spawn"
+        )
+    )
     assert [[x[0] for x in b] for b in got] == loader_batches(it, 2, 2)
     assert sorted(x for b in got for x in b) == want
 
 
-@pytest.mark.parametrize("shuffle,drop_last,ws", [(True, False, 1), (False, False, 1), (True, True, 4)])
+@pytest.mark.parametrize(
+    "shuffle,drop_last,ws", [(True, False, 1), (False, False, 1), (True, True, 4)]
+)
 def test_resume_in_process(shards: list[str], shuffle: bool, drop_last: bool, ws: int) -> None:
-    kw = dict(shuffle=shuffle, block_size=4, buffer_size=8, drop_last=drop_last, rank=ws - 1,
-              world_size=ws, seed=11)
+    kw = dict(
+        shuffle=shuffle,
+        block_size=4,
+        buffer_size=8,
+        drop_last=drop_last,
+        rank=ws - 1,
+        world_size=ws,
+        seed=11,
+    )
     ref = TarIterableDataset(shards, **kw)
     ref.set_epoch(5)
     full = keys_of(ref)
@@ -209,7 +228,9 @@ def test_stateful_dataloader_resume(shards: list[str]) -> None:
         return sdl.StatefulDataLoader(ds, batch_size=BS, num_workers=2, collate_fn=indices)
 
     full = list(make())
-    assert full == loader_batches(TarIterableDataset(shards, block_size=4, buffer_size=8, seed=1), 2, 2)
+    assert full == loader_batches(
+        TarIterableDataset(shards, block_size=4, buffer_size=8, seed=1), 2, 2
+    )
     for k in (1, 6, len(full) - 1):
         loader = make()
         head = []
@@ -225,7 +246,9 @@ def test_stateful_dataloader_resume(shards: list[str]) -> None:
         assert head + rest == full, k
 
 
-def test_world_size_env_without_rank_raises(shards: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_world_size_env_without_rank_raises(
+    shards: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     ds = TarIterableDataset(shards)
     with pytest.raises(RuntimeError, match="WORLD_SIZE=2"):
@@ -277,15 +300,17 @@ def test_block_sampler(shards: list[str]) -> None:
     ds = TarDataset(shards)
     for ws in (2, 3):
         for drop_last in (False, True):
-            per = [list(BlockSampler(ds, block_size=4, rank=r, world_size=ws, drop_last=drop_last))
-                   for r in range(ws)]
+            per = [
+                list(BlockSampler(ds, block_size=4, rank=r, world_size=ws, drop_last=drop_last))
+                for r in range(ws)
+            ]
             assert [len(p) for p in per] == [N // ws] * ws
             assert sorted(i for p in per for i in p) == list(range(N))
     s = BlockSampler(ds, block_size=4, seed=2)
     e0 = list(s)
     # locality: runs of consecutive indices of at most block_size, never across a shard boundary
     bounds = set(ds.shards.starts.tolist())
-    runs = sum(1 for a, b in zip(e0, e0[1:]) if b != a + 1 or b in bounds) + 1
+    runs = sum(1 for a, b in zip(e0, e0[1:], strict=False) if b != a + 1 or b in bounds) + 1
     assert N / 4 <= runs <= N / 4 + 2 * len(SIZES)
     s.set_epoch(1)
     e1 = list(s)

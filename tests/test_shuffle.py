@@ -8,26 +8,46 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from tarindex import shuffle as S
 
 
-def starts_of(counts: list[int]) -> np.ndarray:
+def starts_of(counts: list[int]) -> NDArray[np.int64]:
     out = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=out[1:])
     return out
 
 
 def all_orders(
-    counts: list[int], ws: int, nw: int, *, seed: int = 0, epoch: int = 0, block: int = 4,
-    buf: int = 5, shuffle: bool = True, drop_last: bool = False,
+    counts: list[int],
+    ws: int,
+    nw: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    block: int = 4,
+    buf: int = 5,
+    shuffle: bool = True,
+    drop_last: bool = False,
 ) -> dict[tuple[int, int], list[int]]:
     st = starts_of(counts)
     return {
         (r, w): S.plan_worker(
-            counts, seed, epoch, block, r, ws, w, nw, buffer_size=buf, shuffle=shuffle,
+            counts,
+            seed,
+            epoch,
+            block,
+            r,
+            ws,
+            w,
+            nw,
+            buffer_size=buf,
+            shuffle=shuffle,
             drop_last=drop_last,
-        ).order(st).tolist()
+        )
+        .order(st)
+        .tolist()
         for r in range(ws)
         for w in range(nw)
     }
@@ -59,7 +79,9 @@ def test_exactly_once_and_equal_counts(counts: list[int], ws: int, nw: int, shuf
         assert len({len(orders[r, w]) for r in range(ws)}) == 1
 
 
-@pytest.mark.parametrize("counts,ws,nw", [([5, 7, 5], 2, 2), ([5, 7, 5], 3, 2), ([3], 4, 2), ([1], 4, 8)])
+@pytest.mark.parametrize(
+    "counts,ws,nw", [([5, 7, 5], 2, 2), ([5, 7, 5], 3, 2), ([3], 4, 2), ([1], 4, 8)]
+)
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_remainder_policy(counts: list[int], ws: int, nw: int, shuffle: bool) -> None:
     n = sum(counts)
@@ -89,7 +111,9 @@ def test_determinism_and_epochs() -> None:
     assert a != all_orders(counts, 3, 2, seed=8, epoch=3)
     # seed + epoch would collide here; the SeedSequence words do not
     assert all_orders(counts, 1, 1, seed=0, epoch=1) != all_orders(counts, 1, 1, seed=1, epoch=0)
-    assert all_orders(counts, 1, 1, seed=2**32, epoch=0) != all_orders(counts, 1, 1, seed=0, epoch=1)
+    assert all_orders(counts, 1, 1, seed=2**32, epoch=0) != all_orders(
+        counts, 1, 1, seed=0, epoch=1
+    )
     # every rank ends up with different samples in different epochs
     e0 = all_orders(counts, 3, 2, epoch=0)
     e1 = all_orders(counts, 3, 2, epoch=1)
@@ -137,7 +161,9 @@ def test_window_is_a_pure_function_and_resume_is_exact() -> None:
             ordered = idx[perm].tolist()
             tail += ordered[k - w * 4 :] if w == k // 4 else ordered
         assert tail == full[k:]
-    np.testing.assert_array_equal(S.window_order(9, 1, 2, 3, 4, 5), S.window_order(9, 1, 2, 3, 4, 5))
+    np.testing.assert_array_equal(
+        S.window_order(9, 1, 2, 3, 4, 5), S.window_order(9, 1, 2, 3, 4, 5)
+    )
     assert S.window_order(9, 1, 2, 3, 4, 5).tolist() != S.window_order(9, 1, 2, 3, 4, 6).tolist()
 
 

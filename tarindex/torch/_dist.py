@@ -25,7 +25,9 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int] | 
             )
         r, w = int(rank), int(world_size)
         if not 0 <= r < w:
-            raise ValueError(f"rank={rank!r}, world_size={world_size!r}: need 0 <= rank < world_size")
+            raise ValueError(
+                f"rank={rank!r}, world_size={world_size!r}: need 0 <= rank < world_size"
+            )
         return r, w
     import torch.distributed as dist
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch.utils.data
+from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
 from ..codecs import Decoder, make_decoder
@@ -24,7 +25,15 @@ from ._dist import require_rank, resolve_rank
 __all__ = ["TarIterableDataset"]
 
 _STATE_VERSION = 1
-_PLAN_KEYS = ("block_size", "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank")
+_PLAN_KEYS = (
+    "block_size",
+    "buffer_size",
+    "shuffle",
+    "drop_last",
+    "n_samples",
+    "world_size",
+    "rank",
+)
 
 
 class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
@@ -111,7 +120,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         seed: int = 0,
         block_size: int = 64,
         buffer_size: int = 1024,
-        decode: Union[None, str, bool, Decoder] = None,
+        decode: None | str | bool | Decoder = None,
         transform: Callable[[Sample], Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -144,7 +153,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         self._loaded: dict[str, Any] | None = None
         self._active: dict[str, Any] | None = None  # the epoch being iterated by this process
         self._consumed = 0
-        self._blocks_cache: tuple[int, np.ndarray] | None = None
+        self._blocks_cache: tuple[int, NDArray[np.int64]] | None = None
 
     # -- ranks, epochs, sizes ---------------------------------------------------------------
     def _rank(self) -> tuple[int, int]:
@@ -190,11 +199,13 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         """
         return plan_mod.rank_share(len(self.shards), self._rank()[1], self.drop_last)
 
-    def _epoch_blocks(self, epoch: int) -> np.ndarray:
+    def _epoch_blocks(self, epoch: int) -> NDArray[np.int64]:
         c = self._blocks_cache
         if c is not None and c[0] == epoch:
             return c[1]
-        blocks = plan_mod.epoch_blocks(self.shards.counts, self.seed, epoch, self.block_size, self.shuffle)
+        blocks = plan_mod.epoch_blocks(
+            self.shards.counts, self.seed, epoch, self.block_size, self.shuffle
+        )
         self._blocks_cache = (epoch, blocks)
         return blocks
 
@@ -207,8 +218,17 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         """
         rank, ws = self._rank()
         return plan_mod.plan_worker(
-            self.shards.counts, self.seed, epoch, self.block_size, rank, ws, worker, num_workers,
-            buffer_size=self.buffer_size, shuffle=self.shuffle, drop_last=self.drop_last,
+            self.shards.counts,
+            self.seed,
+            epoch,
+            self.block_size,
+            rank,
+            ws,
+            worker,
+            num_workers,
+            buffer_size=self.buffer_size,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
             blocks=self._epoch_blocks(epoch),
         )
 
@@ -238,7 +258,11 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         if self._loaded is not None:
             return dict(self._loaded)
         if self._active is not None:
-            epoch, worker, nw = self._active["epoch"], self._active["worker"], self._active["num_workers"]
+            epoch, worker, nw = (
+                self._active["epoch"],
+                self._active["worker"],
+                self._active["num_workers"],
+            )
             consumed = self._consumed
         else:
             info = torch.utils.data.get_worker_info()
@@ -267,7 +291,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         """
         if state.get("version") != _STATE_VERSION:
             raise ValueError(
-                f"state version {state.get('version')!r}: this tarindex reads version {_STATE_VERSION}"
+                f"state version {state.get('version')!r}: this tarindex reads version "
+                f"{_STATE_VERSION}; save the state again with this version"
             )
         mine = self._plan_params()
         for k in _PLAN_KEYS:
@@ -384,7 +409,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             text = blob.decode("ascii")
             keys = [text[kpl[i] : kpl[i + 1]] for i in range(j1 - j0)]
         else:
-            keys = [blob[kpl[i] : kpl[i + 1]].decode("utf-8", "surrogateescape") for i in range(j1 - j0)]
+            keys = [
+                blob[kpl[i] : kpl[i + 1]].decode("utf-8", "surrogateescape") for i in range(j1 - j0)
+            ]
         path = self.shards.paths[s]
         base = int(self.shards.starts[s]) + j0
         out: list[Sample | None] = []
@@ -411,7 +438,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 if hasattr(e, "add_note"):
                     e.add_note(f"while decoding/transforming {where}")
                 raise
-            warnings.warn(f"{where}: skipped (on_error='skip'): {e!r}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{where}: skipped (on_error='skip'): {e!r}", RuntimeWarning, stacklevel=2
+            )
             return _SKIP
 
     # -- pickling ---------------------------------------------------------------------------

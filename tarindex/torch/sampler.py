@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch.utils.data
+from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
 from ._dist import require_rank, resolve_rank
@@ -41,7 +42,8 @@ class BlockSampler(torch.utils.data.Sampler[int]):
             ``shards.counts`` (``TarDataset``), blocks follow its shard boundaries.
         block_size: Contiguous indices per block, ``>= 1``. Defaults to ``64``.
         shuffle: Permute blocks (and windows). ``False``: rank ``r`` yields indices
-            ``[r * len, (r + 1) * len)`` (modulo ``n`` for the padding) in order. Defaults to ``True``.
+            ``[r * len, (r + 1) * len)`` (modulo ``n`` for the padding) in order.
+            Defaults to ``True``.
         seed: Base seed, ``>= 0``. Defaults to ``0``.
         rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
         world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
@@ -57,7 +59,7 @@ class BlockSampler(torch.utils.data.Sampler[int]):
 
     def __init__(
         self,
-        dataset_or_len: Union[int, Sized, Any],
+        dataset_or_len: int | Sized | Any,
         block_size: int = 64,
         shuffle: bool = True,
         seed: int = 0,
@@ -111,12 +113,21 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         """Indices this rank yields per epoch; the same on every rank."""
         return plan_mod.rank_share(int(self.starts[-1]), self._rank()[1], self.drop_last)
 
-    def indices(self, epoch: int) -> np.ndarray:
+    def indices(self, epoch: int) -> NDArray[np.int64]:
         """Return this rank's indices for ``epoch``: ``int64`` array of shape ``(len(self),)``."""
         rank, ws = self._rank()
         p = plan_mod.plan_worker(
-            self.counts, self.seed, epoch, self.block_size, rank, ws, 0, 1,
-            buffer_size=self.buffer_size, shuffle=self.shuffle, drop_last=self.drop_last,
+            self.counts,
+            self.seed,
+            epoch,
+            self.block_size,
+            rank,
+            ws,
+            0,
+            1,
+            buffer_size=self.buffer_size,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
         )
         return p.order(self.starts)
 
