@@ -452,6 +452,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 pass
         state = self.__dict__.copy()
         state["_blocks_cache"] = None
+        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
