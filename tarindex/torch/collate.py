@@ -280,75 +280,88 @@ def fetch_batched(
     local = idx - shards.starts[sid]
     int_set = frozenset(int_fields)
     fields: list[str] = []
-    field_id: dict[str, int] = {}
+    bufs: list[list[Any]] = []  # one per field: views of its members, sample after sample
+    lens: list[list[int]] = []  # one per field: member length per sample (-1: missing)
     ints: dict[str, NDArray[np.int64]] = {}
     keys: list[str] = []
-    # per shard: [(field or -1 for int, sample b, offset, size, int name)]
-    plan: dict[int, list[tuple[int, int, int, int, str]]] = {}
-    members: list[tuple[int, int, int]] = []
-    ext_maps: dict[int, list[tuple[int, str]]] = {}
-    # Pass 1: member ranges from the index tables only (the reader's fast int views).
-    for b, (s, j) in enumerate(zip(sid.tolist(), local.tolist())):
-        r = shards.reader(s)
-        emap = ext_maps.get(s)
-        if emap is None:
-            emap = []
-            for ext in r.exts:
-                if ext in int_set:
-                    emap.append((-1, ext))
-                    if ext not in ints:
-                        ints[ext] = np.full(n, -1, np.int64)
+    # Per shard of the batch: its reader, a view of its mmap, its ext id -> (field, name) map.
+    # Readers are looked up once per shard when every shard fits in the open-shard bound
+    # (nothing can be evicted mid-batch), else through the LRU for every sample. A view kept
+    # on a reader the LRU closes keeps that mmap alive (close() leaves an exported mmap open).
+    cached = shards.n_shards <= shards.max_open
+    readers: dict[int, Any] = {}
+    srcs: dict[int, memoryview | None] = {}
+    emaps: dict[int, list[tuple[int, str]]] = {}
+    try:
+        for b, (s, j) in enumerate(zip(sid.tolist(), local.tolist())):
+            r = readers.get(s) if cached else None
+            if r is None:
+                r = shards.reader(s)
+                readers[s] = r
+            emap = emaps.get(s)
+            if emap is None:
+                emap = emaps[s] = []
+                for ext in r.exts:
+                    if ext in int_set:
+                        emap.append((-1, ext))
+                        if ext not in ints:
+                            ints[ext] = np.full(n, -1, np.int64)
+                    else:
+                        if ext not in fields:
+                            fields.append(ext)
+                            bufs.append([])
+                            lens.append([-1] * n)
+                        emap.append((fields.index(ext), ext))
+                srcs[s] = memoryview(r._mm) if r._mm is not None else None
+            src = srcs[s]
+            limit = r.tar_size
+            kp = r._key_ptr
+            keys.append(r._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape"))
+            sp, offs, sizes, eids = r._sample_ptr, r._offset, r._size, r._ext_id
+            for m in range(sp[j], sp[j + 1]):
+                f, ext = emap[eids[m]]
+                off = offs[m]
+                end = off + sizes[m]
+                chunk: Any = src[off:end] if src is not None and end <= limit else r.read(off, end - off)
+                if f >= 0:
+                    bufs[f].append(chunk)
+                    lens[f][b] = end - off
                 else:
-                    f = field_id.get(ext)
-                    if f is None:
-                        f = field_id[ext] = len(fields)
-                        fields.append(ext)
-                    emap.append((f, ext))
-            ext_maps[s] = emap
-        kp = r._key_ptr
-        keys.append(r._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape"))
-        sp, offs, sizes, eids = r._sample_ptr, r._offset, r._size, r._ext_id
-        todo = plan.setdefault(s, [])
-        for m in range(sp[j], sp[j + 1]):
-            f, ext = emap[eids[m]]
-            size = sizes[m]
-            todo.append((f, b, offs[m], size, ext))
-            if f >= 0:
-                members.append((f, b, size))
-    offsets, present, cum = _layout(fields, members, n)
-    data = _alloc(int(cum[-1]))
-    out = data.numpy()
-    # Pass 2: one shard at a time, copy every member of the batch from that shard.
-    for s, todo in plan.items():
-        r = shards.reader(s)
-        mm = r._mm
-        src = np.frombuffer(mm, np.uint8) if mm is not None else None
-        limit = r.tar_size
-        try:
-            for f, b, off, size, ext in todo:
-                end = off + size
-                if src is None or end > limit:
-                    chunk: Any = np.frombuffer(r.read(off, size), np.uint8)  # raises if cut
-                else:
-                    chunk = src[off:end]
-                if f < 0:
                     try:
-                        ints[ext][b] = int(chunk.tobytes())
+                        ints[ext][b] = int(bytes(chunk))
                     except ValueError:
                         raise ValueError(
                             f"{r.tar_path}: byte {off}: member {keys[b]}.{ext} is not a decimal "
                             f"integer; pass int_fields=() to keep it as bytes"
                         ) from None
-                else:
-                    d = int(cum[f * n + b])
-                    out[d : d + size] = chunk
-        finally:
-            del src  # no export may outlive this loop: the LRU may close the mmap later
+        chunk = None
+        nf = len(fields)
+        length = np.asarray(lens, np.int64).reshape(nf, n)
+        present = length >= 0
+        np.maximum(length, 0, out=length)
+        cum = np.zeros(nf * n + 1, np.int64)
+        np.cumsum(length.ravel(), out=cum[1:])
+        offsets = np.empty((nf, n + 1), np.int64)
+        for f in range(nf):
+            offsets[f] = cum[f * n : f * n + n + 1]
+        data = _alloc(int(cum[-1]))
+        out = memoryview(data.numpy())
+        # The one copy: mmapped tar -> batch buffer (shared memory in a worker).
+        d = 0
+        for views in bufs:
+            for v in views:
+                e = d + len(v)
+                out[d:e] = v
+                d = e
+        bufs.clear()
+    finally:
+        for v in srcs.values():
+            if v is not None:
+                v.release()
     paths = shards.paths
     return BatchedSamples(
         fields, data, offsets, present, keys, idx, ints, [paths[s] for s in sid.tolist()]
     )
-
 
 def pack_samples(samples: Sequence[Sample], int_fields: Sequence[str] = INT_FIELDS) -> BatchedSamples:
     """Pack a list of sample dicts (``{"__key__": str, ext: bytes | int, ...}``) into one batch.
