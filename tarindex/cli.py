@@ -247,7 +247,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             report = verify(p)
         except (TarIndexError, OSError) as e:
             failed += 1
-            print(f"FAIL {p}: {_describe(e)}", file=sys.stderr)
+            msg = _describe(e)  # messages already start with the file's path
+            print(f"FAIL {msg if msg.startswith(p) else f'{p}: {msg}'}", file=sys.stderr)
             continue
         print(f"ok   {p}: {report}")
     print(f"verified {len(paths)} shard(s): {len(paths) - failed} ok, {failed} failed")

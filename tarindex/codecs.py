@@ -123,9 +123,9 @@ def decode_value(ext: str, data: bytes, image: str = "pil", allow_pickle: bool =
         if image == "pil":
             return img
         if image == "rgb8":
-            return np.asarray(img.convert("RGB"))
+            return np.array(img.convert("RGB"))  # writable: torch warns on read-only arrays
         if image == "l8":
-            return np.asarray(img.convert("L"))
+            return np.array(img.convert("L"))
         raise ValueError(f"image mode {image!r}: expected one of pil, rgb8, l8, raw")
     if last in _INT_EXTS:
         return int(data)
