@@ -33,6 +33,8 @@ class Spec:
     """Random accesses timed per contender."""
     root: str
     """Where every format is written."""
+    ra_seconds: float = 10.0
+    """Time cap of one contender's random-access loop (slow ones stop early)."""
     seed: int = SEED
     scale: list[int] = field(default_factory=lambda: [10_000, 100_000, 1_000_000])
 

@@ -327,13 +327,23 @@ def run_random(spec: Spec, name: str) -> list[Result]:
         dt = now() - t0
         got = sum(plan[i][0][2] - plan[i][0][1] for i in perm)  # bin bytes, outside the loop
     else:
+        # at most spec.ra_seconds: slow contenders stop early (rate over what they did)
         t0 = now()
-        for i in perm:
-            got += len(get(i))
+        deadline = t0 + spec.ra_seconds
+        done = 0
+        for k in range(0, len(perm), 256):
+            for i in perm[k : k + 256]:
+                got += len(get(i))
+            done = min(k + 256, len(perm))
+            if now() > deadline:
+                break
         dt = now() - t0
+        perm = perm[:done]
+        want = int(P.sizes[perm].sum())
     anon1 = rss_anon_mb()
     n = len(perm)
     extra = {"open_s": t_open, "accesses": n, "bytes_ok": got == want,
+             "stopped_early": n < spec.n_access,
              "anon_mb_delta": anon1 - anon0, "anon_bytes_per_sample": (anon1 - anon0) * MB / spec.n,
              "peak_rss_mb": peak_rss_mb()}
     status = "ok" if got == want else f"failed: read {got} payload bytes, expected {want}"
@@ -960,6 +970,8 @@ def table(results: list[Result], spec: Spec) -> str:
                 notes.append(r.status + (f" ({e['why']})" if "why" in e else ""))
             if "open_s" in e:
                 notes.append(f"first open {e['open_s'] * 1e3:,.0f} ms")
+            if e.get("stopped_early"):
+                notes.append(f"{e['accesses']:,} accesses (time cap)")
             if "duplicates" in e:
                 notes.append(f"dup {e['duplicates']}, missing {e['missing']}")
             if "anon_bytes_per_sample" in e and fig == "random access ds[i]":
@@ -1131,6 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = Spec(n=n, per_shard=1_000 if n <= 20_000 else 5_000,
                 n_access=min(n, 10_000 if a.quick else 50_000),
                 root=os.path.abspath(os.path.join(a.data, "quick" if a.quick else f"n{n}")),
+                ra_seconds=3.0 if a.quick else 15.0,
                 scale=[10_000, 100_000, 1_000_000])
     os.makedirs(spec.root, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
