@@ -103,7 +103,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             Defaults to ``"raise"``.
         allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
         max_open: Open shards per process at most. Defaults to ``64``.
-        use_mmap: mmap the tars (``False``: one ``os.pread`` per block). Defaults to ``True``.
+        use_mmap: mmap the tars instead of one ``os.pread`` per block. Defaults to ``False``:
+            a block is one large sequential read, which ``pread`` serves without a page fault
+            per 4 KiB page (measured ~1.3x faster on a warm cache with fresh readers, as in
+            every new worker) and without SIGBUS if a tar is cut while open.
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
@@ -129,7 +132,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         *,
         allow_pickle: bool = False,
         max_open: int = 64,
-        use_mmap: bool = True,
+        use_mmap: bool = False,
     ) -> None:
         if int(block_size) < 1:
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
@@ -396,8 +399,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         buf = r.read(a, b - a)
         sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
         lo, hi = int(sp[0]), int(sp[-1])
-        offs = (t.offset[lo:hi].astype(np.int64) - a).tolist()
-        ends = (np.asarray(offs, dtype=np.int64) + t.size[lo:hi].astype(np.int64)).tolist()
+        rel = t.offset[lo:hi].astype(np.int64) - a  # member offsets within buf
+        offs = rel.tolist()
+        ends = (rel + t.size[lo:hi].astype(np.int64)).tolist()
         exts = r.exts
         names = [exts[e] for e in t.ext_id[lo:hi].tolist()]
         spl = (sp - lo).tolist()
