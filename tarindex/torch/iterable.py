@@ -346,6 +346,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
     def _generate(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Any]:
         finish = self._finish
+        plain = self.decoder is None and self.transform is None
         mixing = p.shuffle and p.buffer_size > 1
         pos = start
         if not mixing:
@@ -355,6 +356,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                     pos += 1
                     self._consumed = pos
                     if smp is None:
+                        continue
+                    if plain:
+                        yield smp
                         continue
                     out = finish(smp)
                     if out is not _SKIP:
@@ -373,6 +377,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 self._consumed = pos
                 smp = buf[i]
                 if smp is None:
+                    continue
+                if plain:
+                    yield smp
                     continue
                 out = finish(smp)
                 if out is not _SKIP:
