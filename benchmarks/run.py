@@ -1057,8 +1057,9 @@ def chart(results: list[Result], path: str) -> str | None:
     except Exception as e:  # noqa: BLE001
         return f"no chart: {e}"
     figs = ["random access ds[i]", "DataLoader epoch (2 workers)",
-            "streaming epoch, 1 process, shuffled", "write"]
-    fig, axes = plt.subplots(1, len(figs) + 1, figsize=(6 * (len(figs) + 1), 5.5))
+            "streaming epoch, 1 process, shuffled", "index build", "write"]
+    fig, grid = plt.subplots(2, 3, figsize=(20, 10))
+    axes = list(grid.ravel())
     for ax, f in zip(axes, figs):
         rows = [r for r in results if r.figure == f and r.status == "ok" and r.samples_per_s]
         names = [r.contender for r in rows]
@@ -1068,7 +1069,7 @@ def chart(results: list[Result], path: str) -> str | None:
         ax.barh(names, vals, color=colors)
         ax.set_xscale("log")
         ax.set_title(f, fontsize=10)
-        ax.set_xlabel("samples/s (log)")
+        ax.set_xlabel("members/s (log)" if f == "index build" else "samples/s (log)")
         ax.invert_yaxis()
         for y, v in enumerate(vals):
             ax.text(v, y, f" {v:,.0f}", va="center", fontsize=7)
@@ -1081,12 +1082,17 @@ def chart(results: list[Result], path: str) -> str | None:
         ax2.plot(ns, [r.samples_per_s for r in sc], "s--", color="tab:red",
                  label="random ds[i]/s")
         ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax2.set_ylim(bottom=0)
+        ax.legend(loc="lower left")
+        ax2.legend(loc="lower right")
         ax.set_xlabel("samples in the shard")
         ax.set_ylabel("open ms")
         ax2.set_ylabel("samples/s")
         ax.set_title("scale: tarindex open time and ds[i]/s", fontsize=10)
+    fig.suptitle("tarindex vs peers (red: tarindex, gray: physical limits; higher is better)")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     return None
 
 
