@@ -24,7 +24,8 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -361,7 +362,7 @@ class MmapSliceDataset:
         import tarindex
 
         self.paths = tarindex_paths(spec)
-        sid, off, size, coff = [], [], [], []
+        sid, off = [], []
         for s, p in enumerate(self.paths):
             with tarindex.ShardReader(p) as r:
                 t = r.index
@@ -948,7 +949,7 @@ def fmt_num(x: float | None, digits: int = 0) -> str:
 
 def table(results: list[Result], spec: Spec) -> str:
     lines = []
-    lines.append(f"| figure | contender | samples/s | MB/s | vs tarindex | of limit | notes |")
+    lines.append("| figure | contender | samples/s | MB/s | vs tarindex | of limit | notes |")
     lines.append("|---|---|---:|---:|---:|---:|---|")
     figures = list(dict.fromkeys(r.figure for r in results))
     for fig in figures:
@@ -1060,7 +1061,7 @@ def chart(results: list[Result], path: str) -> str | None:
             "streaming epoch, 1 process, shuffled", "index build", "write"]
     fig, grid = plt.subplots(2, 3, figsize=(20, 10))
     axes = list(grid.ravel())
-    for ax, f in zip(axes, figs):
+    for ax, f in zip(axes, figs, strict=False):
         rows = [r for r in results if r.figure == f and r.status == "ok" and r.samples_per_s]
         names = [r.contender for r in rows]
         vals = [r.samples_per_s for r in rows]
@@ -1141,6 +1142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--only", help="comma-separated tasks: write,seqread,random,loader,stream,"
                                    "index,scale (write must have run once before)")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="replace the results section of benchmarks/README.md with this run")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -1156,7 +1159,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(f"tarindex benchmarks: {n:,} samples, {spec.per_shard:,}/shard, "
           f"{Payloads(n).total_bytes / MB:,.0f} MB payload; data in {spec.root}")
-    print(f"machine: {info.get('Model name')}, {info['nproc']} cores, load {info['loadavg_at_start']}")
+    print(f"machine: {info.get('Model name')}, {info['nproc']} cores, "
+          f"load {info['loadavg_at_start']}")
     t0 = time.time()
     only = set(a.only.split(",")) if a.only else None
     results = run_all(spec, only)
@@ -1182,7 +1186,50 @@ def main(argv: list[str] | None = None) -> int:
         f.write(tab + "\n")
     err = chart(results, stem + ".png")
     print(f"wrote {stem}.json, {stem}.md" + (f", {stem}.png" if err is None else f" ({err})"))
+    if a.update_readme:
+        update_readme(os.path.join(HERE, "README.md"), tab, gl, info, spec, mode)
     return 0
+
+
+def update_readme(path: str, tab: str, gl: list[dict[str, Any]], info: dict[str, Any],
+                  spec: Spec, mode: str) -> None:
+    """Replace the text between the results markers of the README with this run."""
+    start, end = "<!-- results:start -->", "<!-- results:end -->"
+    with open(path) as f:
+        text = f.read()
+    if start not in text or end not in text:
+        print(f"{path}: no {start} ... {end} markers; not updated")
+        return
+    v = info.get("versions", {})
+    goals_md = "\n".join(
+        f"- {'met' if g['met'] else 'OPEN' if g['met'] is False else 'not measured'}: "
+        f"{g['goal']}: " + (f"**{g['value']:.2f}**" if isinstance(g["value"], float)
+                            else f"{g['value']}") for g in gl)
+    la0, la1 = info["loadavg_at_start"], info["loadavg_at_end"]
+    body = f"""{start}
+Run: `python benchmarks/run.py --{mode}` ({"quick" if mode == "quick" else "full"} mode),
+{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, {info["wall_s"]:.0f} s wall.
+Dataset: {spec.n:,} samples, {spec.per_shard:,} per tar shard, payload ~10 KB (90%) or ~100 KB
+(10%) plus a `cls` label, mean {Payloads(spec.n).total_bytes / spec.n / 1e3:.1f} KB; warm page
+cache.
+
+Machine: {info.get("Model name")}, {info["nproc"]} cores (KVM guest), {info["mem_total_gb"]} GB RAM;
+Python {info["python"]}, torch {info.get("torch")}, numpy {v.get("numpy")}; webdataset
+{v.get("webdataset")}, wids {v.get("wids")}, mosaicml-streaming {v.get("mosaicml-streaming")},
+litdata {v.get("litdata")}, ratarmountcore {v.get("ratarmountcore")}. Load average (1/5/15 min)
+at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}
+(the machine is shared: other processes were running).
+
+{tab}
+
+Goals of issue 5:
+
+{goals_md}
+{end}"""
+    a, b = text.index(start), text.index(end) + len(end)
+    with open(path, "w") as f:
+        f.write(text[:a] + body + text[b:])
+    print(f"updated {path}")
 
 
 if __name__ == "__main__":

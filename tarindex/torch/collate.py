@@ -47,7 +47,7 @@ def _alloc(nbytes: int) -> torch.Tensor:
     if torch.utils.data.get_worker_info() is not None and nbytes > 0:
         # Like default_collate: fill shared memory directly, so sending the batch to the main
         # process moves a file descriptor, not the bytes.
-        storage = torch.UntypedStorage._new_shared(nbytes)
+        storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
         return torch.empty(0, dtype=torch.uint8).set_(storage)
     return torch.empty(nbytes, dtype=torch.uint8)
 
@@ -104,7 +104,7 @@ class BatchedSamples:
     # -- columns -----------------------------------------------------------------------------
     @property
     def index(self) -> torch.Tensor:
-        """Global sample index of each sample: ``torch.int64``, shape ``(B,)`` (``-1`` if unknown)."""
+        """Global index of each sample: ``torch.int64``, shape ``(B,)`` (``-1`` if unknown)."""
         return torch.from_numpy(self._index)
 
     @property
@@ -117,7 +117,7 @@ class BatchedSamples:
         return self.ints("cls")
 
     def ints(self, ext: str) -> torch.Tensor:
-        """An integer field (see :data:`INT_FIELDS`): ``torch.int64``, shape ``(B,)``, ``-1`` if missing.
+        """An integer field (:data:`INT_FIELDS`): ``torch.int64``, ``(B,)``, ``-1`` if missing.
 
         Raises:
             KeyError: If the field is not an integer field of this batch.
@@ -169,7 +169,8 @@ class BatchedSamples:
         Raises:
             KeyError: If sample ``b`` has no member ``ext``.
         """
-        return memoryview(self.tensor(ext, b).numpy()).toreadonly()
+        view: memoryview = memoryview(self.tensor(ext, b).numpy()).toreadonly()  # type: ignore[arg-type]
+        return view
 
     def bytes(self, ext: str, b: int) -> bytes:
         """Sample ``b``'s member ``ext`` as ``bytes`` (a copy).
@@ -203,7 +204,7 @@ class BatchedSamples:
         return (self.sample(b) for b in range(len(self)))
 
     def pin_memory(self) -> BatchedSamples:
-        """Return a copy whose :attr:`data` is in pinned memory (``DataLoader(pin_memory=True)``)."""
+        """Return a copy with :attr:`data` in pinned memory (``DataLoader(pin_memory=True)``)."""
         return BatchedSamples(
             self.fields, self.data.pin_memory(), self._offsets, self._present, self.keys,
             self._index, self._ints, self.shards,
@@ -213,7 +214,8 @@ class BatchedSamples:
         try:
             return self.fields.index(ext)
         except ValueError:
-            raise KeyError(f"no field {ext!r} in this batch (fields: {list(self.fields)})") from None
+            fields = list(self.fields)
+            raise KeyError(f"no field {ext!r} in this batch (fields: {fields})") from None
 
     # -- pickling (slots) --------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -293,7 +295,7 @@ def fetch_batched(
     srcs: dict[int, memoryview | None] = {}
     emaps: dict[int, list[tuple[int, str]]] = {}
     try:
-        for b, (s, j) in enumerate(zip(sid.tolist(), local.tolist())):
+        for b, (s, j) in enumerate(zip(sid.tolist(), local.tolist(), strict=True)):
             r = readers.get(s) if cached else None
             if r is None:
                 r = shards.reader(s)
@@ -316,13 +318,17 @@ def fetch_batched(
             src = srcs[s]
             limit = r.tar_size
             kp = r._key_ptr
-            keys.append(r._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape"))
+            key = bytes(r._key_blob[kp[j] : kp[j + 1]])
+            keys.append(key.decode("utf-8", "surrogateescape"))
             sp, offs, sizes, eids = r._sample_ptr, r._offset, r._size, r._ext_id
             for m in range(sp[j], sp[j + 1]):
                 f, ext = emap[eids[m]]
                 off = offs[m]
                 end = off + sizes[m]
-                chunk: Any = src[off:end] if src is not None and end <= limit else r.read(off, end - off)
+                if src is not None and end <= limit:
+                    chunk: Any = src[off:end]
+                else:
+                    chunk = r.read(off, end - off)  # pread path, or TruncatedError
                 if f >= 0:
                     bufs[f].append(chunk)
                     lens[f][b] = end - off
@@ -345,7 +351,7 @@ def fetch_batched(
         for f in range(nf):
             offsets[f] = cum[f * n : f * n + n + 1]
         data = _alloc(int(cum[-1]))
-        out = memoryview(data.numpy())
+        out = memoryview(data.numpy())  # type: ignore[arg-type]
         # The one copy: mmapped tar -> batch buffer (shared memory in a worker).
         d = 0
         for views in bufs:
@@ -363,7 +369,9 @@ def fetch_batched(
         fields, data, offsets, present, keys, idx, ints, [paths[s] for s in sid.tolist()]
     )
 
-def pack_samples(samples: Sequence[Sample], int_fields: Sequence[str] = INT_FIELDS) -> BatchedSamples:
+def pack_samples(
+    samples: Sequence[Sample], int_fields: Sequence[str] = INT_FIELDS
+) -> BatchedSamples:
     """Pack a list of sample dicts (``{"__key__": str, ext: bytes | int, ...}``) into one batch.
 
     Entries whose name starts with ``__`` other than ``__key__``, ``__index__`` and
@@ -408,7 +416,7 @@ def pack_samples(samples: Sequence[Sample], int_fields: Sequence[str] = INT_FIEL
             if f is None:
                 f = field_id[ext] = len(fields)
                 fields.append(ext)
-            mv = memoryview(v).cast("B")
+            mv = memoryview(v).cast("B")  # type: ignore[arg-type]
             members.append((f, b, mv.nbytes))
             values.append((f, b, mv))
     offsets, present, cum = _layout(fields, members, n)
