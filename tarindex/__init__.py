@@ -3,7 +3,7 @@
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
     ShardWriter, build_index, scan, ShardReader, ShardSet,
-    TarDataset, TarIterableDataset, BlockSampler (need torch)
+    TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched (need torch)
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ _TORCH_NAMES = {
     "TarDataset": "dataset",
     "TarIterableDataset": "iterable",
     "BlockSampler": "sampler",
+    "BatchedSamples": "collate",
+    "collate_batched": "collate",
 }
 
 __all__ = [

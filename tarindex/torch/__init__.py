@@ -1,7 +1,8 @@
 """The torch layer: the only part of tarindex that imports torch."""
 
+from .collate import BatchedSamples, collate_batched
 from .dataset import TarDataset
 from .iterable import TarIterableDataset
 from .sampler import BlockSampler
 
-__all__ = ["TarDataset", "TarIterableDataset", "BlockSampler"]
+__all__ = ["TarDataset", "TarIterableDataset", "BlockSampler", "BatchedSamples", "collate_batched"]
