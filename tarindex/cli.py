@@ -105,8 +105,15 @@ def _progress(total: int, unit: str, quiet: bool, desc: str) -> Any:
     from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
 
     # disable=None: shown only when stderr is a terminal, so logs and pipes stay clean
-    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr,
-                disable=True if quiet else None, leave=False, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        unit=unit,
+        desc=desc,
+        file=sys.stderr,
+        disable=True if quiet else None,
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
 def _human(n: float) -> str:
@@ -227,8 +234,10 @@ def cmd_index(args: argparse.Namespace) -> int:
             bar.update(1)
     finally:
         bar.close()
-    print(f"indexed {len(paths)} shard(s): {len(built)} built, {n_skipped} up to date "
-          f"(skipped), {len(failed)} failed")
+    print(
+        f"indexed {len(paths)} shard(s): {len(built)} built, {n_skipped} up to date "
+        f"(skipped), {len(failed)} failed"
+    )
     for out in failed:
         msg = out.message if out.path in out.message else f"{out.path}: {out.message}"
         print(f"  FAILED {msg}", file=sys.stderr)
@@ -480,8 +489,9 @@ def plan_pack(src: str, layout: str = "auto") -> PackPlan:
         groups.setdefault(key, []).append((ext, path))
         labels[key] = label
     if not groups:
-        raise UsageError(f"{src}: no files to pack (hidden files and files without an "
-                         f"extension are skipped)")
+        raise UsageError(
+            f"{src}: no files to pack (hidden files and files without an extension are skipped)"
+        )
     samples = [(k, groups[k], labels[k]) for k in sorted(groups)]
     return PackPlan(layout, samples, classes, skipped)
 
@@ -546,8 +556,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise UsageError(_describe(e)) from None
     finally:
         bar.close()
-    print(f"packed {len(plan.samples)} samples ({n_files} files, {plan.layout} layout) into "
-          f"{len(sink.paths)} shard(s), each with its index:")
+    print(
+        f"packed {len(plan.samples)} samples ({n_files} files, {plan.layout} layout) into "
+        f"{len(sink.paths)} shard(s), each with its index:"
+    )
     for p in sink.paths:
         print(f"  {p}")
     if plan.classes is not None:
@@ -568,8 +580,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"tarindex demo: error: {e}", file=sys.stderr)
         return EXIT_FAIL
     if res.accuracy < 0.9 and args.epochs >= demo.DEFAULT_EPOCHS:
-        print(f"tarindex demo: error: test accuracy {res.accuracy:.4f} is below 0.9; the "
-              f"pipeline is broken", file=sys.stderr)
+        print(
+            f"tarindex demo: error: test accuracy {res.accuracy:.4f} is below 0.9; the "
+            f"pipeline is broken",
+            file=sys.stderr,
+        )
         return EXIT_FAIL
     return EXIT_OK
 
@@ -606,21 +621,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"tarindex {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    s = sub.add_parser("index", help="build sidecar indexes for existing tars",
-                       description="Build the sidecar index (<tar>.tidx) of every shard. Shards "
-                       "whose index is up to date are skipped unless --force. A shard that fails "
-                       "does not stop the others; exit 1 if any failed.")
-    s.add_argument("paths", nargs="+", metavar="PATH_OR_GLOB",
-                   help="tar files, directories of *.tar, globs (quoted) or brace patterns")
-    s.add_argument("-j", "--jobs", type=_positive_int, default=None,
-                   help="worker processes (default: the number of usable cores)")
+    s = sub.add_parser(
+        "index",
+        help="build sidecar indexes for existing tars",
+        description="Build the sidecar index (<tar>.tidx) of every shard. Shards "
+        "whose index is up to date are skipped unless --force. A shard that fails "
+        "does not stop the others; exit 1 if any failed.",
+    )
+    s.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH_OR_GLOB",
+        help="tar files, directories of *.tar, globs (quoted) or brace patterns",
+    )
+    s.add_argument(
+        "-j",
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="worker processes (default: the number of usable cores)",
+    )
     s.add_argument("-f", "--force", action="store_true", help="rebuild up-to-date indexes too")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_index)
 
-    s = sub.add_parser("verify", help="check that each index matches its tar (full check)",
-                       description="Check each index's crc32 and tables, rescan the tar and "
-                       "compare. Exit 1 if any shard fails.")
+    s = sub.add_parser(
+        "verify",
+        help="check that each index matches its tar (full check)",
+        description="Check each index's crc32 and tables, rescan the tar and "
+        "compare. Exit 1 if any shard fails.",
+    )
     s.add_argument("paths", nargs="+", metavar="SOURCE")
     s.set_defaults(func=cmd_verify)
 
@@ -629,50 +659,82 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print a JSON object")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("ls", help="list samples (index, key, extensions) or tar members",
-                       description="One tab-separated line per sample: global index, key, "
-                       "extensions; with --members, per tar member: name, data offset, size "
-                       "(bytes), read from the tar headers (no index needed).")
+    s = sub.add_parser(
+        "ls",
+        help="list samples (index, key, extensions) or tar members",
+        description="One tab-separated line per sample: global index, key, "
+        "extensions; with --members, per tar member: name, data offset, size "
+        "(bytes), read from the tar headers (no index needed).",
+    )
     s.add_argument("sources", nargs="+", metavar="SOURCE")
     s.add_argument("-m", "--members", action="store_true", help="list tar members instead")
     s.set_defaults(func=cmd_ls)
 
-    s = sub.add_parser("cat", help="write one member's bytes to stdout",
-                       description="Write the bytes of one member to stdout, unchanged.",
-                       epilog=_CAT_HELP)
+    s = sub.add_parser(
+        "cat",
+        help="write one member's bytes to stdout",
+        description="Write the bytes of one member to stdout, unchanged.",
+        epilog=_CAT_HELP,
+    )
     s.add_argument("source", metavar="SOURCE")
     s.add_argument("sample", metavar="KEY_OR_INDEX")
     s.add_argument("ext", metavar="EXT", help="extension, e.g. png, cls, seg.png")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("-k", "--key", dest="by", action="store_const", const="key",
-                   help="KEY_OR_INDEX is a key")
-    g.add_argument("-i", "--index", dest="by", action="store_const", const="index",
-                   help="KEY_OR_INDEX is a global sample index")
+    g.add_argument(
+        "-k", "--key", dest="by", action="store_const", const="key", help="KEY_OR_INDEX is a key"
+    )
+    g.add_argument(
+        "-i",
+        "--index",
+        dest="by",
+        action="store_const",
+        const="index",
+        help="KEY_OR_INDEX is a global sample index",
+    )
     s.set_defaults(func=cmd_cat, by="auto")
 
-    s = sub.add_parser("pack", help="pack a folder of files into indexed shards",
-                       description="Pack the files of SRC_DIR into tar shards with indexes.",
-                       epilog=_PACK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = sub.add_parser(
+        "pack",
+        help="pack a folder of files into indexed shards",
+        description="Pack the files of SRC_DIR into tar shards with indexes.",
+        epilog=_PACK_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument("src_dir", metavar="SRC_DIR")
     s.add_argument("out_pattern", metavar="OUT_PATTERN")
-    s.add_argument("--maxcount", type=_positive_int, default=100_000,
-                   help="samples per shard at most (default: 100000)")
-    s.add_argument("--maxsize", type=parse_size, default=int(3e9),
-                   help="bytes per shard at most, e.g. 1e9, 500M, 1GiB (default: 3G)")
+    s.add_argument(
+        "--maxcount",
+        type=_positive_int,
+        default=100_000,
+        help="samples per shard at most (default: 100000)",
+    )
+    s.add_argument(
+        "--maxsize",
+        type=parse_size,
+        default=int(3e9),
+        help="bytes per shard at most, e.g. 1e9, 500M, 1GiB (default: 3G)",
+    )
     s.add_argument("--layout", choices=("auto", "classes", "flat"), default="auto")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
 
-    s = sub.add_parser("demo", help="the main job: digits -> shards -> DataLoader -> classifier",
-                       description="Pack scikit-learn's handwritten digits into shards (and a "
-                       "copy with the tar command), train a small classifier through "
-                       "DataLoader(TarDataset(...), shuffle=True, num_workers=2), print the "
-                       "held-out accuracy and random-access samples/s. Needs: "
-                       'pip install "tarindex[demo]".')
-    s.add_argument("--workdir", default=None,
-                   help="keep the shards here (default: a temporary directory, deleted)")
-    s.add_argument("--epochs", type=_positive_int, default=None,
-                   help="training epochs (default: 12)")
+    s = sub.add_parser(
+        "demo",
+        help="the main job: digits -> shards -> DataLoader -> classifier",
+        description="Pack scikit-learn's handwritten digits into shards (and a "
+        "copy with the tar command), train a small classifier through "
+        "DataLoader(TarDataset(...), shuffle=True, num_workers=2), print the "
+        "held-out accuracy and random-access samples/s. Needs: "
+        'pip install "tarindex[demo]".',
+    )
+    s.add_argument(
+        "--workdir",
+        default=None,
+        help="keep the shards here (default: a temporary directory, deleted)",
+    )
+    s.add_argument(
+        "--epochs", type=_positive_int, default=None, help="training epochs (default: 12)"
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of everything (default: 0)")
     s.set_defaults(func=cmd_demo)
     return p

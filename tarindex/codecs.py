@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +20,14 @@ __all__ = ["IMAGE_EXTS", "encode_value", "decode_value", "Decoder", "ExtDecoder"
 IMAGE_EXTS = frozenset(
     {"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "tif", "tiff", "webp", "gif"}
 )
-_PIL_FORMAT = {"jpg": "JPEG", "jpeg": "JPEG", "tif": "TIFF", "pgm": "PPM", "pbm": "PPM", "pnm": "PPM"}
+_PIL_FORMAT = {
+    "jpg": "JPEG",
+    "jpeg": "JPEG",
+    "tif": "TIFF",
+    "pgm": "PPM",
+    "pbm": "PPM",
+    "pnm": "PPM",
+}
 _INT_EXTS = frozenset({"cls", "cls2", "index", "idx", "id", "label"})
 _TEXT_EXTS = frozenset({"txt", "text", "caption"})
 _JSON_EXTS = frozenset({"json", "jsn"})
@@ -63,7 +70,9 @@ def encode_value(ext: str, value: Any) -> bytes:
         if last not in ("npy",):
             raise TypeError(f"extension {ext!r}: numpy arrays are written as .npy; use ext 'npy'")
         if value.dtype.hasobject:
-            raise TypeError(f"extension {ext!r}: object arrays need pickle; convert the array first")
+            raise TypeError(
+                f"extension {ext!r}: object arrays need pickle; convert the array first"
+            )
         buf = io.BytesIO()
         np.save(buf, value, allow_pickle=False)
         return buf.getvalue()
@@ -109,8 +118,10 @@ def decode_value(ext: str, data: bytes, image: str = "pil", allow_pickle: bool =
                 f"tarindex.codecs.ZSTD_MAX_OUTPUT = {ZSTD_MAX_OUTPUT} (raise it if this is real)"
             )
         return decode_value(
-            ext[:-4], zstandard.ZstdDecompressor().decompress(data, max_output_size=ZSTD_MAX_OUTPUT),
-            image, allow_pickle,
+            ext[:-4],
+            zstandard.ZstdDecompressor().decompress(data, max_output_size=ZSTD_MAX_OUTPUT),
+            image,
+            allow_pickle,
         )
     last = _last(ext)
     if last in IMAGE_EXTS:
@@ -147,7 +158,7 @@ def decode_value(ext: str, data: bytes, image: str = "pil", allow_pickle: bool =
 Decoder = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def make_decoder(decode: Union[None, str, bool, Decoder], allow_pickle: bool = False) -> Decoder | None:
+def make_decoder(decode: None | str | bool | Decoder, allow_pickle: bool = False) -> Decoder | None:
     """Return a function that decodes a sample dict in place, or None for raw bytes.
 
     Args:
@@ -183,6 +194,7 @@ class ExtDecoder:
         self.allow_pickle = allow_pickle
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        """Decode ``sample`` in place and return it."""
         for k, v in sample.items():
             if not k.startswith("__"):
                 sample[k] = decode_value(k, v, self.image, self.allow_pickle)

@@ -225,8 +225,9 @@ def run(
         root = os.fspath(workdir)
         os.makedirs(root, exist_ok=True)
     try:
-        return _run(root, epochs, seed, num_workers, batch_size, say, t_start,
-                    load_digits, train_test_split)
+        return _run(
+            root, epochs, seed, num_workers, batch_size, say, t_start, load_digits, train_test_split
+        )
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -252,8 +253,10 @@ def _run(
     tr, te = train_test_split(
         np.arange(len(labels)), test_size=0.2, random_state=seed, stratify=labels
     )
-    say(f"digits: {len(labels)} images 8x8, 10 classes (scikit-learn); "
-        f"{len(tr)} train / {len(te)} held-out test (seed {seed})")
+    say(
+        f"digits: {len(labels)} images 8x8, 10 classes (scikit-learn); "
+        f"{len(tr)} train / {len(te)} held-out test (seed {seed})"
+    )
 
     # 2. shards with ShardWriter
     shard_dir = os.path.join(root, "shards")
@@ -265,12 +268,17 @@ def _run(
         os.path.join(shard_dir, "train-%06d.tar"), tr_keys, tr_png, tr_cls, maxcount=400
     )
     test_shards = _write_shards(
-        os.path.join(shard_dir, "test-%06d.tar"), te_keys, [_png(images[j]) for j in te],
-        labels[te].tolist(), maxcount=len(te),
+        os.path.join(shard_dir, "test-%06d.tar"),
+        te_keys,
+        [_png(images[j]) for j in te],
+        labels[te].tolist(),
+        maxcount=len(te),
     )
     nbytes = sum(os.path.getsize(p) for p in train_shards)
-    say(f"wrote {len(train_shards)} train shards ({nbytes / 1024:.0f} KiB) + "
-        f"{len(test_shards)} test shard with ShardWriter in {shard_dir}")
+    say(
+        f"wrote {len(train_shards)} train shards ({nbytes / 1024:.0f} KiB) + "
+        f"{len(test_shards)} test shard with ShardWriter in {shard_dir}"
+    )
 
     # 3. the same files packed by the tar command, indexed by build_index, compared
     train_raw = tarindex.TarDataset(train_shards)
@@ -279,14 +287,18 @@ def _run(
         say("no `tar` command on PATH: skipped the tar copy check")
     else:
         _same_samples(train_raw, tarindex.TarDataset(tar_copy))
-        say(f"tar cf + tarindex.build_index: {tar_copy} holds the same {len(train_raw)} "
-            f"samples as the shards (keys and bytes)")
+        say(
+            f"tar cf + tarindex.build_index: {tar_copy} holds the same {len(train_raw)} "
+            f"samples as the shards (keys and bytes)"
+        )
 
     # 4. random access, one process
     rate = _rate(train_raw, 50_000, seed)
     decoded = _rate(tarindex.TarDataset(train_shards, decode="l8"), 5_000, seed + 1)
-    say(f"random access, 1 process: {rate:,.0f} samples/s raw ds[i], "
-        f"{decoded:,.0f} samples/s with PNG decode")
+    say(
+        f"random access, 1 process: {rate:,.0f} samples/s raw ds[i], "
+        f"{decoded:,.0f} samples/s with PNG decode"
+    )
 
     # 5. train through DataLoader(TarDataset, shuffle=True, num_workers=2), test on held-out
     losses, acc = _train(train_shards, test_shards, epochs, seed, num_workers, batch_size, say)

@@ -79,4 +79,3 @@ class SampleIndexError(TarIndexError, IndexError):
 
 class WriterError(TarIndexError, ValueError):
     """A sample cannot be written (bad key, repeated key, unencodable value)."""
-

@@ -41,9 +41,7 @@ def write_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def build_index(
-    tar_path: str | os.PathLike[str], index_path: str | None = None
-) -> IndexTables:
+def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None) -> IndexTables:
     """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
 
     Args:
@@ -73,8 +71,8 @@ def build_index(
 
 def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
     """True if an index exists for the tar and its fingerprint matches (FORMAT.md §3)."""
-    from .reader import ShardReader  # reader sits beside this module; imported lazily
     from .errors import TarIndexError
+    from .reader import ShardReader  # reader sits beside this module; imported lazily
 
     try:
         ShardReader(os.fspath(tar_path), index_path).close()

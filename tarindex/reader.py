@@ -60,7 +60,9 @@ def _open_regular(path: str) -> int:
     os.close(fd)
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a shard or index file", path)
-    raise FormatError(f"{path}: byte 0: not a regular file (mode 0o{mode:o}); expected a tar or index file")
+    raise FormatError(
+        f"{path}: byte 0: not a regular file (mode 0o{mode:o}); expected a tar or index file"
+    )
 
 
 class ShardReader:
@@ -141,7 +143,9 @@ class ShardReader:
 
     def _check_j(self, j: int) -> None:
         if not 0 <= j < self.n_samples:
-            raise SampleIndexError(f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})")
+            raise SampleIndexError(
+                f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"
+            )
 
     def _check_fingerprint(self) -> None:
         t = self.index
@@ -192,7 +196,9 @@ class ShardReader:
         self._check_j(j)
         kp = self._key_ptr
         if not kp[j] <= kp[j + 1] <= self._key_bytes:
-            raise self._corrupt(j, f"key_ptr {kp[j]}..{kp[j + 1]} outside key_blob[0:{self._key_bytes}]")
+            raise self._corrupt(
+                j, f"key_ptr {kp[j]}..{kp[j + 1]} outside key_blob[0:{self._key_bytes}]"
+            )
         return self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
 
     def member_slice(self, j: int) -> tuple[int, int]:
@@ -212,17 +218,22 @@ class ShardReader:
             TruncatedError: If a member's range runs past the end of the tar.
         """
         if not 0 <= j < self.n_samples:
-            raise SampleIndexError(f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})")
+            raise SampleIndexError(
+                f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"
+            )
         kp, sp = self._key_ptr, self._sample_ptr
         k0, k1, lo, hi = kp[j], kp[j + 1], sp[j], sp[j + 1]
         # O(1) guards against a corrupt index that passed the cheap checks at open: pointers
         # that go backwards or past their tables would give a wrong key or a missing member
         if not (k0 <= k1 <= self._key_bytes and lo <= hi <= self._n_members):
             raise self._corrupt(
-                j, f"key_ptr {k0}..{k1} (key_blob has {self._key_bytes} bytes) or sample_ptr "
-                f"{lo}..{hi} ({self._n_members} members) out of range"
+                j,
+                f"key_ptr {k0}..{k1} (key_blob has {self._key_bytes} bytes) or sample_ptr "
+                f"{lo}..{hi} ({self._n_members} members) out of range",
             )
-        out: Sample = {"__key__": self._key_blob[k0:k1].tobytes().decode("utf-8", "surrogateescape")}
+        out: Sample = {
+            "__key__": self._key_blob[k0:k1].tobytes().decode("utf-8", "surrogateescape")
+        }
         exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
         mm = self._mm
         limit = self.tar_size
@@ -258,7 +269,15 @@ class ShardReader:
     def close(self) -> None:
         """Release the mmaps and the file descriptor (idempotent)."""
         # drop our views first so the index mmap has no exports left when it is closed
-        for attr in ("_sample_ptr", "_offset", "_size", "_ext_id", "_key_ptr", "_key_blob", "index"):
+        for attr in (
+            "_sample_ptr",
+            "_offset",
+            "_size",
+            "_ext_id",
+            "_key_ptr",
+            "_key_blob",
+            "index",
+        ):
             if hasattr(self, attr):
                 setattr(self, attr, None)
         for attr in ("_mm", "_imm"):
@@ -408,4 +427,3 @@ class ShardSet:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pid = os.getpid()
-

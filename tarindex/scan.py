@@ -321,7 +321,7 @@ class _Walk:
         raise self.fail(
             TruncatedError(
                 f"{path}: byte {pos}: file ends inside a header block ({size - pos} of 512 bytes, "
-                f"found {self.mm[pos:pos + 16]!r}); it was cut short: copy it again"
+                f"found {self.mm[pos : pos + 16]!r}); it was cut short: copy it again"
             )
         )
 
@@ -409,7 +409,9 @@ class _Walk:
         try:
             return parse_pax(self.mm[data:end])
         except ValueError as e:
-            raise self.fail(TarHeaderError(f"{self.path}: byte {data}: malformed {what}: {e}")) from None
+            raise self.fail(
+                TarHeaderError(f"{self.path}: byte {data}: malformed {what}: {e}")
+            ) from None
 
     def _sparse_ext(self, pos: int, block: bytes) -> int:
         """Skip the extension blocks of an old GNU sparse header; return where its data starts."""
@@ -445,7 +447,9 @@ class _Walk:
         elif tf == 0x53:
             self._warn_skip(pos, name, "GNU sparse file")
         elif tf == 0x4D:
-            self._warn_skip(pos, name, "multi-volume continuation (its start is in the previous volume)")
+            self._warn_skip(
+                pos, name, "multi-volume continuation (its start is in the previous volume)"
+            )
         elif tf == 0x56:
             if pos == 0:
                 self.volume_label = name
@@ -492,7 +496,9 @@ class _Walk:
             and size % BLOCK == 0
             and block[156] in _REGULAR
         ):
-            self._warn_skip(pos, name, "member continued in the next volume of a multi-volume archive")
+            self._warn_skip(
+                pos, name, "member continued in the next volume of a multi-volume archive"
+            )
             return
         raise self.fail(
             TruncatedError(
@@ -523,7 +529,7 @@ class _Walk:
         raise self.fail(
             TrailingGarbageError(
                 f"{self.path}: byte {nz}: non-zero bytes after the end-of-archive marker that are "
-                f"not a tar header (found {bytes(mm[nz:nz + 16])!r}); the file has trailing garbage "
+                f"not a tar header (found {bytes(mm[nz : nz + 16])!r}); the file has trailing garbage "
                 f"(or a concatenated archive whose first header is damaged): truncate it to {pos} "
                 f"bytes if the rest is not needed"
             )
@@ -541,7 +547,9 @@ class _Walk:
         if dirs:
             keep = np.ones(len(names), bool)
             keep[dirs] = False
-            skipped = skipped + [(names[i].decode("utf-8", "surrogateescape"), "directory") for i in dirs]
+            skipped = skipped + [
+                (names[i].decode("utf-8", "surrogateescape"), "directory") for i in dirs
+            ]
             names = [n for i, n in enumerate(names) if keep[i]]
             offset, size = offset[keep], size[keep]
         self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
@@ -555,7 +563,9 @@ class _Walk:
         )
 
 
-def index_tables_for(members: Members, mm: mmap.mmap | bytes, producer: str = "tarindex.scan") -> IndexTables:
+def index_tables_for(
+    members: Members, mm: mmap.mmap | bytes, producer: str = "tarindex.scan"
+) -> IndexTables:
     """Group a scanned member list into index tables (FORMAT.md §2, grouping §4)."""
     from . import __version__
 

@@ -33,7 +33,12 @@ def expand_braces(pattern: str, limit: int = MAX_EXPANSION) -> list[str]:
     n = 1  # fail fast on "{0..999}{0..999}{0..999}": product of the groups' sizes
     for m in _BRACE.finditer(pattern):
         lo_s, dots, hi_s = m.group(1).partition("..")
-        if dots and _INT.fullmatch(lo_s) and _INT.fullmatch(hi_s) and max(len(lo_s), len(hi_s)) <= 18:
+        if (
+            dots
+            and _INT.fullmatch(lo_s)
+            and _INT.fullmatch(hi_s)
+            and max(len(lo_s), len(hi_s)) <= 18
+        ):
             n *= abs(int(hi_s) - int(lo_s)) + 1
         elif not dots:
             n *= m.group(1).count(",") + 1
@@ -105,7 +110,8 @@ def expand_source(source: Source) -> list[str]:
             elif any(c in p for c in "*?[") and not os.path.exists(p):
                 # 'out/*' means the shards: not their indexes, temp files or sub-directories
                 found = sorted(
-                    f for f in glob.glob(p)
+                    f
+                    for f in glob.glob(p)
                     if not f.endswith((INDEX_SUFFIX, ".tmp")) and not os.path.isdir(f)
                 )
                 if not found:

@@ -205,6 +205,10 @@ def _first_difference(stored: IndexTables, fresh: IndexTables) -> str:
             return f"{name}[{i}] is {int(a[i])} in the index, {int(b[i])} in the tar"
     ka, kb = bytes(stored.key_blob), bytes(fresh.key_blob)
     if ka != kb:
-        i = next(i for i, (x, y) in enumerate(zip(ka, kb, strict=False)) if x != y) if len(ka) == len(kb) else 0
+        i = (
+            next(i for i, (x, y) in enumerate(zip(ka, kb, strict=False)) if x != y)
+            if len(ka) == len(kb)
+            else 0
+        )
         return f"the sample keys differ from key byte {i}"
     return "the tables differ"

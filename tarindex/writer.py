@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .codecs import encode_value
 from .errors import WriterError
@@ -73,11 +74,15 @@ class TarShardWriter:
             WriterError: If ``key`` was already written to this shard.
         """
         if key in self._keys:
-            raise WriterError(f"{self.path}: key {key!r} written twice in this shard (byte {self.pos})")
+            raise WriterError(
+                f"{self.path}: key {key!r} written twice in this shard (byte {self.pos})"
+            )
         try:  # every name before any byte: a failure never leaves half a sample in the tar
-            named = [(f"{key}.{ext}".encode("utf-8"), data) for ext, data in members]
+            named = [(f"{key}.{ext}".encode(), data) for ext, data in members]
         except UnicodeEncodeError as e:
-            raise WriterError(f"{self.path}: sample {key!r}: name not encodable as UTF-8 ({e})") from None
+            raise WriterError(
+                f"{self.path}: sample {key!r}: name not encodable as UTF-8 ({e})"
+            ) from None
         self._keys.add(key)
         for name, data in named:
             size = len(data)
@@ -100,9 +105,14 @@ class TarShardWriter:
         self._f.close()
         size = self.pos
         head = zlib.crc32(bytes(self._head[: min(FINGERPRINT_BYTES, size)]))
-        tail = zlib.crc32(self._tail[-min(FINGERPRINT_BYTES, size):])
+        tail = zlib.crc32(self._tail[-min(FINGERPRINT_BYTES, size) :])
         res = group_members(
-            self._names, self._offsets, self._sizes, tar_size=size, head_crc=head, tail_crc=tail,
+            self._names,
+            self._offsets,
+            self._sizes,
+            tar_size=size,
+            head_crc=head,
+            tail_crc=tail,
             meta={"producer": "tarindex.writer", "version": __version__},
         )
         index = encode_index(res.tables)
@@ -175,12 +185,18 @@ class ShardWriter:
             p0, p1 = self.pattern % start_shard, self.pattern % (start_shard + 1)
         except TypeError as e:
             if "not all arguments converted" not in str(e):  # "%d%d", "%(x)d": not one field
-                raise WriterError(f"pattern {self.pattern!r}: {e}; use one integer field like %06d") from None
+                raise WriterError(
+                    f"pattern {self.pattern!r}: {e}; use one integer field like %06d"
+                ) from None
         except ValueError as e:  # "100%.tar": write a literal % as %%
-            raise WriterError(f"pattern {self.pattern!r}: {e}; write a literal '%' as '%%'") from None
+            raise WriterError(
+                f"pattern {self.pattern!r}: {e}; write a literal '%' as '%%'"
+            ) from None
         else:
             if p0 == p1:
-                raise WriterError(f"pattern {self.pattern!r} gives the same path {p0!r} for two shards")
+                raise WriterError(
+                    f"pattern {self.pattern!r} gives the same path {p0!r} for two shards"
+                )
         self.encoder = encoder
         self._first = start_shard
         self.paths: list[str] = []
@@ -206,7 +222,9 @@ class ShardWriter:
                 repeated within the shard, a bad extension, or a value that cannot be encoded.
         """
         if not isinstance(sample, dict):
-            raise WriterError(f"a sample is a dict {{'__key__': str, ext: value}}, not a {type(sample).__name__}")
+            raise WriterError(
+                f"a sample is a dict {{'__key__': str, ext: value}}, not a {type(sample).__name__}"
+            )
         key = sample.get("__key__")
         if not isinstance(key, str):
             raise WriterError(f"sample has no str '__key__' (got {key!r})")
@@ -217,7 +235,9 @@ class ShardWriter:
         members: list[tuple[str, bytes]] = []
         for ext, value in sample.items():
             if not isinstance(ext, str):
-                raise WriterError(f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str")
+                raise WriterError(
+                    f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str"
+                )
             if ext.startswith("__"):
                 continue
             try:

@@ -49,7 +49,9 @@ def make_shards(tmp_path: Path) -> MakeShards:
                 TarShardWriter(str(d / f"{name}-{s:06d}.tar"), mtime=0).close()
                 out.append(str(d / f"{name}-{s:06d}.tar"))
                 continue
-            with tarindex.ShardWriter(str(d / f"{name}-{s:06d}.tar"), maxcount=max(n, 1), mtime=0) as w:
+            with tarindex.ShardWriter(
+                str(d / f"{name}-{s:06d}.tar"), maxcount=max(n, 1), mtime=0
+            ) as w:
                 for _ in range(n):
                     w.write(sample_payload(i, rng))
                     i += 1

@@ -180,8 +180,10 @@ def test_index_builds_skips_and_forces(shards: list[str], capsys: Cap) -> None:
     code, out, _ = run(["index", "-j", "1", pattern], capsys)
     assert code == 0 and "3 built, 0 up to date (skipped), 0 failed" in out
     for p, w in zip(idx, written, strict=True):  # tables equal the writer's
-        assert tarindex.ShardReader(p[: -len(".tidx")]).index.tables_bytes() == \
-            tarindex.format.index.decode_index(w).tables_bytes()
+        assert (
+            tarindex.ShardReader(p[: -len(".tidx")]).index.tables_bytes()
+            == tarindex.format.index.decode_index(w).tables_bytes()
+        )
     code, out, _ = run(["index", pattern], capsys)
     assert code == 0 and "0 built, 3 up to date (skipped)" in out
     os.unlink(idx[2])
@@ -253,9 +255,7 @@ def test_verify_detects_a_replaced_tar(shards: list[str], capsys: Cap) -> None:
     assert code == 1 and "tarindex index --force" in err
 
 
-def test_verify_detects_a_rewritten_tar_the_open_check_misses(
-    tmp_path: Path, capsys: Cap
-) -> None:
+def test_verify_detects_a_rewritten_tar_the_open_check_misses(tmp_path: Path, capsys: Cap) -> None:
     p = str(tmp_path / "big.tar")
     with tarindex.ShardWriter(p) as w:
         for i in range(40):
@@ -291,8 +291,12 @@ def _png(value: int) -> bytes:
 def test_pack_class_folders(tmp_path: Path, capsys: Cap) -> None:
     src = tmp_path / "src"
     files = {
-        "dog/b.png": _png(1), "cat/a.png": _png(2), "cat/a.v2.png": _png(3),
-        "cat/100%.png": _png(4), "bird/deep/x.png": _png(5), "dog/README": b"no ext",
+        "dog/b.png": _png(1),
+        "cat/a.png": _png(2),
+        "cat/a.v2.png": _png(3),
+        "cat/100%.png": _png(4),
+        "bird/deep/x.png": _png(5),
+        "dog/README": b"no ext",
         "dog/.DS_Store": b"hidden",
     }
     for rel, data in files.items():
@@ -306,8 +310,13 @@ def test_pack_class_folders(tmp_path: Path, capsys: Cap) -> None:
     assert "README" in err and ".DS_Store" not in err
     assert json.loads((out / "classes.json").read_text()) == ["bird", "cat", "dog"]
     assert sorted(os.listdir(out)) == [
-        "classes.json", "train-0000.tar", "train-0000.tar.tidx", "train-0001.tar",
-        "train-0001.tar.tidx", "train-0002.tar", "train-0002.tar.tidx",
+        "classes.json",
+        "train-0000.tar",
+        "train-0000.tar.tidx",
+        "train-0001.tar",
+        "train-0001.tar.tidx",
+        "train-0002.tar",
+        "train-0002.tar.tidx",
     ]
     ds = tarindex.ShardSet(str(out / "train-*.tar"))
     got = {}
@@ -334,15 +343,26 @@ def test_pack_class_folders_decode_with_torch(tmp_path: Path, capsys: Cap) -> No
     assert run(["pack", str(src), str(tmp_path / "o" / "s.tar")], capsys)[0] == 0
     ds = tarindex.TarDataset(str(tmp_path / "o" / "s.tar"), decode="l8")
     assert [(int(s["png"][0, 0]), s["cls"]) for s in (ds[i] for i in range(len(ds)))] == [
-        (0, 0), (1, 0), (2, 0), (10, 1), (11, 1), (12, 1)
+        (0, 0),
+        (1, 0),
+        (2, 0),
+        (10, 1),
+        (11, 1),
+        (12, 1),
     ]
 
 
 def test_pack_flat_groups_by_first_dot(tmp_path: Path, capsys: Cap) -> None:
     src = tmp_path / "flat"
     (src / "sub").mkdir(parents=True)
-    for rel, data in {"0001.png": b"p1", "0001.cls": b"3", "0001.seg.png": b"s1", "0002.png": b"p2",
-                      "sub/0003.txt": b"t", "notes": b"x"}.items():
+    for rel, data in {
+        "0001.png": b"p1",
+        "0001.cls": b"3",
+        "0001.seg.png": b"s1",
+        "0002.png": b"p2",
+        "sub/0003.txt": b"t",
+        "notes": b"x",
+    }.items():
         (src / rel).write_bytes(data)
     code, out, err = run(["pack", str(src), str(tmp_path / "f-%d.tar")], capsys)
     assert code == 0 and "flat layout" in out and "notes" in err
@@ -459,8 +479,9 @@ def test_ls_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
     with tarindex.ShardWriter(p) as w:
         for i in range(6000):
             w.write({"__key__": f"{i:08d}", "cls": i})
-    proc = subprocess.Popen([sys.executable, "-m", "tarindex", "ls", p], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tarindex", "ls", p], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline() == b"0\t00000000\tcls\n"
     proc.stdout.close()
@@ -474,8 +495,11 @@ def test_ls_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
 def test_gnu_tar_index_ls_cat(tmp_path: Path, capsysbinary: CapB) -> None:
     src = tmp_path / "files"
     (src / "d.1").mkdir(parents=True)
-    blobs = {f"d.1/{i:03d}.{ext}": ALL_BYTES[i:] + ext.encode() for i in range(4)
-             for ext in ("bin", "seg.bin")}
+    blobs = {
+        f"d.1/{i:03d}.{ext}": ALL_BYTES[i:] + ext.encode()
+        for i in range(4)
+        for ext in ("bin", "seg.bin")
+    }
     for rel, data in blobs.items():
         (src / rel).write_bytes(data)
     tar = tmp_path / "gnu.tar"

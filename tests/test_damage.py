@@ -37,7 +37,9 @@ pytestmark = pytest.mark.timeout(60)
 SIZES = [0, 100, 1000, 3000, 512, 7]
 
 
-def make_tar(path: Path, sizes: list[int] = SIZES, fmt: int = tarfile.GNU_FORMAT) -> list[tarfile.TarInfo]:
+def make_tar(
+    path: Path, sizes: list[int] = SIZES, fmt: int = tarfile.GNU_FORMAT
+) -> list[tarfile.TarInfo]:
     with tarfile.open(path, "w", format=fmt) as tf:
         for i, n in enumerate(sizes):
             ti = tarfile.TarInfo(f"s/{i:04d}.bin")
@@ -53,7 +55,9 @@ def fix_checksum(raw: bytearray, hdr: int) -> None:
     raw[hdr + 148 : hdr + 156] = b"%06o\0 " % sum(raw[hdr : hdr + 512])
 
 
-def assert_fails(path: Path, cls: type[TarIndexError], *, at: int | None = None, found: str = "") -> str:
+def assert_fails(
+    path: Path, cls: type[TarIndexError], *, at: int | None = None, found: str = ""
+) -> str:
     """scan and build_index both raise ``cls``; no index file is left behind."""
     with pytest.raises(cls) as ei:
         scan_members(path)
@@ -240,27 +244,37 @@ def _fuzz_base(fmt: str) -> tuple[bytes, list[int]]:
         bio = io.BytesIO()
         with tarfile.open(fileobj=bio, mode="w", format=getattr(tarfile, fmt)) as tf:
             for i, n in enumerate([5, 600, 0, 1500]):
-                name = "d/" + ("p" * 50 + "/") * i + f"{i}.bin"  # long names: prefix, LongName, pax path
+                name = (
+                    "d/" + ("p" * 50 + "/") * i + f"{i}.bin"
+                )  # long names: prefix, LongName, pax path
                 ti = tarfile.TarInfo(("é" if fmt == "PAX_FORMAT" else "") + name)
                 ti.size = n
                 tf.addfile(ti, io.BytesIO(os.urandom(n)))
         blob = bio.getvalue()
         with tarfile.open(fileobj=io.BytesIO(blob)) as tf:
-            heads = sorted({h for m in tf.getmembers() for h in range(m.offset, m.offset_data, 512)})
+            heads = sorted(
+                {h for m in tf.getmembers() for h in range(m.offset, m.offset_data, 512)}
+            )
         _FUZZ_BASE[fmt] = blob, heads
     return _FUZZ_BASE[fmt]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     fmt=st.sampled_from(["GNU_FORMAT", "PAX_FORMAT", "USTAR_FORMAT"]),
-    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 511), st.integers(1, 255)),
-                   min_size=1, max_size=4),
+    flips=st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 511), st.integers(1, 255)),
+        min_size=1,
+        max_size=4,
+    ),
     fix=st.booleans(),
     cut=st.none() | st.integers(0, 8000),
 )
-def test_fuzz_header_bytes(tmp_path: Path, fmt: str, flips: list[tuple[int, int, int]], fix: bool,
-                           cut: int | None) -> None:
+def test_fuzz_header_bytes(
+    tmp_path: Path, fmt: str, flips: list[tuple[int, int, int]], fix: bool, cut: int | None
+) -> None:
     blob, heads = _fuzz_base(fmt)
     raw = bytearray(blob)
     for which, off, x in flips:

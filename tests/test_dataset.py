@@ -66,7 +66,7 @@ def test_open_shard_bound(make_shards: MakeShards) -> None:
         assert len(ds.shards._readers) <= 2
 
 
-def _keys(loader: "torch.utils.data.DataLoader[object]") -> list[str]:
+def _keys(loader: torch.utils.data.DataLoader[object]) -> list[str]:
     return [k for batch in loader for k in batch["__key__"]]
 
 
@@ -77,7 +77,11 @@ def test_dataloader_exactly_once(make_shards: MakeShards, ctx: str) -> None:
     ds = tarindex.TarDataset(paths)
     ds[5]  # read in the parent first: open handles must not leak into workers
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=8, shuffle=True, num_workers=2, multiprocessing_context=ctx,
+        ds,
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=ctx,
         generator=torch.Generator().manual_seed(0),
     )
     keys = _keys(loader)
@@ -122,6 +126,8 @@ def test_import_without_torch(tmp_path: Path) -> None:
         "except ImportError:\n"
         "    print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -46,7 +46,18 @@ def test_header_exact_bytes() -> None:
     enc = encode_index(small_tables())
     assert enc[:8] == MAGIC == b"\x89TIDX\r\n\x1a"
     assert struct.unpack_from("<HHIQQQQQQQII", enc, 8) == (
-        1, 0, 0, 2, 3, 2, 5, 6, len(b'{"producer":"test"}'), 10240, 0x12345678, 0x9ABCDEF0
+        1,
+        0,
+        0,
+        2,
+        3,
+        2,
+        5,
+        6,
+        len(b'{"producer":"test"}'),
+        10240,
+        0x12345678,
+        0x9ABCDEF0,
     )
     assert HEADER.size == 80
     # every section is 8-byte aligned and the footer is the last 8 bytes
@@ -71,7 +82,12 @@ def test_golden_v1_still_reads(tmp_path: Path) -> None:
         shutil.copy(f, tmp_path / f.name)
     r = tarindex.ShardReader(str(tmp_path / "tiny.tar"), full_check=True)
     assert r.n_samples == 6
-    assert r.sample(2) == {"__key__": "s002", "txt": b"golden 2", "cls": b"2", "bin": bytes(range(14))}
+    assert r.sample(2) == {
+        "__key__": "s002",
+        "txt": b"golden 2",
+        "cls": b"2",
+        "bin": bytes(range(14)),
+    }
     assert r.sample(5)["__key__"] == "dir/" + "long" * 30
     r.close()
     # rebuilding the golden tar's index gives the same tables

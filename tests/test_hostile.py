@@ -44,7 +44,11 @@ from tarindex.sources import MAX_EXPANSION, expand_braces, expand_source
 GOLDEN = Path(__file__).parent / "golden" / "v1"
 GOLDEN_IDX = (GOLDEN / "tiny.tar.tidx").read_bytes()
 GOLDEN_T = decode_index(GOLDEN_IDX)
-FAST = settings(max_examples=int(os.environ.get("HOSTILE_EXAMPLES", 60)), deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(
+    max_examples=int(os.environ.get("HOSTILE_EXAMPLES", 60)),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def _golden(tmp: Path) -> tuple[Path, Path]:
@@ -102,15 +106,23 @@ def _read_all_checked(tar: Path, **kw: object) -> None:
 # --- header: allocation bombs, overflow, limits ----------------------------------------------
 
 HUGE = [
-    ("n_samples", 16, MAX_SAMPLES), ("n_samples", 16, MAX_SAMPLES + 1), ("n_samples", 16, 2**64 - 1),
-    ("n_members", 24, MAX_MEMBERS), ("n_members", 24, 2**64 - 1), ("n_exts", 32, 2**63),
-    ("key_bytes", 40, MAX_BLOB_BYTES), ("ext_bytes", 48, 2**64 - 1), ("meta_bytes", 56, 2**62),
+    ("n_samples", 16, MAX_SAMPLES),
+    ("n_samples", 16, MAX_SAMPLES + 1),
+    ("n_samples", 16, 2**64 - 1),
+    ("n_members", 24, MAX_MEMBERS),
+    ("n_members", 24, 2**64 - 1),
+    ("n_exts", 32, 2**63),
+    ("key_bytes", 40, MAX_BLOB_BYTES),
+    ("ext_bytes", 48, 2**64 - 1),
+    ("meta_bytes", 56, 2**62),
 ]
 
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("field,off,value", HUGE)
-def test_huge_header_counts_fail_fast_without_allocating(tmp_path: Path, field: str, off: int, value: int) -> None:
+def test_huge_header_counts_fail_fast_without_allocating(
+    tmp_path: Path, field: str, off: int, value: int
+) -> None:
     tar, idx = _golden(tmp_path)
     buf = bytearray(GOLDEN_IDX)
     struct.pack_into("<Q", buf, off, value)
@@ -176,6 +188,7 @@ def test_zero_samples_reads_cleanly(tmp_path: Path) -> None:
 
 # --- tables: pointers, ids, ranges ----------------------------------------------------------
 
+
 def _mut(name: str, i: int, v: int) -> dict[str, object]:
     a = np.array(getattr(GOLDEN_T, name))
     a[i] = v
@@ -212,7 +225,9 @@ def test_corrupt_tables_never_misread(tmp_path: Path, case: str, use_mmap: bool)
                 s = r.sample(j)
             except FormatError as e:  # TruncatedError included; never IndexError & co
                 assert not isinstance(e, IndexError)
-                _assert_names_file_offset_fix(e, idx if "tar end" not in case and "offset" not in case else tar)
+                _assert_names_file_offset_fix(
+                    e, idx if "tar end" not in case and "offset" not in case else tar
+                )
                 caught += 1
                 continue
             # a pointer moved within bounds and still non-decreasing where the O(1) check looks
@@ -307,6 +322,7 @@ def test_any_table_mutation_caught_by_read_or_full_check(
 
 # --- files: stale, missing, swapped, unreadable -------------------------------------------------
 
+
 def test_index_of_a_different_tar_is_stale(tmp_path: Path) -> None:
     tar, _ = _golden(tmp_path)
     other = tmp_path / "other.tar"
@@ -327,11 +343,16 @@ def test_index_rebuilt_under_a_shardset_is_stale(tmp_path: Path) -> None:
     ss = tarindex.ShardSet(str(tar))
     n = len(ss)
     t = GOLDEN_T  # the same tar, a valid index that leaves out the last sample
-    idx.write_bytes(_tables(
-        sample_ptr=np.array(t.sample_ptr)[:-1].copy(), offset=np.array(t.offset)[:15].copy(),
-        size=np.array(t.size)[:15].copy(), ext_id=np.array(t.ext_id)[:15].copy(),
-        key_ptr=np.array(t.key_ptr)[:-1].copy(), key_blob=bytes(t.key_blob)[:20],
-    ))
+    idx.write_bytes(
+        _tables(
+            sample_ptr=np.array(t.sample_ptr)[:-1].copy(),
+            offset=np.array(t.offset)[:15].copy(),
+            size=np.array(t.size)[:15].copy(),
+            ext_id=np.array(t.ext_id)[:15].copy(),
+            key_ptr=np.array(t.key_ptr)[:-1].copy(),
+            key_blob=bytes(t.key_blob)[:20],
+        )
+    )
     tarindex.ShardReader(str(tar), full_check=True).close()
     with pytest.raises(StaleIndexError, match="ShardSet"):
         ss.get(n - 1)
@@ -429,7 +450,9 @@ def test_tar_cut_while_mmapped_in_a_child(tmp_path: Path) -> None:
     """With mmap, touching pages past the new end of a cut file is SIGBUS; documented by
     use_mmap=False. Run it in a child so the signal cannot kill pytest; record what happens."""
     tar, _ = _golden(tmp_path)
-    p = subprocess.run([sys.executable, "-c", _CHILD, str(tar)], capture_output=True, text=True, timeout=50)
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(tar)], capture_output=True, text=True, timeout=50
+    )
     # either the child died of SIGBUS (-7) or something caught it; it never hangs or lies
     assert p.returncode in (-7, 0), p
     if p.returncode == 0:
@@ -439,9 +462,24 @@ def test_tar_cut_while_mmapped_in_a_child(tmp_path: Path) -> None:
 # --- writer ------------------------------------------------------------------------------------
 
 ROUNDTRIP_KEYS = [
-    "a\nb", "tab\there", "k" * 300, "k" * 101, "d" * 150 + "/" + "k" * 90, "a" * 97 + "€€",
-    "a" * 98 + "€€", "a" * 99 + "€€", "p" * 155 + "/" + "n" * 96, unicodedata.normalize("NFD", "é"),
-    unicodedata.normalize("NFC", "é"), "a/./b", "a//b", "k ", "a\\b", "dir.v1/x", "\u202eevil", "🙂" * 60,
+    "a\nb",
+    "tab\there",
+    "k" * 300,
+    "k" * 101,
+    "d" * 150 + "/" + "k" * 90,
+    "a" * 97 + "€€",
+    "a" * 98 + "€€",
+    "a" * 99 + "€€",
+    "p" * 155 + "/" + "n" * 96,
+    unicodedata.normalize("NFD", "é"),
+    unicodedata.normalize("NFC", "é"),
+    "a/./b",
+    "a//b",
+    "k ",
+    "a\\b",
+    "dir.v1/x",
+    "\u202eevil",
+    "🙂" * 60,
     "x" * 40 + "/" + "y" * 40 + "/" + "z" * 200,
 ]
 
@@ -449,7 +487,10 @@ ROUNDTRIP_KEYS = [
 @pytest.mark.parametrize("key", ROUNDTRIP_KEYS)
 def test_odd_keys_roundtrip_through_tarfile_and_reader(tmp_path: Path, key: str) -> None:
     p = tmp_path / "s-%02d.tar"
-    samples = [{"__key__": key, "txt": b"data", "a..b": b"", "e" * 150: b"x"}, {"__key__": "next", "txt": b"n"}]
+    samples = [
+        {"__key__": key, "txt": b"data", "a..b": b"", "e" * 150: b"x"},
+        {"__key__": "next", "txt": b"n"},
+    ]
     with tarindex.ShardWriter(str(p), maxcount=1, mtime=0) as w:
         for s in samples:
             w.write(s)
@@ -460,7 +501,12 @@ def test_odd_keys_roundtrip_through_tarfile_and_reader(tmp_path: Path, key: str)
         with tarfile.open(shard) as tf:
             got = {m.name: tf.extractfile(m).read() for m in tf}  # type: ignore[union-attr]
         assert got == {f"{s['__key__']}.{e}": v for e, v in s.items() if e != "__key__"}
-    assert sorted(os.listdir(tmp_path)) == ["s-00.tar", "s-00.tar.tidx", "s-01.tar", "s-01.tar.tidx"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "s-00.tar",
+        "s-00.tar.tidx",
+        "s-01.tar",
+        "s-01.tar.tidx",
+    ]
 
 
 REFUSED = [
@@ -507,7 +553,9 @@ REFUSED.append(({"__key__": "k", "json": _deep(100_000)}, "Recursion"))
 
 @pytest.mark.parametrize("sample,match", REFUSED, ids=[str(i) for i in range(len(REFUSED))])
 @pytest.mark.parametrize("first", [False, True])
-def test_writer_refuses_before_writing(tmp_path: Path, sample: dict[object, object], match: str, first: bool) -> None:
+def test_writer_refuses_before_writing(
+    tmp_path: Path, sample: dict[object, object], match: str, first: bool
+) -> None:
     """Refused with WriterError; nothing of the sample reaches the tar; no temp file left,
     whether the bad sample comes first (no shard open yet) or after a good one."""
     w = tarindex.ShardWriter(str(tmp_path / "x.tar"), mtime=0)
@@ -554,13 +602,23 @@ def test_writer_largest_mtime_roundtrips(tmp_path: Path) -> None:
         w.write({"__key__": "b", "txt": b"2"})
     with tarfile.open(p) as tf:
         assert [(m.name, m.mtime, tf.extractfile(m).read()) for m in tf] == [  # type: ignore[union-attr]
-            ("a.txt", 8**11 - 1, b"1"), ("b.txt", 8**11 - 1, b"2")
+            ("a.txt", 8**11 - 1, b"1"),
+            ("b.txt", 8**11 - 1, b"2"),
         ]
 
 
 @pytest.mark.parametrize(
-    "kw", [{"maxcount": 0}, {"maxcount": -5}, {"maxsize": 0}, {"maxsize": float("nan")},
-           {"maxsize": float("inf")}, {"maxcount": float("nan")}, {"maxcount": None}, {"maxcount": "10"}]
+    "kw",
+    [
+        {"maxcount": 0},
+        {"maxcount": -5},
+        {"maxsize": 0},
+        {"maxsize": float("nan")},
+        {"maxsize": float("inf")},
+        {"maxcount": float("nan")},
+        {"maxcount": None},
+        {"maxcount": "10"},
+    ],
 )
 def test_writer_refuses_bad_limits(tmp_path: Path, kw: dict[str, object]) -> None:
     with pytest.raises(WriterError):
@@ -568,7 +626,9 @@ def test_writer_refuses_bad_limits(tmp_path: Path, kw: dict[str, object]) -> Non
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("pattern", ["x-%d%d.tar", "100%.tar", "x-%(n)d.tar", "x-%.0s.tar", "x-%z.tar"])
+@pytest.mark.parametrize(
+    "pattern", ["x-%d%d.tar", "100%.tar", "x-%(n)d.tar", "x-%.0s.tar", "x-%z.tar"]
+)
 def test_writer_refuses_bad_pattern_up_front(tmp_path: Path, pattern: str) -> None:
     with pytest.raises(WriterError, match="pattern"):
         tarindex.ShardWriter(str(tmp_path / pattern), maxcount=1)
@@ -593,7 +653,9 @@ def test_pattern_without_field_needing_two_shards(tmp_path: Path) -> None:
 @FAST
 @given(
     keys=st.lists(
-        st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=120), min_size=1, max_size=4
+        st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=120),
+        min_size=1,
+        max_size=4,
     ),
     ext=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20),
 )
@@ -625,10 +687,17 @@ def test_property_any_key_roundtrips_or_is_refused(
 
 # --- sources -----------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
-    "pattern", ["s-{0..100000000}.tar", "s-{100000000..0}.tar", "{0..999}{0..999}{0..999}",
-                "{0..9999999999999999999999999}", "{-5000000..5000000}"]
+    "pattern",
+    [
+        "s-{0..100000000}.tar",
+        "s-{100000000..0}.tar",
+        "{0..999}{0..999}{0..999}",
+        "{0..9999999999999999999999999}",
+        "{-5000000..5000000}",
+    ],
 )
 def test_huge_brace_range_is_refused_fast(pattern: str) -> None:
     tracemalloc.start()
@@ -706,16 +775,19 @@ def test_meta_roundtrip_does_not_leak_into_reader(tmp_path: Path) -> None:
 
 # --- codecs ------------------------------------------------------------------------------------
 
+
 def test_zstd_bombs_are_refused() -> None:
     zstandard = pytest.importorskip("zstandard")
-    from tarindex.codecs import ZSTD_MAX_OUTPUT, decode_value, encode_value
+    from tarindex.codecs import decode_value, encode_value
 
     assert decode_value("txt.zst", encode_value("txt.zst", "hi")) == "hi"
     assert decode_value("bin.zst", zstandard.ZstdCompressor().compress(b"")) == b""
     # a 40-byte frame whose header claims 15 GiB: used to be allocated up front
     frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"x" * 300)
     fhd = frame[4]
-    body = frame[4 + 1 + (0 if fhd & 0x20 else 1) + {0: 1 if fhd & 0x20 else 0, 1: 2, 2: 4, 3: 8}[fhd >> 6] :]
+    body = frame[
+        4 + 1 + (0 if fhd & 0x20 else 1) + {0: 1 if fhd & 0x20 else 0, 1: 2, 2: 4, 3: 8}[fhd >> 6] :
+    ]
     liar = frame[:4] + bytes([0xC0, 0x58]) + struct.pack("<Q", 15 << 30) + body
     assert zstandard.frame_content_size(liar) == 15 << 30
     with pytest.raises(ValueError, match="ZSTD_MAX_OUTPUT"):

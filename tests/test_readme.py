@@ -24,7 +24,9 @@ def test_readme_use_snippet_runs(tmp_path: Path) -> None:
         + "    print('shapes', tuple(images.shape), tuple(labels.shape))\n"
     )
     # to_tensors must be picklable by reference for spawn/forkserver workers: run with fork
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=170
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "shapes (4, 3, 32, 32) (4,)" in out.stdout
     assert len(list((tmp_path / "out").glob("train-*.tar.tidx"))) == 5

@@ -41,7 +41,14 @@ def test_many_shapes_roundtrip_byte_exact(tmp_path: Path) -> None:
         {"__key__": "block", "bin": bytes(512)},
         {"__key__": "block1", "bin": bytes(513)},
         {"__key__": "big", "bin": rng.bytes(300_000)},
-        {"__key__": "types", "txt": "héllo", "cls": 7, "json": {"a": [1, 2]}, "npy": arr, "png": img},
+        {
+            "__key__": "types",
+            "txt": "héllo",
+            "cls": 7,
+            "json": {"a": [1, 2]},
+            "npy": arr,
+            "png": img,
+        },
         {"__key__": f"{LONG_DIR}/long", "txt": "prefix"},
         {"__key__": NO_SLASH, "txt": "pax"},
         {"__key__": UNICODE, "txt": "unicode"},
@@ -69,7 +76,9 @@ def test_many_shapes_roundtrip_byte_exact(tmp_path: Path) -> None:
 def _all_names(samples: list[dict[str, object]]) -> dict[str, bytes]:
     return {
         f"{s['__key__']}.{k}": tarindex.codecs.encode_value(k, v)
-        for s in samples for k, v in s.items() if k != "__key__"
+        for s in samples
+        for k, v in s.items()
+        if k != "__key__"
     }
 
 
@@ -107,8 +116,16 @@ def test_tar_tools_extract_writer_output(tmp_path: Path, tool: str) -> None:
 def test_webdataset_reads_writer_output(tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset")
     (p,) = write(str(tmp_path / "a.tar"), SAMPLES)
-    got = {s["__key__"]: {k: v for k, v in s.items() if not k.startswith("__")} for s in wds.WebDataset(p, shardshuffle=False)}
-    want = {s["__key__"]: {k: tarindex.codecs.encode_value(k, v) for k, v in s.items() if k != "__key__"} for s in SAMPLES}
+    got = {
+        s["__key__"]: {k: v for k, v in s.items() if not k.startswith("__")}
+        for s in wds.WebDataset(p, shardshuffle=False)
+    }
+    want = {
+        s["__key__"]: {
+            k: tarindex.codecs.encode_value(k, v) for k, v in s.items() if k != "__key__"
+        }
+        for s in SAMPLES
+    }
     assert got == want
 
 
@@ -118,10 +135,15 @@ def test_writer_index_equals_rebuilt_index(tmp_path: Path) -> None:
         written = decode_index(Path(p + ".tidx").read_bytes())
         rebuilt = tarindex.build_index(p, p + ".re")
         assert rebuilt.tables_bytes() == written.tables_bytes()
-        assert written.meta["producer"] == "tarindex.writer" and rebuilt.meta["producer"] == "tarindex.scan"
+        assert (
+            written.meta["producer"] == "tarindex.writer"
+            and rebuilt.meta["producer"] == "tarindex.scan"
+        )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.lists(
         st.dictionaries(
@@ -134,7 +156,9 @@ def test_writer_index_equals_rebuilt_index(tmp_path: Path) -> None:
     ),
     st.integers(1, 5),
 )
-def test_property_roundtrip_and_rebuild(tmp_path_factory: pytest.TempPathFactory, members: list[dict[str, bytes]], maxcount: int) -> None:
+def test_property_roundtrip_and_rebuild(
+    tmp_path_factory: pytest.TempPathFactory, members: list[dict[str, bytes]], maxcount: int
+) -> None:
     d = tmp_path_factory.mktemp("prop")
     samples = [{"__key__": f"k{i}", **m} for i, m in enumerate(members)]
     paths = write(str(d / "p-%03d.tar"), samples, maxcount=maxcount)
@@ -142,9 +166,14 @@ def test_property_roundtrip_and_rebuild(tmp_path_factory: pytest.TempPathFactory
     assert len(ss) == len(samples)
     for i, s in enumerate(samples):
         got = ss.get(i)
-        assert {k: v for k, v in got.items() if not k.startswith("__")} == {k: v for k, v in s.items() if k != "__key__"}
+        assert {k: v for k, v in got.items() if not k.startswith("__")} == {
+            k: v for k, v in s.items() if k != "__key__"
+        }
     for p in paths:
-        assert tarindex.build_index(p, p + ".re").tables_bytes() == decode_index(Path(p + ".tidx").read_bytes()).tables_bytes()
+        assert (
+            tarindex.build_index(p, p + ".re").tables_bytes()
+            == decode_index(Path(p + ".tidx").read_bytes()).tables_bytes()
+        )
 
 
 def test_maxsize_rolls_over(tmp_path: Path) -> None:
@@ -156,8 +185,13 @@ def test_maxsize_rolls_over(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "key, match",
-    [("a.b", "dot in its basename"), ("dir/x.y", "dot in its basename"), ("", "empty"),
-     ("./a", "starts with"), ("a/", "ends with")],
+    [
+        ("a.b", "dot in its basename"),
+        ("dir/x.y", "dot in its basename"),
+        ("", "empty"),
+        ("./a", "starts with"),
+        ("a/", "ends with"),
+    ],
 )
 def test_writer_refuses_bad_keys(tmp_path: Path, key: str, match: str) -> None:
     with pytest.raises(tarindex.WriterError, match=match):
@@ -183,7 +217,12 @@ def test_exception_mid_shard_keeps_finished_shards_only(tmp_path: Path) -> None:
             for i in range(5):
                 w.write({"__key__": f"{i}", "txt": "x"})
             raise RuntimeError("crash")
-    assert sorted(os.listdir(tmp_path)) == ["w-00.tar", "w-00.tar.tidx", "w-01.tar", "w-01.tar.tidx"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "w-00.tar",
+        "w-00.tar.tidx",
+        "w-01.tar",
+        "w-01.tar.tidx",
+    ]
     assert len(tarindex.ShardSet(str(tmp_path))) == 4
 
 
@@ -199,7 +238,9 @@ def test_key_rule_examples() -> None:
 
 def test_json_list_and_image_encoding(tmp_path: Path) -> None:
     img = Image.new("L", (3, 2), 7)
-    (p,) = write(str(tmp_path / "j.tar"), [{"__key__": "a", "json": [1, "x"], "jpg": img.convert("RGB")}])
+    (p,) = write(
+        str(tmp_path / "j.tar"), [{"__key__": "a", "json": [1, "x"], "jpg": img.convert("RGB")}]
+    )
     s = tarindex.ShardReader(p).sample(0)
     assert json.loads(s["json"]) == [1, "x"]
     assert Image.open(io.BytesIO(s["jpg"])).format == "JPEG"

@@ -44,14 +44,27 @@ def run(*args: str, cwd: Path | None = None, ok: tuple[int, ...] = (0,)) -> None
     assert r.returncode in ok, (args, r.returncode, r.stderr.decode(errors="replace"))
 
 
-def make_tree(root: Path, *, long: bool = True, nosplit: bool = True, raw: bool = True,
-              specials: bool = True, seed: int = 0) -> None:
+def make_tree(
+    root: Path,
+    *,
+    long: bool = True,
+    nosplit: bool = True,
+    raw: bool = True,
+    specials: bool = True,
+    seed: int = 0,
+) -> None:
     """A tree of samples plus every kind of non-sample entry."""
     rng = np.random.default_rng(seed)
     files: dict[str, int] = {
-        "data/000000.jpg": 5000, "data/000000.json": 17, "data/000001.jpg": 512,
-        "data/000001.json": 513, "data/000002.txt": 0, "data/000003.cls": 511,
-        "v1.2.3/x.y/000.txt": 40, "données/été.txt": 33, "hl/a.bin": 700,
+        "data/000000.jpg": 5000,
+        "data/000000.json": 17,
+        "data/000001.jpg": 512,
+        "data/000001.json": 513,
+        "data/000002.txt": 0,
+        "data/000003.cls": 511,
+        "v1.2.3/x.y/000.txt": 40,
+        "données/été.txt": 33,
+        "hl/a.bin": 700,
     }
     if long:
         files[LONG_SPLIT] = 1234
@@ -111,9 +124,12 @@ def check_archive(tar: Path, root: Path, *, tarfile_agrees: bool = True) -> tari
         assert seen == sum(1 for n in names if split_key(n) is not None)
     if tarfile_agrees:
         with tarfile.open(tar) as tf:
-            ref = [(m.name.encode("utf-8", "surrogateescape"), m.offset_data, m.size)
-                   for m in tf.getmembers() if m.isreg()]
-        got = list(zip(members.raw_names, members.offset.tolist(), members.size.tolist()))
+            ref = [
+                (m.name.encode("utf-8", "surrogateescape"), m.offset_data, m.size)
+                for m in tf.getmembers()
+                if m.isreg()
+            ]
+        got = list(zip(members.raw_names, members.offset.tolist(), members.size.tolist(), strict=True))
         norm = [(normalize_name(n).rstrip(b"/"), o, s) for n, o, s in ref]
         assert [(normalize_name(n), o, s) for n, o, s in got] == norm
     return members
@@ -227,8 +243,15 @@ def test_pax_path_linkpath_size_override(tmp_path: Path) -> None:
 
 
 def _git(*args: str, cwd: Path) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, env=env)
 
 
@@ -280,13 +303,20 @@ def check_members_match_tarfile(tar: Path) -> tarindex.Members:
     m = scan_members(tar)
     with tarfile.open(tar) as tf:
         ref = [(m_.name, m_.offset_data, m_.size) for m_ in tf.getmembers() if m_.isreg()]
-    assert list(zip(m.names, m.offset.tolist(), m.size.tolist())) == ref
+    assert list(zip(m.names, m.offset.tolist(), m.size.tolist(), strict=True)) == ref
     return m
 
 
 # -- hand-built headers: numbers, terminators, checksums ------------------------------------
-def header(name: bytes, size_field: bytes, *, typeflag: bytes = b"0", chk: str = "%06o\0 ",
-           signed: bool = False, magic: bytes = b"ustar\x0000") -> bytes:
+def header(
+    name: bytes,
+    size_field: bytes,
+    *,
+    typeflag: bytes = b"0",
+    chk: str = "%06o\0 ",
+    signed: bool = False,
+    magic: bytes = b"ustar\x0000",
+) -> bytes:
     b = bytearray(512)
     b[0 : len(name)] = name
     b[100:108] = b"0000644\0"
@@ -323,13 +353,15 @@ CHK_STYLES = ["%06o\0 ", "%07o\0", "%06o  ", "%o\0", " %06o\0", "%07o "]
 @pytest.mark.parametrize("chk", CHK_STYLES)
 def test_numeric_field_styles(tmp_path: Path, style: str, chk: str) -> None:
     data = [os.urandom(n) for n in (1000, 0, 700)]
-    parts = [member(b"s/%d.bin" % i, d, SIZE_STYLES[style](len(d)), chk=chk) for i, d in enumerate(data)]
+    parts = [
+        member(b"s/%d.bin" % i, d, SIZE_STYLES[style](len(d)), chk=chk) for i, d in enumerate(data)
+    ]
     tar = tmp_path / "n.tar"
     tar.write_bytes(b"".join(parts) + bytes(1024))
     m = scan_members(tar)
     assert m.size.tolist() == [1000, 0, 700]
     blob = tar.read_bytes()
-    for o, s, d in zip(m.offset.tolist(), m.size.tolist(), data):
+    for o, s, d in zip(m.offset.tolist(), m.size.tolist(), data, strict=True):
         assert blob[o : o + s] == d
 
 
@@ -337,7 +369,9 @@ def test_signed_checksum_variant(tmp_path: Path) -> None:
     """Old Sun tar summed signed chars: names with high bytes get a different checksum."""
     name = "é/ü.bin".encode()
     tar = tmp_path / "s.tar"
-    tar.write_bytes(member(name, b"abc", signed=True) + member(b"b.bin", b"de", signed=True) + bytes(1024))
+    tar.write_bytes(
+        member(name, b"abc", signed=True) + member(b"b.bin", b"de", signed=True) + bytes(1024)
+    )
     m = scan_members(tar)
     assert m.raw_names == [name, b"b.bin"] and m.size.tolist() == [3, 2]
 
@@ -373,9 +407,16 @@ def _sparse_file(path: Path, regions: int) -> dict[int, bytes]:
     return chunks
 
 
-@pytest.mark.parametrize("how", [["--format=gnu"], ["--format=oldgnu"], ["--format=posix"],
-                                 ["--format=posix", "--sparse-version=0.0"],
-                                 ["--format=posix", "--sparse-version=0.1"]])
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["--format=gnu"],
+        ["--format=oldgnu"],
+        ["--format=posix"],
+        ["--format=posix", "--sparse-version=0.0"],
+        ["--format=posix", "--sparse-version=0.1"],
+    ],
+)
 def test_sparse_members_are_skipped_with_warning(tmp_path: Path, how: list[str]) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -389,14 +430,18 @@ def test_sparse_members_are_skipped_with_warning(tmp_path: Path, how: list[str])
     assert m.names == ["0.txt", "1.txt"]
     assert any("sparse" in k for _, k in m.skipped)
     blob = tar.read_bytes()
-    for n, o, s in zip(m.names, m.offset.tolist(), m.size.tolist()):
+    for n, o, s in zip(m.names, m.offset.tolist(), m.size.tolist(), strict=True):
         assert blob[o : o + s] == (root / n).read_bytes()
 
 
 def test_zero_byte_and_v7_directory(tmp_path: Path) -> None:
     tar = tmp_path / "v7.tar"
-    tar.write_bytes(member(b"d/", b"", typeflag=b"\0", magic=bytes(8)) + member(b"d/0.txt", b"", magic=bytes(8))
-                    + member(b"d/1.txt", b"x", typeflag=b"\0", magic=bytes(8)) + bytes(1024))
+    tar.write_bytes(
+        member(b"d/", b"", typeflag=b"\0", magic=bytes(8))
+        + member(b"d/0.txt", b"", magic=bytes(8))
+        + member(b"d/1.txt", b"x", typeflag=b"\0", magic=bytes(8))
+        + bytes(1024)
+    )
     m = scan_members(tar)
     assert m.names == ["d/0.txt", "d/1.txt"] and m.size.tolist() == [0, 1]
     assert ("d/", "directory") in m.skipped
@@ -478,7 +523,9 @@ def test_concatenated_archives_all_parts_indexed(tmp_path: Path) -> None:
     cat.write_bytes(b"".join(parts))
     tarindex.build_index(str(cat))
     with tarindex.ShardReader(str(cat)) as r:
-        assert [r.key(j) for j in range(r.n_samples)] == [f"{p}{i}" for p in range(3) for i in range(2)]
+        assert [r.key(j) for j in range(r.n_samples)] == [
+            f"{p}{i}" for p in range(3) for i in range(2)
+        ]
         for j in range(r.n_samples):
             k = r.key(j)
             assert r.sample(j)["bin"] == (tmp_path / f"r{k[0]}" / f"{k}.bin").read_bytes()
@@ -500,7 +547,19 @@ def test_gnu_multivolume_parts(tmp_path: Path) -> None:
     (root / "src/a.bin").write_bytes(os.urandom(30000))
     (root / "src/b.bin").write_bytes(os.urandom(5000))
     vols = [tmp_path / f"v{i}.tar" for i in (1, 2, 3)]
-    run(GNU_TAR, "-c", "-M", "-L", "20", "-V", "set", *[f"-f{v}" for v in vols], "-C", str(root), "src")
+    run(
+        GNU_TAR,
+        "-c",
+        "-M",
+        "-L",
+        "20",
+        "-V",
+        "set",
+        *[f"-f{v}" for v in vols],
+        "-C",
+        str(root),
+        "src",
+    )
     with pytest.warns(UserWarning, match="continued in the next volume"):
         m1 = scan_members(vols[0])
     assert m1.names == []

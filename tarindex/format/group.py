@@ -14,8 +14,9 @@ Rules (FORMAT.md §4):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def group_members(
     dups: list[bytes] = []
     interleaved = False
     last = -1
-    for name, off, size in zip(names, offsets, sizes):
+    for name, off, size in zip(names, offsets, sizes, strict=True):
         ks = split_key(name)
         if ks is None:
             skipped.append(name)

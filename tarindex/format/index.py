@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import BadMagicError, ChecksumError, FormatError, TruncatedError, UnsupportedVersionError
+from ..errors import (
+    BadMagicError,
+    ChecksumError,
+    FormatError,
+    TruncatedError,
+    UnsupportedVersionError,
+)
 from .spec import (
     ALIGN,
     END_MAGIC,
@@ -165,8 +171,18 @@ def encode_index(t: IndexTables) -> bytes:
     meta = json.dumps(t.meta, sort_keys=True, separators=(",", ":")).encode()
     key_blob = bytes(t.key_blob)
     h = IndexHeader(
-        FORMAT_MAJOR, FORMAT_MINOR, 0, n_samples, m, len(t.exts), len(key_blob),
-        len(ext_blob), len(meta), t.tar_size, t.head_crc, t.tail_crc,
+        FORMAT_MAJOR,
+        FORMAT_MINOR,
+        0,
+        n_samples,
+        m,
+        len(t.exts),
+        len(key_blob),
+        len(ext_blob),
+        len(meta),
+        t.tar_size,
+        t.head_crc,
+        t.tail_crc,
     )
     parts = {
         "sample_ptr": np.asarray(t.sample_ptr, OFFSET_DTYPE).tobytes(),
@@ -179,10 +195,24 @@ def encode_index(t: IndexTables) -> bytes:
         "ext_blob": ext_blob,
         "meta": meta,
     }
-    out = bytearray(HEADER.pack(MAGIC, h.major, h.minor, h.flags, h.n_samples, h.n_members,
-                                h.n_exts, h.key_bytes, h.ext_bytes, h.meta_bytes, h.tar_size,
-                                h.head_crc, h.tail_crc))
-    for name, (start, length) in layout(h).items():
+    out = bytearray(
+        HEADER.pack(
+            MAGIC,
+            h.major,
+            h.minor,
+            h.flags,
+            h.n_samples,
+            h.n_members,
+            h.n_exts,
+            h.key_bytes,
+            h.ext_bytes,
+            h.meta_bytes,
+            h.tar_size,
+            h.head_crc,
+            h.tail_crc,
+        )
+    )
+    for name, (start, _length) in layout(h).items():
         if name == "footer":
             break
         out += bytes(start - len(out))
@@ -235,7 +265,9 @@ def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
     return h
 
 
-def decode_index(buf: bytes | memoryview, path: str = "<index>", full_check: bool = False) -> IndexTables:
+def decode_index(
+    buf: bytes | memoryview, path: str = "<index>", full_check: bool = False
+) -> IndexTables:
     """Decode an index from ``buf`` (bytes or a memoryview of an mmap); arrays are zero-copy views.
 
     Cheap checks always run, O(1) in the sample count: header, total length, end magic,
@@ -284,9 +316,12 @@ def decode_index(buf: bytes | memoryview, path: str = "<index>", full_check: boo
     key_ptr = arr("key_ptr", OFFSET_DTYPE, h.n_samples + 1)
     ext_ptr = arr("ext_ptr", OFFSET_DTYPE, h.n_exts + 1)
     if (
-        int(sample_ptr[0]) != 0 or int(sample_ptr[-1]) != h.n_members
-        or int(key_ptr[0]) != 0 or int(key_ptr[-1]) != h.key_bytes
-        or int(ext_ptr[0]) != 0 or int(ext_ptr[-1]) != h.ext_bytes
+        int(sample_ptr[0]) != 0
+        or int(sample_ptr[-1]) != h.n_members
+        or int(key_ptr[0]) != 0
+        or int(key_ptr[-1]) != h.key_bytes
+        or int(ext_ptr[0]) != 0
+        or int(ext_ptr[-1]) != h.ext_bytes
     ):
         raise FormatError(
             f"{path}: byte {lay['sample_ptr'][0]}: pointer tables do not end at the counts in "
@@ -344,8 +379,12 @@ def decode_index(buf: bytes | memoryview, path: str = "<index>", full_check: boo
 
 
 def _full_check(t: IndexTables, path: str, lay: dict[str, tuple[int, int]]) -> None:
-    """O(n) consistency: monotonic pointers, member ranges inside the tar, ext ids in range,
-    no extension twice in one sample (``decode_index`` already checked the extension table)."""
+    """O(n) consistency checks of the tables (FORMAT.md §2.2-2.5).
+
+    Monotonic pointers, member ranges inside the tar, ext ids in range, no extension twice in
+    one sample (``decode_index`` already checked the extension table).
+    """
+
     def bad(section: str, i: int, what: str, itemsize: int = 8) -> FormatError:
         return FormatError(
             f"{path}: byte {lay[section][0] + itemsize * i}: {section}[{i}] {what}; the index is "
@@ -360,15 +399,19 @@ def _full_check(t: IndexTables, path: str, lay: dict[str, tuple[int, int]]) -> N
         end = t.offset.astype(np.uint64) + t.size.astype(np.uint64)
         over = (end > np.uint64(t.tar_size)) | (end < t.offset)
         if over.any():
-            raise bad("offset", int(np.argmax(over)), f"range runs past the tar's {t.tar_size} bytes")
+            raise bad(
+                "offset", int(np.argmax(over)), f"range runs past the tar's {t.tar_size} bytes"
+            )
         if int(t.ext_id.max()) >= len(t.exts):
             raise bad("ext_id", int(np.argmax(t.ext_id >= len(t.exts))), "is out of range", 4)
         # one extension at most once per sample, else the reader's dict would drop a member
-        sample_of = np.repeat(np.arange(t.n_samples, dtype=np.int64),
-                              np.diff(t.sample_ptr).astype(np.int64))
+        sample_of = np.repeat(
+            np.arange(t.n_samples, dtype=np.int64), np.diff(t.sample_ptr).astype(np.int64)
+        )
         order = np.lexsort((t.ext_id, sample_of))
         same = (sample_of[order][1:] == sample_of[order][:-1]) & (
-            t.ext_id[order][1:] == t.ext_id[order][:-1])
+            t.ext_id[order][1:] == t.ext_id[order][:-1]
+        )
         if same.any():
             m = int(order[1:][np.argmax(same)])
             raise bad("ext_id", m, f"repeats an extension of sample {int(sample_of[m])}", 4)

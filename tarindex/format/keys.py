@@ -81,7 +81,9 @@ def _check_utf8(what: str, s: str) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} {s!r} is not encodable as UTF-8 ({e.reason} at {e.start})") from None
+        raise ValueError(
+            f"{what} {s!r} is not encodable as UTF-8 ({e.reason} at {e.start})"
+        ) from None
 
 
 def check_ext(ext: str) -> None:

@@ -31,7 +31,9 @@ from numpy.typing import NDArray
 
 from .spec import BLOCK, USTAR_MAX_SIZE
 
-SPARSE_EXT_FLAG = 482  # old GNU sparse header: "isextended" byte (GNU tar manual, "Basic Tar Format")
+SPARSE_EXT_FLAG = (
+    482  # old GNU sparse header: "isextended" byte (GNU tar manual, "Basic Tar Format")
+)
 
 ZERO_BLOCK = bytes(BLOCK)
 _USTAR_MAGIC = b"ustar\x0000"  # POSIX ustar: magic "ustar\0" + version "00"
@@ -161,7 +163,7 @@ def header_checksums(rows: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArra
 
 
 def parse_pax(data: bytes) -> dict[bytes, bytes]:
-    """Parse pax extended-header records ``"%d %s=%s\\n"`` (POSIX.1-2001 pax, "pax Header Block").
+    r"""Parse pax extended-header records ``"%d %s=%s\\n"`` (POSIX.1-2001 pax, "pax Header Block").
 
     Returns:
         Mapping of keyword to value bytes, later records overriding earlier ones.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch.utils.data
 
@@ -54,7 +54,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     def __init__(
         self,
         source: Source,
-        decode: Union[None, str, bool, Decoder] = None,
+        decode: None | str | bool | Decoder = None,
         transform: Callable[[Sample], Any] | None = None,
         *,
         allow_pickle: bool = False,
