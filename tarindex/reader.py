@@ -130,7 +130,7 @@ class ShardReader:
         self._size = _fast(t.size)
         self._ext_id = _fast(t.ext_id)
         self._key_ptr = _fast(t.key_ptr)
-        self._key_blob = t.key_blob
+        self._key_blob = memoryview(t.key_blob)
         self._n_members = t.n_members
         self._key_bytes = len(t.key_blob)
 
@@ -308,7 +308,7 @@ class ShardReader:
 def _fast(a: np.ndarray[Any, Any]) -> Any:
     """A zero-copy view of a little-endian table that indexes to Python ints quickly."""
     if sys.byteorder == "little" and a.dtype.itemsize in (4, 8) and len(a):
-        return memoryview(a).cast("B").cast("Q" if a.dtype.itemsize == 8 else "I")
+        return memoryview(a).cast("B").cast("Q" if a.dtype.itemsize == 8 else "I")  # type: ignore[arg-type]
     return a  # big-endian host or empty table: numpy scalars still work as indices
 
 
