@@ -423,8 +423,6 @@ class TransportLimitDataset:
         return len(self.sizes)
 
     def __getitems__(self, idx: list[int]) -> Any:
-        import torch
-
         from tarindex.torch.collate import _alloc
 
         if self._pool is None:
@@ -432,7 +430,7 @@ class TransportLimitDataset:
         total = int(self.sizes[idx].sum())
         t = _alloc(total)
         t.numpy()[:] = self._pool[:total]
-        return t, torch.as_tensor(idx)
+        return t, np.asarray(idx, np.int64)  # one tensor per batch, like BatchedSamples
 
 
 def _first(batch: Any) -> Any:

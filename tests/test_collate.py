@@ -124,3 +124,41 @@ def test_dataloader_per_sample_path_with_collate(make_shards):
                         generator=torch.Generator().manual_seed(1))
     seen = [i for batch in loader for i in batch.index.tolist()]
     assert sorted(seen) == list(range(len(ds)))
+
+
+_LEAK_SCRIPT = """
+import sys, torch, tarindex
+from tarindex.torch.collate import collate_batched
+if __name__ == "__main__":
+    ds = tarindex.TarDataset(sys.argv[1:], batched=True)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
+                                     collate_fn=collate_batched, prefetch_factor=4)
+    it = iter(dl)
+    keep = [next(it) for _ in range(2)]   # stop early: batches still in flight
+    assert all(b.data.untyped_storage().is_shared() for b in keep)
+    del it
+"""
+
+
+def test_shared_buffers_are_released_after_early_stop(make_shards, tmp_path):
+    """Worker buffers go by name (torch file_system sharing); none outlives the processes."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    paths = make_shards([40, 40], seed=5)
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("torch_")}
+    script = tmp_path / "early.py"
+    script.write_text(_LEAK_SCRIPT)
+    subprocess.run([sys.executable, str(script), *paths], check=True, timeout=120)
+    deadline = time.time() + 30
+    left = set()
+    while time.time() < deadline:
+        left = {f for f in os.listdir("/dev/shm") if f.startswith("torch_")} - before
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"shared-memory segments left behind: {sorted(left)}"

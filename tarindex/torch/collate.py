@@ -43,13 +43,56 @@ INT_FIELDS: tuple[str, ...] = ("cls",)
 
 
 def _alloc(nbytes: int) -> torch.Tensor:
-    """A ``uint8`` tensor of ``nbytes``, in shared memory when called in a DataLoader worker."""
+    """A ``uint8`` tensor of ``nbytes``, in shared memory when called in a DataLoader worker.
+
+    In a worker the buffer is a torch shared-memory segment *named by file* (torch's
+    ``file_system`` sharing), whatever the global sharing strategy: the main process then
+    opens it by name. With the default ``file_descriptor`` strategy every tensor a worker
+    sends costs a round trip to a descriptor-serving thread in that worker, which waits for
+    the worker's GIL while it fetches the next batch; by name, a batch of 64 x 19 KB samples
+    moved ~1.5x faster on 2 cores. Cleanup is torch's: the segment is unlinked when the last
+    process holding it frees it, and torch's shm manager removes what a dead process leaked.
+    """
     if torch.utils.data.get_worker_info() is not None and nbytes > 0:
-        # Like default_collate: fill shared memory directly, so sending the batch to the main
-        # process moves a file descriptor, not the bytes.
+        new = getattr(torch.UntypedStorage, "_new_using_filename_cpu", None)
+        if new is not None:
+            t = torch.empty(0, dtype=torch.uint8).set_(new(nbytes))
+            _BY_NAME.add(t.untyped_storage().data_ptr())
+            return t
+        # Like default_collate: fill shared memory directly (no copy when it is sent).
         storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
         return torch.empty(0, dtype=torch.uint8).set_(storage)
     return torch.empty(nbytes, dtype=torch.uint8)
+
+
+_BY_NAME: set[int] = set()
+"""data_ptr of the buffers :func:`_alloc` made by name in this worker, not sent yet."""
+
+
+def _share_by_name(data: torch.Tensor) -> tuple[str, bytes, bytes, int] | None:
+    """Pickle-time: the by-name handle of a worker-made buffer (torch's file_system protocol).
+
+    The sender takes one reference on the segment; :func:`_open_by_name` drops it once the
+    receiver holds its own mapping, as ``torch.multiprocessing.reductions`` does.
+    """
+    storage = data.untyped_storage()
+    ptr = storage.data_ptr()
+    if ptr not in _BY_NAME:
+        return None
+    _BY_NAME.discard(ptr)
+    manager, handle, size = storage._share_filename_cpu_()
+    storage._shared_incref()  # type: ignore[no-untyped-call]
+    return ("tarindex-shm-v1", manager, handle, int(size))
+
+
+def _open_by_name(ref: tuple[str, bytes, bytes, int]) -> torch.Tensor:
+    from torch.multiprocessing.reductions import rebuild_storage_filename
+
+    _, manager, handle, size = ref
+    storage = rebuild_storage_filename(  # type: ignore[no-untyped-call]
+        torch.UntypedStorage, manager, handle, size
+    )
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 class BatchedSamples:
@@ -219,9 +262,15 @@ class BatchedSamples:
 
     # -- pickling (slots) --------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
+        state = {k: getattr(self, k) for k in self.__slots__}
+        ref = _share_by_name(self.data)  # a worker's buffer goes by name, see _alloc
+        if ref is not None:
+            state["data"] = ref
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state["data"], tuple):
+            state["data"] = _open_by_name(state["data"])
         for k, v in state.items():
             object.__setattr__(self, k, v)
 
