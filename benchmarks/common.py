@@ -35,6 +35,8 @@ class Spec:
     """Where every format is written."""
     ra_seconds: float = 10.0
     """Time cap of one contender's random-access loop (slow ones stop early)."""
+    loader_epochs: int = 1
+    """DataLoader epochs per loader row (the best steady rate is reported)."""
     seed: int = SEED
     scale: list[int] = field(default_factory=lambda: [10_000, 100_000, 1_000_000])
 

@@ -423,14 +423,19 @@ class TransportLimitDataset:
         return len(self.sizes)
 
     def __getitems__(self, idx: list[int]) -> Any:
-        from tarindex.torch.collate import _alloc
+        from tarindex.torch.collate import BatchedSamples, _alloc
 
         if self._pool is None:
             self._pool = np.random.default_rng(0).integers(0, 256, 64 * 121_000, np.uint8)
-        total = int(self.sizes[idx].sum())
+        sizes = self.sizes[idx]
+        total = int(sizes.sum())
         t = _alloc(total)
         t.numpy()[:] = self._pool[:total]
-        return t, np.asarray(idx, np.int64)  # one tensor per batch, like BatchedSamples
+        offsets = np.zeros((1, len(idx) + 1), np.int64)
+        np.cumsum(sizes, out=offsets[0, 1:])
+        # sent exactly as a TarDataset(batched=True) batch is (one buffer, by name)
+        return BatchedSamples(["bin"], t, offsets, np.ones((1, len(idx)), np.bool_),
+                              [""] * len(idx), np.asarray(idx, np.int64), {}, [None] * len(idx))
 
 
 def _first(batch: Any) -> Any:
@@ -439,7 +444,7 @@ def _first(batch: Any) -> Any:
 
 def ld_transport_limit(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
     return (_loader(TransportLimitDataset(spec), collate_fn=_first),
-            lambda b: (b[1].tolist(), int(b[0].numel())))
+            lambda b: (b.index.tolist(), int(b.data.numel())))
 
 
 def _loader(ds: Any, **kw: Any) -> Any:
@@ -546,31 +551,44 @@ LOADERS: dict[str, Callable[[Spec], tuple[Any, Callable[[Any], Any]]]] = {
 
 
 def run_loader(spec: Spec, name: str) -> list[Result]:
-    """One epoch; samples/s is the steady rate after the first batch (worker start apart)."""
+    """``spec.loader_epochs`` epochs; samples/s is the best steady rate after the first batch
+    (worker start apart); every epoch is checked for duplicates and missing samples."""
     anon0 = rss_anon_mb()
     t0 = now()
     loader, unpack = LOADERS[name](spec)
-    ids: list[int] = []
-    nbytes = 0
-    t_first = None
-    n_first = 0
-    for batch in loader:
-        got, nb = unpack(batch)
-        ids += got
-        nbytes += nb
-        if t_first is None:
-            t_first, n_first, b_first = now(), len(ids), nbytes
-    t_end = now()
-    dt = t_end - t_first if t_first else float("nan")
-    dup, miss = dup_missing(np.asarray(ids), spec.n)
-    extra = {"first_batch_s": (t_first or t_end) - t0, "epoch_s": t_end - t0,
-             "epoch_samples_per_s": len(ids) / (t_end - t0),
-             "yielded": len(ids), "duplicates": dup, "missing": miss,
+    best: tuple[float, float, float] | None = None
+    epochs = []
+    for _ in range(spec.loader_epochs):
+        ids: list[int] = []
+        nbytes = 0
+        t_first = None
+        n_first = b_first = 0
+        for batch in loader:
+            got, nb = unpack(batch)
+            ids += got
+            nbytes += nb
+            if t_first is None:
+                t_first, n_first, b_first = now(), len(ids), nbytes
+        t_end = now()
+        dup, miss = dup_missing(np.asarray(ids), spec.n)
+        epochs.append({"first_batch_s": (t_first or t_end) - t0, "epoch_s": t_end - t0,
+                       "epoch_samples_per_s": len(ids) / (t_end - t0), "yielded": len(ids),
+                       "duplicates": dup, "missing": miss})
+        if t_first is not None and t_end > t_first:
+            dt = t_end - t_first
+            rate = (len(ids) - n_first) / dt
+            if best is None or rate > best[0]:
+                best = (rate, (nbytes - b_first) / MB / dt, dt)
+        t0 = now()
+    extra = {**epochs[0], "epochs": epochs,
+             "duplicates": sum(e["duplicates"] for e in epochs),
+             "missing": sum(e["missing"] for e in epochs),
              "peak_rss_mb": peak_rss_mb(), "worker_peak_rss_mb": children_peak_rss_mb(),
              "anon_mb_delta": rss_anon_mb() - anon0}
     del loader
-    return [Result(name, "DataLoader epoch (2 workers)", (len(ids) - n_first) / dt,
-                   (nbytes - b_first) / MB / dt, dt, "ok", extra)]
+    if best is None:
+        return [Result(name, "DataLoader epoch (2 workers)", status="failed: no batch", extra=extra)]
+    return [Result(name, "DataLoader epoch (2 workers)", best[0], best[1], best[2], "ok", extra)]
 
 
 def st_tarindex(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
@@ -972,7 +990,8 @@ def table(results: list[Result], spec: Spec) -> str:
             if e.get("stopped_early"):
                 notes.append(f"{e['accesses']:,} accesses (time cap)")
             if "duplicates" in e:
-                notes.append(f"dup {e['duplicates']}, missing {e['missing']}")
+                ep = f" over {len(e['epochs'])} epochs" if len(e.get("epochs", [])) > 1 else ""
+                notes.append(f"dup {e['duplicates']}, missing {e['missing']}{ep}")
             if "anon_bytes_per_sample" in e and fig == "random access ds[i]":
                 notes.append(f"heap {max(e['anon_bytes_per_sample'], 0):,.0f} B/sample")
             if "peak_rss_mb" in e and fig != "scale: open + random access":
@@ -991,7 +1010,7 @@ def table(results: list[Result], spec: Spec) -> str:
             if "gb_s" in e:
                 notes.append(f"{e['gb_s']:.2f} GB/s of tar, {e['members']:,} members")
             if "first_batch_s" in e and e["first_batch_s"] is not None:
-                notes.append(f"first batch {e['first_batch_s']:.2f} s, whole epoch "
+                notes.append(f"first batch {e['first_batch_s']:.2f} s, whole first epoch "
                              f"{e['epoch_samples_per_s']:,.0f}/s")
             if e.get("torchvision_stub"):
                 notes.append("torchvision stubbed")
@@ -1150,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = Spec(n=n, per_shard=1_000 if n <= 20_000 else 5_000,
                 n_access=min(n, 10_000 if a.quick else 50_000),
                 root=os.path.abspath(os.path.join(a.data, "quick" if a.quick else f"n{n}")),
-                ra_seconds=3.0 if a.quick else 15.0,
+                ra_seconds=3.0 if a.quick else 15.0, loader_epochs=2 if a.quick else 1,
                 scale=[10_000, 100_000, 1_000_000])
     os.makedirs(spec.root, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
