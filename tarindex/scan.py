@@ -292,6 +292,13 @@ class _Walk:
                         if len(mpos) - self.checked >= _BATCH:
                             self.flush()
                         continue
+            elif tf == 0x78 and not pending:  # pax header + regular member (webdataset, tarfile)
+                nxt = self.fast_pax(pos)
+                if nxt >= 0:
+                    pos = nxt
+                    if len(mpos) - self.checked >= _BATCH:
+                        self.flush()
+                    continue
             pos = slow(pos)
             if pos < 0:
                 break
@@ -300,6 +307,69 @@ class _Walk:
             self.at_eof(pos)
         self.flush()
         return self.finish()
+
+    def fast_pax(self, pos: int) -> int:
+        """Record a pax 'x' header at ``pos`` and the plain regular member it describes.
+
+        Returns the offset of the next header, or -1 (nothing recorded) whenever anything is
+        unusual (large or odd pax records, sparse keys, a non-regular member, a size field that
+        is not plain octal, data past EOF): the slow path then handles and reports it. Both
+        header checksums are verified in the next batch, like the fast loop's.
+        """
+        size = self.size
+        b = self.mm[pos : pos + 3 * BLOCK]  # pax header, its records (<= 512 B), member header
+        if len(b) < 3 * BLOCK or b[135] not in (0, 0x20):
+            return -1
+        f = b[124:135]
+        if not f.isdigit():
+            return -1
+        try:
+            plen = int(f, 8)
+            if not 0 < plen <= BLOCK:  # records in exactly one block: header at pos + 1024
+                return -1
+            h = 2 * BLOCK  # the member's own header, within b
+            tf = b[h + 156]
+            if not (tf == 0x30 or (tf == 0 and b[h])) or b[h + 135] not in (0, 0x20):
+                return -1
+            f = b[h + 124 : h + 135]
+            if not f.isdigit():
+                return -1
+            path: bytes | None = None
+            psize: bytes | None = None
+            p, stop = BLOCK, BLOCK + plen
+            while p < stop:
+                sp = b.index(b" ", p, p + 24)
+                end = p + int(b[p:sp])
+                if end > stop or end <= sp or b[end - 1] != 0x0A:
+                    return -1
+                eq = b.index(b"=", sp + 1, end)
+                key = b[sp + 1 : eq]
+                if key == b"path":
+                    path = b[eq + 1 : end - 1]
+                elif key == b"size":
+                    psize = b[eq + 1 : end - 1]
+                    if not psize.isdigit():
+                        return -1
+                elif key.startswith(b"GNU.sparse.") or key == b"linkpath":
+                    return -1
+                p = end
+            ms = int(psize) if psize is not None else int(f, 8)
+        except ValueError:
+            return -1
+        hdr = pos + h
+        if hdr + BLOCK + ms > size:
+            return -1  # cut short: the slow path names the member
+        if path is not None and (not path or path.endswith(b"/")):
+            return -1  # empty pax path (header name applies) or a v7-style directory
+        return self._fast_pax_commit(pos, hdr, ms, path)
+
+    def _fast_pax_commit(self, pos: int, hdr: int, ms: int, path: bytes | None) -> int:
+        self.deferred.append(pos)
+        if path is not None:
+            self.names[len(self.mpos)] = path
+        self.mpos.append(hdr)
+        self.msize.append(ms)
+        return hdr + BLOCK + ms + (-ms & 511)
 
     def at_eof(self, pos: int) -> None:
         """The walk reached ``pos`` >= size - 511 without an end-of-archive marker: raise."""
