@@ -40,7 +40,8 @@ def split_key(name: bytes) -> tuple[bytes, bytes] | None:
         (reserved for ``__key__``, ``__shard__``, ``__index__``): such members belong to no
         sample.
     """
-    name = normalize_name(name)
+    if name.startswith((b"./", b"/")):
+        name = normalize_name(name)
     slash = name.rfind(b"/") + 1
     dot = name.find(b".", slash)
     if dot <= slash or dot == len(name) - 1 or name.startswith(b"__", dot + 1):
