@@ -103,10 +103,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             Defaults to ``"raise"``.
         allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
         max_open: Open shards per process at most. Defaults to ``64``.
-        use_mmap: mmap the tars instead of one ``os.pread`` per block. Defaults to ``False``:
-            a block is one large sequential read, which ``pread`` serves without a page fault
-            per 4 KiB page (measured ~1.3x faster on a warm cache with fresh readers, as in
-            every new worker) and without SIGBUS if a tar is cut while open.
+        use_mmap: Map the tars and slice each member straight from the mapping (one copy
+            per byte). Defaults to ``True``. ``False`` reads each block with one ``os.pread``
+            and slices members out of that buffer (two copies, ~0.75x the rate on ~20 KB
+            samples, warm cache) but cannot die of SIGBUS if a tar is cut while open.
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
@@ -132,7 +132,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         *,
         allow_pickle: bool = False,
         max_open: int = 64,
-        use_mmap: bool = False,
+        use_mmap: bool = True,
     ) -> None:
         if int(block_size) < 1:
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
@@ -403,7 +403,13 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         r = self.shards.reader(s)
         t = r.index
         a, b = r.sample_byte_range(j0, j1)
-        buf = r.read(a, b - a)
+        mm = r._mm
+        if mm is not None and b <= r.tar_size:
+            # mmap: slice members straight from the mapping (one copy, no block buffer);
+            # the kernel's read-ahead still sees one sequential range
+            buf, a = mm, 0
+        else:
+            buf = r.read(a, b - a)  # pread: one syscall for the block, then slices
         sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
         lo, hi = int(sp[0]), int(sp[-1])
         rel = t.offset[lo:hi].astype(np.int64) - a  # member offsets within buf
