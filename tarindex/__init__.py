@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .errors import (
     BadMagicError,
     ChecksumError,

@@ -40,11 +40,11 @@ from typing import IO, Any
 
 import numpy as np
 
-from . import __version__
+from ._version import __version__
 from .errors import TarIndexError
 from .format.keys import check_ext, check_key, normalize_name, split_key
-from .indexfile import build_index, is_up_to_date, write_atomic
-from .reader import ShardReader, ShardSet
+from .indexfile import build_index, write_atomic
+from .reader import ShardReader, ShardSet, is_up_to_date
 from .scan import scan_members
 from .sources import expand_source
 

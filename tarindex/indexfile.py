@@ -10,7 +10,7 @@ from .format.index import IndexTables, encode_index
 from .format.spec import INDEX_SUFFIX
 from .scan import index_tables_for, scan_members
 
-__all__ = ["index_path_for", "write_atomic", "build_index", "is_up_to_date"]
+__all__ = ["index_path_for", "write_atomic", "build_index"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -67,15 +67,3 @@ def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None)
                 mm.close()
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables
-
-
-def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
-    """True if an index exists for the tar and its fingerprint matches (FORMAT.md §3)."""
-    from .errors import TarIndexError
-    from .reader import ShardReader  # reader sits beside this module; imported lazily
-
-    try:
-        ShardReader(os.fspath(tar_path), index_path).close()
-        return True
-    except (TarIndexError, OSError):
-        return False

@@ -27,6 +27,7 @@ from .errors import (
     IndexMissingError,
     SampleIndexError,
     StaleIndexError,
+    TarIndexError,
     TruncatedError,
 )
 from .format.index import IndexTables, decode_index, read_header
@@ -34,7 +35,7 @@ from .format.spec import FINGERPRINT_BYTES, HEADER
 from .indexfile import index_path_for
 from .sources import Source, expand_source
 
-__all__ = ["Sample", "ShardReader", "ShardSet", "read_sample_count"]
+__all__ = ["Sample", "ShardReader", "ShardSet", "read_sample_count", "is_up_to_date"]
 
 Sample = dict[str, Any]
 
@@ -303,6 +304,19 @@ class ShardReader:
             self.close()
         except Exception:
             pass
+
+
+def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
+    """True if an index exists for the tar and passes the open-time checks (FORMAT.md §2.7, §3).
+
+    Those are the cheap checks: header, size, end magic, fingerprint. A corrupt table inside an
+    otherwise intact index still counts as up to date; ``tarindex verify`` catches that.
+    """
+    try:
+        ShardReader(os.fspath(tar_path), index_path).close()
+        return True
+    except (TarIndexError, OSError):
+        return False
 
 
 def _fast(a: np.ndarray[Any, Any]) -> Any:

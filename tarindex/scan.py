@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from ._version import __version__
 from .errors import (
     ChecksumError,
     CompressedTarError,
@@ -637,8 +638,6 @@ def index_tables_for(
     members: Members, mm: mmap.mmap | bytes, producer: str = "tarindex.scan"
 ) -> IndexTables:
     """Group a scanned member list into index tables (FORMAT.md §2, grouping §4)."""
-    from . import __version__
-
     head, tail = fingerprint(mm, members.tar_size)
     res = group_members(
         members.raw_names,

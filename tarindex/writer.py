@@ -8,6 +8,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from ._version import __version__
 from .codecs import encode_value
 from .errors import WriterError
 from .format.group import group_members
@@ -98,8 +99,6 @@ class TarShardWriter:
 
     def close(self) -> None:
         """Finish the tar (end blocks, record padding), rename it into place, write its index."""
-        from . import __version__
-
         end = self.pos + 2 * BLOCK
         self._write(ZERO_BLOCK * 2 + bytes(padded_to(end, _RECORD) - end))
         self._f.close()

@@ -249,8 +249,14 @@ class BatchedSamples:
     def pin_memory(self) -> BatchedSamples:
         """Return a copy with :attr:`data` in pinned memory (``DataLoader(pin_memory=True)``)."""
         return BatchedSamples(
-            self.fields, self.data.pin_memory(), self._offsets, self._present, self.keys,
-            self._index, self._ints, self.shards,
+            self.fields,
+            self.data.pin_memory(),
+            self._offsets,
+            self._present,
+            self.keys,
+            self._index,
+            self._ints,
+            self.shards,
         )
 
     def _field(self, ext: str) -> int:
@@ -417,6 +423,7 @@ def fetch_batched(
     return BatchedSamples(
         fields, data, offsets, present, keys, idx, ints, [paths[s] for s in sid.tolist()]
     )
+
 
 def pack_samples(
     samples: Sequence[Sample], int_fields: Sequence[str] = INT_FIELDS
