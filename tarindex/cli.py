@@ -747,8 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name. Defaults to ``sys.argv[1:]``.
 
     Returns:
-        The exit code: 0 ok, 1 failure, 2 bad usage (see the module docs). User mistakes are
-        reported on stderr in one line, not raised.
+        The exit code: 0 ok, 1 failure, 2 bad usage (see the module docs), 130 on Ctrl-C.
+        User mistakes are reported on stderr in one line, not raised.
     """
     parser = build_parser()
     try:

@@ -97,12 +97,22 @@ def decode_value(ext: str, data: bytes, image: str = "pil", allow_pickle: bool =
         data: The member's bytes.
         image: ``"pil"`` (a loaded ``PIL.Image.Image``), ``"rgb8"`` (``uint8`` array of shape
             ``(H, W, 3)``), ``"l8"`` (``uint8`` array of shape ``(H, W)``) or ``"raw"`` (bytes).
+            Defaults to ``"pil"``.
         allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members. Defaults to ``False``
             (left as bytes), because unpickling runs code from the file.
 
     Returns:
         ``int`` for ``cls``-like extensions, ``str`` for ``txt``, objects for ``json``,
-        ``numpy.ndarray`` for ``npy``/``npz``, images as asked; other extensions stay bytes.
+        ``numpy.ndarray`` for ``npy``, a ``dict`` of arrays for ``npz``, images as asked;
+        other extensions stay bytes.
+
+    Raises:
+        ValueError: An unknown ``image`` mode (for an image member); a ``.zst`` frame that
+            declares or expands to more than ``ZSTD_MAX_OUTPUT`` bytes; and what the decoders
+            raise on bad bytes (``int()``, ``json.JSONDecodeError``, ``UnicodeDecodeError``,
+            ``numpy.load``).
+        PIL.UnidentifiedImageError: Image bytes Pillow cannot read.
+        zstandard.ZstdError: A ``.zst`` member that is not valid zstandard data.
     """
     if ext.endswith(".zst"):
         import zstandard

@@ -25,6 +25,10 @@ def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same directory and ``os.replace``.
 
     A crash leaves either the old file or the new one, never a partial file at ``path``.
+    The new file gets mode ``0o666`` minus the umask, as ``open()`` would give it.
+
+    Raises:
+        OSError: The file cannot be written (the temp file is removed).
     """
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
@@ -47,7 +51,7 @@ def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None)
     Args:
         tar_path: A plain tar made by any common tool (GNU tar, bsdtar, Python tarfile,
             webdataset, tarindex).
-        index_path: Where to write; defaults to ``<tar_path>.tidx``.
+        index_path: Where to write. Defaults to ``<tar_path>.tidx`` (FORMAT.md §1).
 
     Returns:
         The tables written.
@@ -55,6 +59,7 @@ def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None)
     Raises:
         FormatError: Any of the scan errors of :func:`tarindex.scan.scan_members` (truncated,
             corrupt, compressed, not a tar); no index file is written then.
+        OSError: The tar cannot be read or the index cannot be written.
     """
     tar_path = os.fspath(tar_path)
     members = scan_members(tar_path)

@@ -62,7 +62,8 @@ def _open_regular(path: str) -> int:
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a shard or index file", path)
     raise FormatError(
-        f"{path}: byte 0: not a regular file (mode 0o{mode:o}); expected a tar or index file"
+        f"{path}: byte 0: not a regular file (mode 0o{mode:o}); expected a tar or index file: "
+        f"pass the path of a regular file"
     )
 
 
@@ -79,8 +80,12 @@ class ShardReader:
 
     Raises:
         IndexMissingError: No index file.
-        FormatError: The index is truncated or corrupt (its subclasses say how).
-        StaleIndexError: The tar's size or content fingerprint differs from the index's.
+        FormatError: The index is truncated or corrupt (its subclasses say how, FORMAT.md
+            §2.1, §2.7), or the index or tar is a FIFO, socket or device.
+        StaleIndexError: The tar's size or content fingerprint differs from the index's
+            (FORMAT.md §3).
+        FileNotFoundError: The tar itself is missing (its index exists).
+        IsADirectoryError: The tar or index path is a directory.
     """
 
     def __init__(
@@ -170,9 +175,13 @@ class ShardReader:
     def read(self, offset: int, size: int) -> bytes:
         """Return ``size`` bytes of the tar at byte ``offset``.
 
+        Returns:
+            ``size`` bytes (a copy, with or without mmap).
+
         Raises:
             ValueError: If ``offset`` or ``size`` is negative.
-            TruncatedError: If the range runs past the end of the tar.
+            TruncatedError: If the range runs past the end of the tar (FORMAT.md §2.7: checked
+                at read time), or the tar was cut while open (``use_mmap=False``).
         """
         if offset < 0 or size < 0:
             raise ValueError(f"{self.tar_path}: negative range offset={offset} size={size}")
@@ -188,12 +197,18 @@ class ShardReader:
         if len(data) != size:
             raise TruncatedError(
                 f"{self.tar_path}: byte {offset + len(data)}: short read ({len(data)} of {size} "
-                f"bytes); the tar was cut while open"
+                f"bytes); the tar was cut while open: re-open it once it is complete, or copy it "
+                f"again and re-index it (tarindex index --force {self.tar_path})"
             )
         return data
 
     def key(self, j: int) -> str:
-        """Return the key of sample ``j`` (0 <= j < n_samples)."""
+        """Return the key of sample ``j`` (``0 <= j < n_samples``), decoded as in FORMAT.md §2.5.
+
+        Raises:
+            SampleIndexError: If ``j`` is out of range.
+            FormatError: If ``key_ptr`` is corrupt (checked lazily).
+        """
         self._check_j(j)
         kp = self._key_ptr
         if not kp[j] <= kp[j + 1] <= self._key_bytes:
@@ -203,7 +218,12 @@ class ShardReader:
         return self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
 
     def member_slice(self, j: int) -> tuple[int, int]:
-        """Return the half-open member range ``[lo, hi)`` of sample ``j``."""
+        """Return the half-open member range ``[lo, hi)`` of sample ``j`` (FORMAT.md §2.2).
+
+        Raises:
+            SampleIndexError: If ``j`` is out of range.
+            FormatError: If ``sample_ptr`` is corrupt (checked lazily).
+        """
         self._check_j(j)
         sp = self._sample_ptr
         lo, hi = int(sp[j]), int(sp[j + 1])
@@ -217,6 +237,8 @@ class ShardReader:
         Raises:
             SampleIndexError: If ``j`` is out of range.
             TruncatedError: If a member's range runs past the end of the tar.
+            FormatError: If the index tables of sample ``j`` are corrupt (pointers out of
+                range, an extension id out of range, an extension twice in the sample).
         """
         if not 0 <= j < self.n_samples:
             raise SampleIndexError(
@@ -256,6 +278,11 @@ class ShardReader:
         """Return ``(start, end)`` in bytes covering the data of samples ``j0 <= j < j1``.
 
         The range includes the headers in between; read it once for sequential access.
+        ``(0, 0)`` when the samples hold no members.
+
+        Raises:
+            SampleIndexError: If ``j0`` or ``j1 - 1`` is out of range (when ``j1 > j0``).
+            FormatError: If ``sample_ptr`` is corrupt.
         """
         if j1 <= j0:
             return 0, 0
@@ -307,10 +334,11 @@ class ShardReader:
 
 
 def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
-    """True if an index exists for the tar and passes the open-time checks (FORMAT.md §2.7, §3).
+    """Return True if an index exists for the tar and passes the open-time checks.
 
-    Those are the cheap checks: header, size, end magic, fingerprint. A corrupt table inside an
-    otherwise intact index still counts as up to date; ``tarindex verify`` catches that.
+    Those are the cheap checks (FORMAT.md §2.7, §3): header, size, end magic, fingerprint. A
+    corrupt table inside an otherwise intact index still counts as up to date; ``tarindex
+    verify`` catches that.
     """
     try:
         ShardReader(os.fspath(tar_path), index_path).close()
@@ -331,7 +359,8 @@ def read_sample_count(tar_path: str, index_path: str | None = None) -> int:
 
     Raises:
         IndexMissingError: No index file.
-        FormatError: Bad magic, unknown version, truncated header.
+        FormatError: Bad magic, unknown version, truncated header (FORMAT.md §2.1), or the
+            index is not a regular file.
     """
     ip = index_path or index_path_for(tar_path)
     try:
@@ -359,6 +388,7 @@ class ShardSet:
     Raises:
         FileNotFoundError: No shard matches ``source``.
         IndexMissingError: A shard has no index (the message gives the command).
+        FormatError: An index header is bad (FORMAT.md §2.1).
     """
 
     def __init__(self, source: Source, *, max_open: int = 64, use_mmap: bool = True) -> None:
@@ -386,6 +416,7 @@ class ShardSet:
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
+            TypeError: If ``i`` is not an integer.
         """
         i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing
         n = self._starts_list[-1]
@@ -397,7 +428,13 @@ class ShardSet:
         return s, i - self._starts_list[s]
 
     def reader(self, s: int) -> ShardReader:
-        """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed."""
+        """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed.
+
+        Raises:
+            StaleIndexError: If the shard's index changed since this ShardSet was made, or
+                no longer matches its tar.
+            FormatError: If the index is corrupt (see :class:`ShardReader`).
+        """
         if self._pid != os.getpid():  # forked: the parent's mmaps and fds are not ours
             self._readers = OrderedDict()
             self._pid = os.getpid()
@@ -420,7 +457,13 @@ class ShardSet:
         return r
 
     def get(self, i: int) -> Sample:
-        """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes."""
+        """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes.
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+            StaleIndexError: As :meth:`reader`.
+            FormatError: As :meth:`ShardReader.sample`.
+        """
         s, j = self.locate(i)
         out = self.reader(s).sample(j)
         out["__shard__"] = self.paths[s]

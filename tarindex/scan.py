@@ -77,6 +77,7 @@ _KIND = {
     0x44: "GNU dumpdir",
     0x4E: "GNU old long-name record",
 }
+_FIX = ": re-copy or re-create the tar"
 _NO_DATA = frozenset(b"23456")  # symlink, chr, blk, dir, fifo: no data blocks follow (POSIX)
 
 
@@ -145,6 +146,7 @@ def scan_members(path: str | os.PathLike[str]) -> Members:
         TruncatedError: The file ends inside a header or a member's data, or before the
             end-of-archive marker.
         TrailingGarbageError: Non-zero bytes that are not a header follow the end marker.
+        OSError: The file cannot be opened (``FileNotFoundError``, ...).
     """
     path = os.fspath(path)
     with open(path, "rb") as f:
@@ -406,7 +408,7 @@ class _Walk:
                     TarHeaderError(
                         f"{path}: byte {self.pending_at}: a pax or GNU long-name record is followed "
                         f"by the end-of-archive marker at byte {pos}, not by a member; the archive "
-                        f"is damaged"
+                        f"is damaged{_FIX}"
                     )
                 )
             nxt = self.after_end(pos)
@@ -420,7 +422,8 @@ class _Walk:
             raise self.fail(
                 TarHeaderError(
                     f"{path}: byte {pos + 124}: size field of the header at byte {pos} is "
-                    f"{block[124:136]!r}, not an octal or base-256 number"
+                    f"{block[124:136]!r}, not an octal or base-256 number; the header is "
+                    f"corrupt{_FIX}"
                 )
             ) from None
         pax = self.pax
@@ -431,11 +434,19 @@ class _Walk:
             sv = pax[b"size"]
             if not sv.isdigit():
                 raise self.fail(
-                    TarHeaderError(f"{path}: byte {pos}: pax size {sv!r} is not a decimal number")
+                    TarHeaderError(
+                        f"{path}: byte {pos}: pax size {sv!r} is not a decimal number (POSIX pax "
+                        f"'size' keyword); the pax header is corrupt{_FIX}"
+                    )
                 )
             msize = int(sv)
         if msize < 0:
-            raise self.fail(TarHeaderError(f"{path}: byte {pos + 124}: negative size {msize}"))
+            raise self.fail(
+                TarHeaderError(
+                    f"{path}: byte {pos + 124}: negative size {msize} (base-256), expected a "
+                    f"size >= 0; the header is corrupt{_FIX}"
+                )
+            )
         data = pos + BLOCK
         if tf in _NO_DATA:
             has_data = False
@@ -481,7 +492,7 @@ class _Walk:
             return parse_pax(self.mm[data:end])
         except ValueError as e:
             raise self.fail(
-                TarHeaderError(f"{self.path}: byte {data}: malformed {what}: {e}")
+                TarHeaderError(f"{self.path}: byte {data}: malformed {what}: {e}{_FIX}")
             ) from None
 
     def _sparse_ext(self, pos: int, block: bytes) -> int:
@@ -637,7 +648,20 @@ class _Walk:
 def index_tables_for(
     members: Members, mm: mmap.mmap | bytes, producer: str = "tarindex.scan"
 ) -> IndexTables:
-    """Group a scanned member list into index tables (FORMAT.md §2, grouping §4)."""
+    """Group a scanned member list into index tables (FORMAT.md §2, grouping §4).
+
+    Warns (``UserWarning``) when some sample's members are not adjacent, or a member name
+    appears more than once (the last copy is indexed).
+
+    Args:
+        members: The tar's regular-file members, from :func:`scan_members`.
+        mm: The tar's bytes (an mmap), for the fingerprint (FORMAT.md §3).
+        producer: ``producer`` in the metadata (FORMAT.md §2.6). Defaults to
+            ``"tarindex.scan"``.
+
+    Returns:
+        The tables, with ``meta`` set.
+    """
     head, tail = fingerprint(mm, members.tar_size)
     res = group_members(
         members.raw_names,
@@ -670,6 +694,12 @@ def scan(path: str | os.PathLike[str]) -> Members:
         :class:`Members`: ``raw_names`` (list of ``m`` bytes), ``offset`` and ``size`` (shape
         ``(m,)``, dtype ``<u8``, bytes from the start of the tar), in archive order.
 
-    Same as :func:`scan_members`; see it for the errors raised.
+    Same as :func:`scan_members`.
+
+    Raises:
+        FormatError: As :func:`scan_members` (:class:`~tarindex.NotATarError`,
+            :class:`~tarindex.CompressedTarError`, :class:`~tarindex.ChecksumError`,
+            :class:`~tarindex.TarHeaderError`, :class:`~tarindex.TruncatedError`,
+            :class:`~tarindex.TrailingGarbageError`).
     """
     return scan_members(path)

@@ -114,9 +114,18 @@ def make_rng(seed: int, epoch: int, tag: int, *keys: int) -> np.random.Generator
 def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool = True) -> NDArray[np.int64]:
     """Return the order in which shards are cut into blocks this epoch.
 
+    Args:
+        n_shards: Number of shards, ``>= 0``.
+        seed: Base seed, ``0 <= seed < 2**64``.
+        epoch: Epoch, ``0 <= epoch < 2**64``.
+        shuffle: Permute. Defaults to ``True``.
+
     Returns:
         ``int64`` array of shape ``(n_shards,)``: a permutation of ``range(n_shards)``
         (the identity when ``shuffle`` is false).
+
+    Raises:
+        ValueError: If ``shuffle`` and ``seed`` or ``epoch`` is out of range.
     """
     if not shuffle:
         return np.arange(n_shards, dtype=np.int64)
@@ -263,10 +272,12 @@ def slot_span(
     """Return the half-open stream positions ``[start, stop)`` dealt to ``(rank, worker)``.
 
     Positions ``>= n_samples`` (only with ``drop_last=False``) wrap: position ``p`` means
-    stream position ``p % n_samples``.
+    stream position ``p % n_samples``. ``worker`` defaults to ``0``, ``num_workers`` to ``1``,
+    ``drop_last`` to ``False`` (module docstring, steps 4 and 5).
 
     Raises:
-        ValueError: If ``rank`` or ``worker`` is out of range.
+        ValueError: If ``rank`` or ``worker`` is out of range, ``world_size`` or
+            ``num_workers`` is below 1, or ``n_samples`` is negative.
     """
     if not 0 <= int(rank) < int(world_size):
         raise ValueError(f"rank={rank!r}: expected 0 <= rank < world_size={world_size}")
@@ -286,7 +297,7 @@ def slice_blocks(blocks: Blocks, start: int, stop: int, wrap: bool = False) -> B
         start: First position, ``>= 0``.
         stop: End position (exclusive).
         wrap: Allow positions past the total length ``n``: position ``p`` means ``p % n``
-            (used for padding). Without it, ``stop`` must be ``<= n``.
+            (used for padding). Without it, ``stop`` must be ``<= n``. Defaults to ``False``.
 
     Returns:
         ``int64`` array of shape ``(m, 3)``; the first and last rows are trimmed, so the row
@@ -347,8 +358,12 @@ def window_order(
     """Return the order in which a worker yields the samples of one buffer window.
 
     Returns:
-        ``int64`` permutation of ``range(length)``, a pure function of all arguments
-        (``SeedSequence`` of ``(seed, epoch, rank, worker, window)``).
+        ``int64`` permutation of ``range(length)``, shape ``(length,)``, a pure function of
+        all arguments (``SeedSequence`` of ``(seed, epoch, rank, worker, window)``).
+
+    Raises:
+        ValueError: If ``seed`` or ``epoch`` is not in ``[0, 2**64)``, or ``rank``,
+            ``worker`` or ``window`` is not in ``[0, 2**32)``.
     """
     rng = make_rng(seed, epoch, _TAG_WINDOW, rank, worker, window)
     return rng.permutation(int(length)).astype(np.int64, copy=False)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import StaleIndexError
+from .errors import StaleIndexError, TarHeaderError
 from .format.index import IndexTables
 from .format.keys import split_key
 from .format.spec import BLOCK
@@ -25,7 +25,6 @@ from .scan import index_tables_for, scan_members
 
 __all__ = ["VerifyReport", "verify"]
 
-_REGULAR = (0x30, 0x00, 0x37)
 _BATCH = 1 << 14
 
 
@@ -75,7 +74,9 @@ def verify(tar_path: str | os.PathLike[str], index_path: str | None = None) -> V
     Raises:
         IndexMissingError: There is no index.
         FormatError: The index is corrupt (checksum, bad tables), or the tar is (scan errors:
-            truncated, bad header checksum, ...).
+            truncated, bad header checksum, ...). :class:`tarindex.TarHeaderError` when the
+            header before an indexed member has a valid checksum but a size field that is not
+            a number.
         StaleIndexError: The index does not describe this tar: fingerprint mismatch, an
             indexed offset that is not right after a matching header, or tables that differ
             from a fresh scan. The message names the member, the byte offset and the fix.
@@ -147,7 +148,15 @@ def _check_headers(tar: str, ipath: str, t: IndexTables) -> int:
                 for i in range(len(hdr)):
                     p, j = int(hdr[i]), s + i
                     block = mm[p : p + BLOCK]
-                    hsize = parse_number(block[124:136])
+                    try:
+                        hsize = parse_number(block[124:136])
+                    except ValueError:
+                        raise TarHeaderError(
+                            f"{tar}: byte {p + 124}: size field of the header of indexed member "
+                            f"{j} is {block[124:136]!r}, expected an octal or base-256 number; "
+                            f"the tar header is corrupt (it changed since {ipath} was made): "
+                            f"re-copy or re-create the tar, then: tarindex index --force {tar}"
+                        ) from None
                     name = block[0:100].split(b"\0", 1)[0]
                     if block[257:263] == b"ustar\0" and block[345]:
                         name = block[345:500].split(b"\0", 1)[0] + b"/" + name

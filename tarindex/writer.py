@@ -37,13 +37,17 @@ def _check_mtime(mtime: int | None) -> int:
 class TarShardWriter:
     """Write one shard: a plain ustar tar (pax only where a name or size needs it) + its index.
 
-    Data goes to ``<path>.tmp``; :meth:`close` writes the end-of-archive blocks, renames the tar
-    into place, then writes the index atomically. :meth:`abort` deletes the temp file. So a
-    crash or an exception never leaves a tar or index that looks complete (FORMAT.md §1).
+    Data goes to ``<path>.<pid>.tmp``; :meth:`close` writes the end-of-archive blocks, renames
+    the tar into place, then writes the index atomically. :meth:`abort` deletes the temp file.
+    So a crash or an exception never leaves a tar or index that looks complete (FORMAT.md §1).
 
     Args:
         path: Final path of the tar.
-        mtime: Modification time stored in every header, integer seconds. Defaults to now.
+        mtime: Modification time stored in every header, integer seconds since the epoch,
+            ``0 <= mtime < 8**11``. Defaults to now.
+
+    Raises:
+        WriterError: If ``mtime`` does not fit the 12-byte ustar mtime field.
     """
 
     def __init__(self, path: str, mtime: int | None = None) -> None:
@@ -71,12 +75,18 @@ class TarShardWriter:
     def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
         """Append one sample: ``members`` is ``[(ext, data), ...]`` already encoded.
 
+        The caller has checked ``key`` and the extensions (:func:`tarindex.format.keys.check_key`,
+        :func:`~tarindex.format.keys.check_ext`); the members are written adjacently, in order
+        (FORMAT.md §1).
+
         Raises:
-            WriterError: If ``key`` was already written to this shard.
+            WriterError: If ``key`` was already written to this shard, or a member name is
+                not encodable as UTF-8 (nothing of the sample is written then).
         """
         if key in self._keys:
             raise WriterError(
-                f"{self.path}: key {key!r} written twice in this shard (byte {self.pos})"
+                f"{self.path}: key {key!r} written twice in this shard (byte {self.pos}); keys "
+                f"must be unique within a shard (FORMAT.md §4): give each sample its own key"
             )
         try:  # every name before any byte: a failure never leaves half a sample in the tar
             named = [(f"{key}.{ext}".encode(), data) for ext, data in members]
@@ -98,7 +108,11 @@ class TarShardWriter:
         self.count += 1
 
     def close(self) -> None:
-        """Finish the tar (end blocks, record padding), rename it into place, write its index."""
+        """Finish the tar, rename it into place, then write its index (FORMAT.md §1).
+
+        The tar ends with two 512-byte zero blocks, padded with zeros to a multiple of 10240
+        bytes; the index is written atomically after the rename.
+        """
         end = self.pos + 2 * BLOCK
         self._write(ZERO_BLOCK * 2 + bytes(padded_to(end, _RECORD) - end))
         self._f.close()
@@ -151,6 +165,11 @@ class ShardWriter:
         start_shard: Number of the first shard. Defaults to ``0``.
         mtime: Integer mtime for every member header. Defaults to the time of construction.
         encoder: ``(ext, value) -> bytes``. Defaults to :func:`tarindex.codecs.encode_value`.
+
+    Raises:
+        WriterError: If ``maxcount`` or ``maxsize`` is not a finite number ``>= 1``, ``mtime``
+            does not fit a ustar header, or ``pattern`` has more than one field, a bad ``%``
+            or gives the same path for two shards.
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
@@ -218,7 +237,8 @@ class ShardWriter:
 
         Raises:
             WriterError: Missing or invalid key (a dot in its basename, see FORMAT.md §4), a key
-                repeated within the shard, a bad extension, or a value that cannot be encoded.
+                repeated within the shard, a bad extension, a value that cannot be encoded, or
+                a second shard is needed but ``pattern`` has no ``%d`` field.
         """
         if not isinstance(sample, dict):
             raise WriterError(
@@ -268,7 +288,7 @@ class ShardWriter:
             self.shard += 1
 
     def close(self) -> None:
-        """Finish the current shard."""
+        """Finish the current shard (end blocks, rename, index); later writes start a new one."""
         self._finish()
 
     def abort(self) -> None:

@@ -355,3 +355,20 @@ def test_verify_appended_and_corrupt_index(tmp_path: Path) -> None:
         f.write(bytes(10240))
     with pytest.raises(StaleIndexError):
         verify(tar)
+
+
+def test_verify_reports_a_bad_size_field_with_path_and_offset(tmp_path: Path) -> None:
+    # was a bare ValueError("not an octal number") from parse_number: no path, and a traceback
+    # from `tarindex verify` (the CLI catches TarIndexError only)
+    from tarindex.verify import verify
+
+    tar = tmp_path / "t.tar"
+    ref = make_tar(tar, sizes=[5000] * 6)  # header in the middle: the fingerprint misses it
+    tarindex.build_index(str(tar))
+    raw = bytearray(tar.read_bytes())
+    h = ref[3].offset
+    raw[h + 124 : h + 136] = b"00000011x10\0"  # not octal, checksum still valid
+    fix_checksum(raw, h)
+    tar.write_bytes(bytes(raw))
+    with pytest.raises(TarHeaderError, match=rf"{tar}: byte {h + 124}: .*tarindex index --force"):
+        verify(tar)

@@ -42,6 +42,7 @@ from .spec import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
     HEADER,
+    INDEX_SUFFIX,
     MAGIC,
     MAX_BLOB_BYTES,
     MAX_MEMBERS,
@@ -54,6 +55,12 @@ __all__ = ["IndexTables", "IndexHeader", "encode_index", "decode_index", "read_h
 
 def _pad(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def _fix(path: str) -> str:
+    """The rebuild command for the index at ``path`` (its tar is ``path`` minus ``.tidx``, §1)."""
+    tar = path[: -len(INDEX_SUFFIX)] if path.endswith(INDEX_SUFFIX) else "<tar>"
+    return f"tarindex index --force {tar}"
 
 
 @dataclass
@@ -156,6 +163,9 @@ class IndexTables:
 def encode_index(t: IndexTables) -> bytes:
     """Serialize ``t`` to the bytes of an index file (FORMAT.md §2).
 
+    Returns:
+        The whole index file, footer included; its length is a multiple of 8 bytes.
+
     Raises:
         ValueError: If the tables are inconsistent (pointer ends, array lengths).
     """
@@ -225,28 +235,36 @@ def encode_index(t: IndexTables) -> bytes:
 def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
     """Parse and check the 80-byte header (FORMAT.md §2.1).
 
+    Args:
+        buf: The index bytes, at least the first 80 (more is ignored).
+        path: Path of the index, for messages. Defaults to ``"<index>"``.
+
+    Returns:
+        The header fields.
+
     Raises:
         TruncatedError: If ``buf`` is shorter than the header.
         BadMagicError: If the magic is wrong.
         UnsupportedVersionError: If the major version is not ``FORMAT_MAJOR``.
-        FormatError: If a count exceeds the format's limits.
+        FormatError: If a count exceeds the format's limits (FORMAT.md §2.1; ``key_bytes``,
+            ``ext_bytes`` and ``meta_bytes`` at most ``2**44``, a reader limit).
     """
     if len(buf) < HEADER.size:
         raise TruncatedError(
             f"{path}: index is {len(buf)} bytes, shorter than its {HEADER.size}-byte header "
-            f"at byte 0; rebuild it with: tarindex index --force <tar>"
+            f"at byte 0; rebuild it with: {_fix(path)}"
         )
     fields = HEADER.unpack_from(buf, 0)
     if fields[0] != MAGIC:
         raise BadMagicError(
             f"{path}: byte 0: expected index magic {MAGIC!r}, found {bytes(fields[0])!r}; "
-            f"not a tarindex index (rebuild it with: tarindex index --force <tar>)"
+            f"not a tarindex index (rebuild it with: {_fix(path)})"
         )
     h = IndexHeader(*fields[1:])
     if h.major != FORMAT_MAJOR:
         raise UnsupportedVersionError(
             f"{path}: byte 8: index format version {h.major}.{h.minor}, this tarindex reads "
-            f"{FORMAT_MAJOR}.x; upgrade tarindex or rebuild with: tarindex index --force <tar>"
+            f"{FORMAT_MAJOR}.x; upgrade tarindex or rebuild with: {_fix(path)}"
         )
     for at, name, value, limit in (
         (16, "n_samples", h.n_samples, MAX_SAMPLES),
@@ -260,7 +278,7 @@ def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
             raise FormatError(
                 f"{path}: byte {at}: header field {name} = {value} exceeds its limit {limit} "
                 f"(FORMAT.md §2.1); the index is corrupt; rebuild it with: "
-                f"tarindex index --force <tar>"
+                f"{_fix(path)}"
             )
     return h
 
@@ -272,13 +290,25 @@ def decode_index(
 
     Cheap checks always run, O(1) in the sample count: header, total length, end magic,
     pointer ends. ``full_check`` adds the crc32 footer and O(n) checks that pointers are
-    monotonic and member ranges lie inside ``tar_size`` (used by ``verify``).
+    monotonic, member ranges lie inside ``tar_size``, extension ids are in range and no
+    extension repeats within a sample (used by ``verify``; FORMAT.md §2.7).
+
+    Args:
+        buf: The whole index file.
+        path: Path of the index, for messages; when it ends in ``.tidx`` the messages name
+            the tar to re-index. Defaults to ``"<index>"``.
+        full_check: Also run the O(n) checks above. Defaults to ``False``.
+
+    Returns:
+        The tables; the arrays are read-only views into ``buf`` (no copy).
 
     Raises:
         TruncatedError: If ``buf`` is shorter or longer than the header says.
         BadMagicError: On a bad start or end magic.
+        UnsupportedVersionError: If the major version is not ``FORMAT_MAJOR``.
         ChecksumError: With ``full_check``, if the crc32 footer does not match.
-        FormatError: If tables are inconsistent.
+        FormatError: If tables are inconsistent (pointer ends, extension table, metadata
+            that is not a JSON object; with ``full_check`` the O(n) checks).
     """
     h = read_header(buf, path)
     lay = layout(h)
@@ -288,20 +318,20 @@ def decode_index(
         raise TruncatedError(
             f"{path}: index is {len(buf)} bytes, its header says {expected} "
             f"(truncated or appended to at byte {min(len(buf), expected)}); "
-            f"rebuild it with: tarindex index --force <tar>"
+            f"rebuild it with: {_fix(path)}"
         )
     crc, end = FOOTER.unpack_from(buf, fstart)
     if end != END_MAGIC:
         raise BadMagicError(
             f"{path}: byte {fstart + 4}: expected end magic {END_MAGIC!r}, found {bytes(end)!r}; "
-            f"rebuild it with: tarindex index --force <tar>"
+            f"rebuild it with: {_fix(path)}"
         )
     if full_check:
         got = zlib.crc32(buf[:fstart])
         if got != crc:
             raise ChecksumError(
                 f"{path}: footer crc32 0x{got:08x} != 0x{crc:08x} at byte {fstart}; the index "
-                f"is corrupt; rebuild it with: tarindex index --force <tar>"
+                f"is corrupt; rebuild it with: {_fix(path)}"
             )
 
     def arr(name: str, dtype: np.dtype[Any], count: int) -> NDArray[Any]:
@@ -325,7 +355,7 @@ def decode_index(
     ):
         raise FormatError(
             f"{path}: byte {lay['sample_ptr'][0]}: pointer tables do not end at the counts in "
-            f"the header; the index is corrupt; rebuild it with: tarindex index --force <tar>"
+            f"the header; the index is corrupt; rebuild it with: {_fix(path)}"
         )
     ext_blob = bytes(blob("ext_blob"))
     eps = ext_ptr.tolist()
@@ -345,7 +375,7 @@ def decode_index(
         if what is not None:
             raise FormatError(
                 f"{path}: byte {lay['ext_ptr'][0] + 8 * (i + 1)}: ext_ptr[{i + 1}] {what}; the "
-                f"index is corrupt; rebuild it with: tarindex index --force <tar>"
+                f"index is corrupt; rebuild it with: {_fix(path)}"
             )
     meta_raw = bytes(blob("meta"))
     try:
@@ -353,12 +383,12 @@ def decode_index(
     except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested too deep
         raise FormatError(
             f"{path}: byte {lay['meta'][0]}: metadata is not JSON ({type(e).__name__}: {e}); "
-            f"rebuild it with: tarindex index --force <tar>"
+            f"rebuild it with: {_fix(path)}"
         ) from None
     if not isinstance(meta, dict):
         raise FormatError(
             f"{path}: byte {lay['meta'][0]}: metadata is a JSON {type(meta).__name__}, not an "
-            f"object (FORMAT.md §2.6); rebuild it with: tarindex index --force <tar>"
+            f"object (FORMAT.md §2.6); rebuild it with: {_fix(path)}"
         )
     t = IndexTables(
         sample_ptr=sample_ptr,
@@ -388,7 +418,7 @@ def _full_check(t: IndexTables, path: str, lay: dict[str, tuple[int, int]]) -> N
     def bad(section: str, i: int, what: str, itemsize: int = 8) -> FormatError:
         return FormatError(
             f"{path}: byte {lay[section][0] + itemsize * i}: {section}[{i}] {what}; the index is "
-            f"corrupt; rebuild it with: tarindex index --force <tar>"
+            f"corrupt; rebuild it with: {_fix(path)}"
         )
 
     for name, ptr in (("sample_ptr", t.sample_ptr), ("key_ptr", t.key_ptr)):

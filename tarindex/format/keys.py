@@ -2,7 +2,7 @@
 
 The rule follows webdataset: the key is the member path up to the first dot of its
 *basename*; the extension is the rest of the basename (without that dot). Dots in
-directory names do not count. Leading ``./`` components are removed first (GNU tar's
+directory names do not count. Leading ``./`` and ``/`` components are removed first (GNU tar's
 ``tar cf x.tar .`` writes them; extraction ignores them). Examples (FORMAT.md §4)::
 
     "a/22.05.png"          -> ("a/22", "05.png")
@@ -17,7 +17,10 @@ __all__ = ["split_key", "normalize_name", "check_key", "check_ext"]
 
 
 def normalize_name(name: bytes) -> bytes:
-    """Strip leading ``./`` and ``/`` components from a member name (bytes in, bytes out)."""
+    """Strip leading ``./`` and ``/`` components from a member name (FORMAT.md §4, rule 1).
+
+    Bytes in, bytes out; ``b"././/a/b.png"`` becomes ``b"a/b.png"``.
+    """
     while True:
         if name.startswith(b"./"):
             name = name[2:]
@@ -50,10 +53,17 @@ def split_key(name: bytes) -> tuple[bytes, bytes] | None:
 
 
 def check_key(key: str) -> None:
-    """Raise ValueError unless ``key`` round-trips through :func:`split_key` unchanged.
+    """Raise ValueError unless ``key`` is a key the writer may store (FORMAT.md §4).
 
-    A key must be non-empty, have no dot in its basename, not end with ``/`` and not start
-    with ``./`` or ``/`` (FORMAT.md §4).
+    Such a key round-trips through :func:`split_key` unchanged and is safe to extract.
+
+    Args:
+        key: The sample key (``__key__``).
+
+    Raises:
+        ValueError: If ``key`` is empty, ends with ``/``, has a dot in its basename, starts
+            with ``./`` or ``/``, contains a NUL, has a ``..`` component, or is not
+            encodable as UTF-8 (a lone surrogate).
     """
     if not key:
         raise ValueError("empty sample key")
@@ -88,7 +98,19 @@ def _check_utf8(what: str, s: str) -> None:
 
 
 def check_ext(ext: str) -> None:
-    """Raise ValueError unless ``ext`` is a valid extension: non-empty, no '/', no NUL."""
+    """Raise ValueError unless ``ext`` is an extension the writer may store (FORMAT.md §4).
+
+    Args:
+        ext: The extension, without its leading dot (``"png"``, ``"seg.png"``).
+
+    Raises:
+        ValueError: If ``ext`` is empty, contains ``/`` or a NUL, starts or ends with ``.``,
+            or is not encodable as UTF-8. (A ``__`` prefix is the caller's business: the
+            writer skips such entries as sample metadata.)
+    """
     if not ext or "/" in ext or "\0" in ext or ext.startswith(".") or ext.endswith("."):
-        raise ValueError(f"invalid extension {ext!r}: must be non-empty, without '/' or NUL")
+        raise ValueError(
+            f"invalid extension {ext!r}: must be non-empty, without '/' or NUL, and not start "
+            f"or end with '.'"
+        )
     _check_utf8("extension", ext)

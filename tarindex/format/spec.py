@@ -43,8 +43,8 @@ ALIGN = 8  # §2: every section starts on an 8-byte boundary (numpy memmaps it i
 OFFSET_DTYPE = np.dtype("<u8")  # §2.2-2.5: offsets, sizes and pointers, never native order
 EXT_ID_DTYPE = np.dtype("<u4")  # §2.4
 MAX_SAMPLES = 1 << 40  # §2.1: checked before allocating anything
-MAX_MEMBERS = 1 << 42
-MAX_BLOB_BYTES = 1 << 44
+MAX_MEMBERS = 1 << 42  # §2.1
+MAX_BLOB_BYTES = 1 << 44  # key/ext/meta lengths: a reader limit, not stated in FORMAT.md
 FINGERPRINT_BYTES = 4096  # §3: crc32 of the first and of the last 4096 bytes of the tar
 INDEX_SUFFIX = ".tidx"  # §1: the index of ``x.tar`` is ``x.tar.tidx``
 

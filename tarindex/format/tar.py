@@ -67,6 +67,12 @@ def parse_number(field: bytes) -> int:
     GNU tar manual, "Basic Tar Format": if the first byte has its high bit set, the field is
     a big-endian two's-complement binary number (0x80 positive, 0xff negative).
 
+    Args:
+        field: The raw field bytes (for example ``block[124:136]``, the size).
+
+    Returns:
+        The value; ``0`` for an empty or all-NUL/space field.
+
     Raises:
         ValueError: If the field is neither (the caller adds the file and offset).
     """
@@ -86,9 +92,10 @@ def parse_number(field: bytes) -> int:
 
 
 def checksum_ok(block: bytes) -> bool:
-    """True if the header checksum matches, in the unsigned (POSIX) or signed (old Sun) variant.
+    """Return True if a header's checksum matches, unsigned (POSIX) or signed (old Sun).
 
-    The checksum is the sum of all 512 bytes with the chksum field (148:156) taken as spaces.
+    The checksum is the sum of all 512 bytes with the chksum field (148:156) taken as spaces
+    (POSIX ustar, "chksum"; GNU tar manual, "Basic Tar Format").
     """
     try:
         want = parse_number(block[148:156])
@@ -164,6 +171,10 @@ def header_checksums(rows: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArra
 
 def parse_pax(data: bytes) -> dict[bytes, bytes]:
     r"""Parse pax extended-header records ``"%d %s=%s\\n"`` (POSIX.1-2001 pax, "pax Header Block").
+
+    Args:
+        data: The record bytes (the data of a typeflag ``x``/``g`` member), NUL padding allowed
+            after the last record.
 
     Returns:
         Mapping of keyword to value bytes, later records overriding earlier ones.
@@ -254,7 +265,7 @@ def build_member_header(name: bytes, size: int, mtime: int, mode: int = 0o644) -
         name: Member path, UTF-8 bytes.
         size: Data size in bytes (the data and its zero padding follow the header).
         mtime: Modification time, integer seconds since the epoch.
-        mode: Permission bits.
+        mode: Permission bits. Defaults to ``0o644``.
 
     Returns:
         ``512 * k`` bytes: the header blocks; the data starts right after them.

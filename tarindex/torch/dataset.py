@@ -30,9 +30,12 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         source: Path, list of paths, brace pattern (``"train-{000000..000009}.tar"``), glob or
             directory of ``*.tar`` shards, each with its ``.tidx`` index.
         decode: ``None`` (bytes), ``"pil"``, ``"rgb8"`` (``uint8 (H, W, 3)``), ``"l8"``
-            (``uint8 (H, W)``), or a callable ``sample -> sample``. See :mod:`tarindex.codecs`.
+            (``uint8 (H, W)``), ``True`` (same as ``"pil"``), or a callable ``sample -> sample``.
+            See :mod:`tarindex.codecs`. Defaults to ``None``.
         transform: Called on each (decoded) sample; its result is what ``ds[i]`` returns.
-        allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
+            Defaults to ``None``.
+        allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members when decoding. Defaults to
+            ``False``.
         max_open: Open shards per process at most. Defaults to ``64``.
         use_mmap: mmap the tars (``False``: ``os.pread``). Defaults to ``True``.
         batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
@@ -48,7 +51,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         FormatError: On first read of a shard whose index is truncated or corrupt.
         IndexError: ``ds[i]`` with ``i`` outside ``[-len(ds), len(ds))``
             (:class:`tarindex.SampleIndexError`).
-        ValueError: ``batched=True`` together with ``decode`` or ``transform``.
+        ValueError: ``batched=True`` together with ``decode`` or ``transform``, or an unknown
+            ``decode`` mode.
     """
 
     def __init__(
