@@ -23,6 +23,10 @@ MAX_EXPANSION = 1_000_000
 def expand_braces(pattern: str, limit: int = MAX_EXPANSION) -> list[str]:
     """Expand ``{000..009}`` ranges (zero padding kept) and ``{a,b,c}`` lists, left to right.
 
+    Args:
+        pattern: A path with zero or more ``{...}`` groups (not nested).
+        limit: Most paths the pattern may expand to. Defaults to ``MAX_EXPANSION``.
+
     Examples:
         ``"train-{000..002}.tar"`` -> ``["train-000.tar", "train-001.tar", "train-002.tar"]``.
 
@@ -92,6 +96,9 @@ def expand_source(source: Source) -> list[str]:
 
     Raises:
         FileNotFoundError: If nothing matches (the message names the pattern).
+        ValueError: If a brace pattern is malformed or expands to more than
+            ``MAX_EXPANSION`` paths (:func:`expand_braces`).
+        TypeError: If ``source`` is ``bytes`` (pass a ``str`` path).
     """
     if isinstance(source, (str, os.PathLike)):
         items = [os.fspath(source)]
