@@ -775,7 +775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prefix} {_describe(e)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
-        if isinstance(e, BrokenPipeError):  # e.g. `tarindex ls x | head`: not an error
+        if isinstance(e, BrokenPipeError):  # `tarindex ls x | head`: quiet, exit 1 (output cut)
             try:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())

@@ -226,7 +226,16 @@ def run(
         os.makedirs(root, exist_ok=True)
     try:
         return _run(
-            root, epochs, seed, num_workers, batch_size, say, t_start, load_digits, train_test_split
+            root,
+            epochs,
+            seed,
+            num_workers,
+            batch_size,
+            say,
+            t_start,
+            load_digits,
+            train_test_split,
+            temporary=tmp is not None,
         )
     finally:
         if tmp is not None:
@@ -243,6 +252,7 @@ def _run(
     t_start: float,
     load_digits: Any,
     train_test_split: Any,
+    temporary: bool = False,
 ) -> DemoResult:
     import tarindex
 
@@ -278,6 +288,11 @@ def _run(
     say(
         f"wrote {len(train_shards)} train shards ({nbytes / 1024:.0f} KiB) + "
         f"{len(test_shards)} test shard with ShardWriter in {shard_dir}"
+        + (
+            " (a temporary directory, removed at the end; --workdir DIR keeps it)"
+            if temporary
+            else ""
+        )
     )
 
     # 3. the same files packed by the tar command, indexed by build_index, compared

@@ -63,12 +63,11 @@ def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None)
     """
     tar_path = os.fspath(tar_path)
     members = scan_members(tar_path)
-    with open(tar_path, "rb") as f:
-        if members.tar_size:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                tables = index_tables_for(members, mm)
-            finally:
-                mm.close()
+    with open(tar_path, "rb") as f:  # scan_members refused an empty file: mapping is valid
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            tables = index_tables_for(members, mm)
+        finally:
+            mm.close()
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables
