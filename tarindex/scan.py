@@ -54,6 +54,7 @@ from .format.tar import (
     checksum_ok,
     compression_of,
     header_checksums,
+    header_name,
     padded,
     parse_number,
     parse_pax,
@@ -62,7 +63,6 @@ from .format.tar import (
 __all__ = ["Members", "scan", "scan_members", "index_tables_for", "fingerprint"]
 
 _REGULAR = frozenset(b"0\x007")
-_USTAR = b"ustar\x00"
 _BATCH = 2048  # headers checked together: their blocks are still in the CPU cache (~1 MiB)
 _VOLUME_RE = re.compile(rb" Volume [0-9]+\Z")  # GNU tar -M -V: "LABEL Volume N"
 
@@ -230,8 +230,7 @@ class _Walk:
         for i in np.flatnonzero(rows[:, 345]).tolist():
             p = int(pos[i])
             block = self.mm[p : p + BLOCK]
-            if block[257:263] == _USTAR:
-                names[i] = self._plain_name(block)
+            names[i] = header_name(block)
         # v7 directories: a regular-file header whose name ends in '/'
         last = fields[np.arange(m), np.maximum(la - 1, 0)]
         dirs = np.flatnonzero(last == 0x2F)
@@ -555,11 +554,7 @@ class _Walk:
             stacklevel=5,
         )
 
-    def _plain_name(self, block: bytes) -> bytes:
-        name = block[0:100].split(b"\0", 1)[0]
-        if block[257:263] == _USTAR and block[345]:  # POSIX ustar prefix (GNU uses it otherwise)
-            name = block[345:500].split(b"\0", 1)[0] + b"/" + name
-        return name
+    _plain_name = staticmethod(header_name)
 
     def _name(self, block: bytes, pax: dict[bytes, bytes]) -> bytes:
         if pax.get(b"path"):

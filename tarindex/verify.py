@@ -19,7 +19,7 @@ from .errors import StaleIndexError, TarHeaderError
 from .format.index import IndexTables
 from .format.keys import split_key
 from .format.spec import BLOCK
-from .format.tar import checksum_ok, header_checksums, parse_number
+from .format.tar import checksum_ok, header_checksums, header_name, parse_number
 from .reader import ShardReader
 from .scan import index_tables_for, scan_members
 
@@ -157,9 +157,7 @@ def _check_headers(tar: str, ipath: str, t: IndexTables) -> int:
                             f"the tar header is corrupt (it changed since {ipath} was made): "
                             f"re-copy or re-create the tar, then: tarindex index --force {tar}"
                         ) from None
-                    name = block[0:100].split(b"\0", 1)[0]
-                    if block[257:263] == b"ustar\0" and block[345]:
-                        name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+                    name = header_name(block)
                     smp = int(sample_of[j])
                     key = blob[kp[smp] : kp[smp + 1]]
                     ext = t.exts[int(ext_id[j])]

@@ -17,6 +17,8 @@ __all__ = [
     "ZERO_BLOCK",
     "build_member_header",
     "parse_number",
+    "header_name",
+    "USTAR_MAGIC",
     "checksum_ok",
     "parse_pax",
     "compression_of",
@@ -51,6 +53,22 @@ _COMPRESSION_MAGIC = (
 def padded(size: int) -> int:
     """Return ``size`` rounded up to a whole number of 512-byte blocks (bytes)."""
     return (size + BLOCK - 1) & ~(BLOCK - 1)
+
+
+USTAR_MAGIC = b"ustar\x00"  # POSIX ustar magic (GNU headers have "ustar  \0": no prefix field)
+
+
+def header_name(block: bytes) -> bytes:
+    r"""Return the member name stored in a header block: ``name``, with the ustar ``prefix``.
+
+    POSIX ustar: when the magic is ``"ustar\0"`` and ``prefix`` (bytes 345-500) is not empty,
+    the path is ``prefix + "/" + name``. GNU headers use that area for other fields. pax
+    ``path`` and GNU LongName records override this name; the caller applies them.
+    """
+    name = block[0:100].split(b"\0", 1)[0]
+    if block[345] and block[257:263] == USTAR_MAGIC:
+        name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+    return name
 
 
 def compression_of(head: bytes) -> tuple[str, str] | None:
