@@ -508,6 +508,18 @@ def ld_tarindex_stream(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
     return loader, lambda b: (b["__index__"].tolist(), sum(map(len, b["bin"])))
 
 
+def ld_tarindex_stream_batched(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
+    import torch
+
+    from tarindex import TarIterableDataset
+
+    # one BatchedSamples per batch, packed in the worker straight from the block reads
+    ds = TarIterableDataset(tarindex_paths(spec), shuffle=True, seed=0, batched=True,
+                            batch_size=BATCH)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=WORKERS)
+    return loader, lambda b: (b.index.tolist(), int(b.lengths("bin").sum()))
+
+
 def ld_wds(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
     import webdataset as wds
 
@@ -542,6 +554,7 @@ LOADERS: dict[str, Callable[[Spec], tuple[Any, Callable[[Any], Any]]]] = {
     "tarindex batched": ld_tarindex_batched,
     "tarindex per-sample": ld_tarindex,
     "tarindex streaming": ld_tarindex_stream,
+    "tarindex streaming batched": ld_tarindex_stream_batched,
     "loose files": ld_loose,
     "wids": ld_wids,
     "webdataset +shuffle buffer": ld_wds,

@@ -19,12 +19,17 @@ and :func:`collate_batched` as the ``collate_fn``::
         labels = batch.cls          # torch.int64, shape (B,)
         first = batch.bytes("png", 0)
 
+For streaming, ``TarIterableDataset(..., batched=True, batch_size=64)`` yields the same
+:class:`BatchedSamples`, packed from its block reads; use it with ``DataLoader(ds,
+batch_size=None)``.
+
 :func:`collate_batched` also packs a list of sample dicts (any map-style dataset that returns
 ``{"__key__": str, ext: bytes, ...}``), so it works without ``batched=True`` too, only slower.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -504,3 +509,295 @@ def collate_batched(batch: Any) -> BatchedSamples:
         f"collate_batched: expected a BatchedSamples or a list of sample dicts, got "
         f"{type(batch).__name__}"
     )
+
+
+# -- streaming: batches packed straight from block reads ---------------------------------------
+
+
+class _Window:
+    """Index rows and source buffers of consecutive stream positions, read piece by piece.
+
+    Built by :meth:`_PiecePacker.read` for one window of a :class:`TarIterableDataset` worker
+    (or one batch when not mixing). Per member: source buffer, offset in it, size, field code
+    and parsed integer (integer fields only); per position: member range, key, global index,
+    shard, and whether it could be read. No member bytes are copied here.
+    """
+
+    __slots__ = (
+        "srcs",
+        "m_src",
+        "m_off",
+        "m_size",
+        "m_code",
+        "m_int",
+        "mptr",
+        "keys",
+        "index",
+        "sid",
+        "valid",
+        "all_valid",
+    )
+
+    m_src: NDArray[np.int64]
+    m_off: NDArray[np.int64]
+    m_size: NDArray[np.int64]
+    m_code: NDArray[np.int64]
+    m_int: NDArray[np.int64]
+    mptr: NDArray[np.int64]
+    keys: list[str]
+    index: NDArray[np.int64]
+    sid: NDArray[np.int64]
+    valid: NDArray[np.bool_]
+    all_valid: bool
+
+    def __init__(self) -> None:
+        self.srcs: list[Any] = []
+
+    def release(self) -> None:
+        """Drop the source views (an mmap with live views cannot be closed by the LRU)."""
+        for v in self.srcs:
+            if isinstance(v, memoryview):
+                v.release()
+        self.srcs = []
+
+
+class _PiecePacker:
+    """Reads planned pieces into :class:`_Window` tables and packs them into batches.
+
+    Pieces are ``(shard, j0, j1)``; :meth:`pack` makes a :class:`BatchedSamples` from window
+    positions with one copy per member byte.
+
+    Process-local (field codes, per-shard extension maps); not pickled.
+    """
+
+    def __init__(self, shards: ShardSet, int_fields: Sequence[str] = INT_FIELDS) -> None:
+        self.shards = shards
+        self.int_set = frozenset(int_fields)
+        self.names: list[str] = []
+        self.is_int: list[bool] = []
+        self._codes: dict[str, int] = {}
+        self._emaps: dict[int, NDArray[np.int64]] = {}
+        self._is_int_arr = np.zeros(0, np.bool_)
+
+    def _code(self, ext: str) -> int:
+        c = self._codes.get(ext)
+        if c is None:
+            c = self._codes[ext] = len(self.names)
+            self.names.append(ext)
+            self.is_int.append(ext in self.int_set)
+            self._is_int_arr = np.asarray(self.is_int, np.bool_)
+        return c
+
+    def _emap(self, s: int, exts: list[str]) -> NDArray[np.int64]:
+        m = self._emaps.get(s)
+        if m is None:
+            m = self._emaps[s] = np.asarray([self._code(e) for e in exts], np.int64)
+        return m
+
+    def read(
+        self,
+        pieces: list[list[int]],
+        on_error: Any = None,
+        willneed: bool = False,
+    ) -> _Window:
+        """Index rows of ``pieces`` (stream order) plus their source buffers.
+
+        With mmap the source is a view of the mapping (nothing read yet; ``willneed`` asks the
+        kernel to read each piece's byte range ahead, sequentially); otherwise one ``pread``
+        per piece. A piece that fails raises, or, if ``on_error(s, j0, j1, exc)`` returns,
+        becomes positions marked invalid.
+        """
+        win = _Window()
+        m_src, m_off, m_size, m_code, m_int, counts = [], [], [], [], [], []
+        keys: list[str] = []
+        index, sid, valid = [], [], []
+        views: dict[int, int] = {}  # shard -> position of its mmap view in win.srcs
+        starts = self.shards.starts
+        for s, j0, j1 in pieces:
+            k = j1 - j0
+            try:
+                got = self._read_piece(win, views, s, j0, j1, willneed)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                on_error(s, j0, j1, e)
+                counts.append(np.zeros(k, np.int64))
+                keys.extend([""] * k)
+                index.append(np.full(k, -1, np.int64))
+                sid.append(np.full(k, s, np.int64))
+                valid.append(np.zeros(k, np.bool_))
+                continue
+            src_id, off, size, code, ints, cnt, ks = got
+            m_src.append(np.full(len(off), src_id, np.int64))
+            m_off.append(off)
+            m_size.append(size)
+            m_code.append(code)
+            m_int.append(ints)
+            counts.append(cnt)
+            keys.extend(ks)
+            index.append(int(starts[s]) + j0 + np.arange(k, dtype=np.int64))
+            sid.append(np.full(k, s, np.int64))
+            valid.append(np.ones(k, np.bool_))
+
+        def cat(xs: list[Any], dt: Any) -> Any:
+            return np.concatenate(xs) if xs else np.zeros(0, dt)
+
+        win.m_src, win.m_off, win.m_size = (
+            cat(m_src, np.int64),
+            cat(m_off, np.int64),
+            cat(m_size, np.int64),
+        )
+        win.m_code, win.m_int = cat(m_code, np.int64), cat(m_int, np.int64)
+        cnt_all = cat(counts, np.int64)
+        win.mptr = np.zeros(len(cnt_all) + 1, np.int64)
+        np.cumsum(cnt_all, out=win.mptr[1:])
+        win.keys = keys
+        win.index, win.sid = cat(index, np.int64), cat(sid, np.int64)
+        win.valid = cat(valid, np.bool_)
+        win.all_valid = bool(win.valid.all())
+        return win
+
+    def _read_piece(
+        self, win: _Window, views: dict[int, int], s: int, j0: int, j1: int, willneed: bool
+    ) -> tuple[int, Any, Any, Any, Any, Any, list[str]]:
+        r = self.shards.reader(s)
+        t = r.index
+        sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
+        lo, hi = int(sp[0]), int(sp[-1])
+        off = t.offset[lo:hi].astype(np.int64)
+        size = t.size[lo:hi].astype(np.int64)
+        code = self._emap(s, r.exts)[t.ext_id[lo:hi].astype(np.int64)]
+        a = int(off.min()) if hi > lo else 0
+        b = int((off + size).max()) if hi > lo else 0
+        mm = r._mm
+        if mm is not None and b <= r.tar_size:
+            src_id = views.get(s)
+            if src_id is None:
+                src_id = views[s] = len(win.srcs)
+                win.srcs.append(memoryview(mm))
+            if willneed and b > a:
+                try:
+                    p0 = a - a % mmap.PAGESIZE
+                    mm.madvise(mmap.MADV_WILLNEED, p0, b - p0)
+                except (AttributeError, OSError, ValueError):
+                    pass
+        else:
+            src_id = len(win.srcs)
+            win.srcs.append(memoryview(r.read(a, b - a)))  # one pread, or TruncatedError
+            off = off - a
+        kp = t.key_ptr[j0 : j1 + 1].astype(np.int64)
+        k0 = int(kp[0])
+        kpl = (kp - k0).tolist()
+        blob = bytes(t.key_blob[k0 : int(kp[-1])])
+        n = j1 - j0
+        if blob.isascii():
+            text = blob.decode("ascii")
+            ks = [text[kpl[i] : kpl[i + 1]] for i in range(n)]
+        else:
+            ks = [blob[kpl[i] : kpl[i + 1]].decode("utf-8", "surrogateescape") for i in range(n)]
+        ints = np.full(hi - lo, -1, np.int64)
+        if self.int_set and hi > lo:
+            src = win.srcs[src_id]
+            for m in np.flatnonzero(self._is_int_arr[code]).tolist():
+                o = int(off[m])
+                try:
+                    ints[m] = int(bytes(src[o : o + int(size[m])]))
+                except ValueError:
+                    j = j0 + int(np.searchsorted(sp, lo + m, side="right")) - 1
+                    raise ValueError(
+                        f"{r.tar_path}: byte {int(t.offset[lo + m])}: member "
+                        f"{ks[j - j0]}.{self.names[int(code[m])]} is not a decimal integer; "
+                        f"pass int_fields=() to keep it as bytes"
+                    ) from None
+        return src_id, off, size, code, ints, np.diff(sp), ks
+
+    def pack(self, parts: list[tuple[_Window, NDArray[np.int64]]]) -> BatchedSamples | None:
+        """One batch: positions ``idx`` of each window, in that order (invalid ones left out).
+
+        Returns ``None`` when no position of the batch could be read.
+        """
+        srcs: list[Any] = []
+        mem_src, mem_off, mem_size, mem_code, mem_int, mem_b = [], [], [], [], [], []
+        keys: list[str] = []
+        index, sid = [], []
+        n = 0
+        for win, idx in parts:
+            if not win.all_valid:
+                idx = idx[win.valid[idx]]
+            if not len(idx):
+                continue
+            ms, me = win.mptr[idx], win.mptr[idx + 1]
+            cnt = me - ms
+            tot = int(cnt.sum())
+            first = np.cumsum(cnt) - cnt
+            mem = np.repeat(ms - first, cnt) + np.arange(tot, dtype=np.int64)
+            mem_src.append(win.m_src[mem] + len(srcs))
+            mem_off.append(win.m_off[mem])
+            mem_size.append(win.m_size[mem])
+            mem_code.append(win.m_code[mem])
+            mem_int.append(win.m_int[mem])
+            mem_b.append(np.repeat(np.arange(n, n + len(idx), dtype=np.int64), cnt))
+            srcs.extend(win.srcs)
+            il = idx.tolist()
+            wk = win.keys
+            keys.extend([wk[i] for i in il])
+            index.append(win.index[idx])
+            sid.append(win.sid[idx])
+            n += len(idx)
+        if n == 0:
+            return None
+        src = np.concatenate(mem_src)
+        off = np.concatenate(mem_off)
+        size = np.concatenate(mem_size)
+        code = np.concatenate(mem_code)
+        ival = np.concatenate(mem_int)
+        bs = np.concatenate(mem_b)
+        is_int = self._is_int_arr[code]
+        ints: dict[str, NDArray[np.int64]] = {}
+        if is_int.any():
+            ic, ib, iv = code[is_int], bs[is_int], ival[is_int]
+            for c in sorted(set(ic.tolist()), key=ic.tolist().index):
+                col = ints[self.names[c]] = np.full(n, -1, np.int64)
+                sel = ic == c
+                col[ib[sel]] = iv[sel]
+            keep = ~is_int
+            src, off, size, code, bs = src[keep], off[keep], size[keep], code[keep], bs[keep]
+        uc, firsts = np.unique(code, return_index=True)
+        order = uc[np.argsort(firsts)]
+        row = np.zeros(len(self.names), np.int64)
+        row[order] = np.arange(len(order), dtype=np.int64)
+        f = row[code]
+        nf = len(order)
+        lengths = np.zeros((nf, n), np.int64)
+        present = np.zeros((nf, n), np.bool_)
+        lengths[f, bs] = size
+        present[f, bs] = True
+        cum = np.zeros(nf * n + 1, np.int64)
+        np.cumsum(lengths.ravel(), out=cum[1:])
+        offsets = np.empty((nf, n + 1), np.int64)
+        for i in range(nf):
+            offsets[i] = cum[i * n : i * n + n + 1]
+        dest = cum[f * n + bs]
+        data = _alloc(int(cum[-1]))
+        out = memoryview(data.numpy())  # type: ignore[arg-type]
+        # The one copy: tar (mmap view or block read) -> batch buffer, in file order per source.
+        srt = np.lexsort((off, src))
+        for si, o, sz, d in zip(
+            src[srt].tolist(),
+            off[srt].tolist(),
+            size[srt].tolist(),
+            dest[srt].tolist(),
+            strict=True,
+        ):
+            out[d : d + sz] = srcs[si][o : o + sz]
+        paths = self.shards.paths
+        return BatchedSamples(
+            [self.names[c] for c in order.tolist()],
+            data,
+            offsets,
+            present,
+            keys,
+            np.concatenate(index),
+            ints,
+            [paths[s] for s in np.concatenate(sid).tolist()],
+        )

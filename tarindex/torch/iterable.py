@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from ..codecs import Decoder, make_decoder
 from ..reader import Sample, ShardSet
 from ..sources import Source
 from ._dist import require_rank, resolve_rank
+from .collate import INT_FIELDS, BatchedSamples, _PiecePacker, _Window
 
 __all__ = ["TarIterableDataset"]
 
@@ -33,6 +34,7 @@ _PLAN_KEYS = (
     "n_samples",
     "world_size",
     "rank",
+    "batch_size",
 )
 
 
@@ -47,6 +49,15 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
     Samples are dicts like :class:`TarDataset`'s: ``__key__`` (str), ``__shard__`` (path),
     ``__index__`` (int, global index) and one entry per extension (``bytes`` unless decoded).
+
+    **Batched output.** With ``batched=True, batch_size=B`` each item is a
+    :class:`~tarindex.torch.collate.BatchedSamples` of ``B`` consecutive samples of a worker's
+    yield order, packed straight from the block reads into one buffer (shared memory in a
+    worker); use ``DataLoader(ds, batch_size=None)``. The rank yields the same samples as
+    without ``batched``, cut into ``ceil(len / B)`` batches that are dealt whole to the
+    workers, so only the rank's last batch is short and ``len(ds)`` is the number of batches
+    (:attr:`num_batches`; :attr:`num_samples` is the sample count), independent of
+    ``num_workers`` and equal on every rank. See docs/STREAMING.md, "Batched output".
 
     **Counts.** Rank ``r`` yields ``len(ds)`` samples per epoch, the same on every rank:
     ``ceil(n / world_size)`` with ``drop_last=False`` (the first ``world_size * len - n``
@@ -107,11 +118,20 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             per byte). Defaults to ``True``. ``False`` reads each block with one ``os.pread``
             and slices members out of that buffer (two copies, ~0.75x the rate on ~20 KB
             samples, warm cache) but cannot die of SIGBUS if a tar is cut while open.
+        batched: Yield one ``BatchedSamples`` per ``batch_size`` samples instead of sample
+            dicts (see **Batched output**). Raw bytes only: not with ``decode``/``transform``.
+            Defaults to ``False``.
+        batch_size: Samples per batch, ``>= 1``; only with ``batched=True``. A state saved
+            with one ``batch_size`` resumes only with the same one.
+        int_fields: With ``batched=True``, extensions parsed into ``int64`` columns
+            (``batch.ints(ext)``) instead of stored as bytes. Defaults to ``("cls",)``.
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
         IndexMissingError: A shard has no index (the message says how to build it).
-        ValueError: Bad ``block_size``, ``seed``, ``on_error``, ``rank``/``world_size``.
+        ValueError: Bad ``block_size``, ``seed``, ``on_error``, ``rank``/``world_size``;
+            ``batched=True`` with ``decode``/``transform`` or without a ``batch_size >= 1``;
+            ``batch_size`` without ``batched=True``.
         RuntimeError: From ``len()`` or ``__iter__``: ``WORLD_SIZE > 1`` in the environment but
             no rank could be resolved (see :func:`tarindex.torch._dist.require_rank`).
     """
@@ -133,6 +153,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         allow_pickle: bool = False,
         max_open: int = 64,
         use_mmap: bool = True,
+        batched: bool = False,
+        batch_size: int | None = None,
+        int_fields: Sequence[str] = INT_FIELDS,
     ) -> None:
         if int(block_size) < 1:
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
@@ -146,6 +169,25 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         self.buffer_size = max(int(buffer_size), 0)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
+        if batched:
+            if self.decoder is not None or transform is not None:
+                raise ValueError(
+                    "TarIterableDataset(batched=True) yields raw bytes: drop decode/transform "
+                    "(decode the BatchedSamples in the training loop)"
+                )
+            if batch_size is None or int(batch_size) < 1:
+                raise ValueError(
+                    f"batch_size={batch_size!r}: batched=True needs an integer batch_size >= 1"
+                )
+        elif batch_size is not None:
+            raise ValueError(
+                f"batch_size={batch_size!r} without batched=True: pass batched=True for "
+                f"BatchedSamples, or batch per-sample dicts with DataLoader(batch_size=...)"
+            )
+        self.batched = bool(batched)
+        self.batch_size: int | None = int(batch_size) if batched else None  # type: ignore[arg-type]
+        self.int_fields = tuple(int_fields)
+        self._packer: _PiecePacker | None = None
         self.drop_last = bool(drop_last)
         self.on_error = on_error
         self._rank_arg = rank
@@ -194,13 +236,39 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         """Samples in all shards (before splitting over ranks)."""
         return len(self.shards)
 
-    def __len__(self) -> int:
+    @property
+    def num_samples(self) -> int:
         """Samples this rank yields per epoch (all its workers together); equal on every rank.
 
         Raises:
             RuntimeError: If the rank cannot be resolved (see the class docstring).
         """
         return plan_mod.rank_share(len(self.shards), self._rank()[1], self.drop_last)
+
+    @property
+    def num_batches(self) -> int:
+        """With ``batched=True``: batches this rank yields per epoch, equal on every rank.
+
+        ``ceil(num_samples / batch_size)``, whatever ``num_workers``.
+
+        Raises:
+            ValueError: If the dataset is not batched.
+            RuntimeError: If the rank cannot be resolved.
+        """
+        if self.batch_size is None:
+            raise ValueError("num_batches: this dataset yields samples (batched=False)")
+        return -(-self.num_samples // self.batch_size)
+
+    def __len__(self) -> int:
+        """What one epoch of this rank yields, in items: samples, or batches when batched.
+
+        :attr:`num_samples`, or with ``batched=True`` :attr:`num_batches` (so
+        ``len(DataLoader(ds, batch_size=None))`` is the number of batches).
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved (see the class docstring).
+        """
+        return self.num_batches if self.batch_size is not None else self.num_samples
 
     def _epoch_blocks(self, epoch: int) -> NDArray[np.int64]:
         c = self._blocks_cache
@@ -220,6 +288,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         global indices in the order that worker yields them.
         """
         rank, ws = self._rank()
+        if self.batch_size is not None:
+            return self._batched_plan(epoch, rank, ws, worker, num_workers)
         return plan_mod.plan_worker(
             self.shards.counts,
             self.seed,
@@ -235,6 +305,42 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             blocks=self._epoch_blocks(epoch),
         )
 
+    def _batched_plan(
+        self, epoch: int, rank: int, ws: int, worker: int, num_workers: int
+    ) -> plan_mod.WorkerPlan:
+        """Like :func:`tarindex.shuffle.plan_worker`, with the rank's share dealt in batches.
+
+        The rank's ``ceil(P / batch_size)`` batches (``P`` =
+        :attr:`num_samples`, the last batch short) go ``nb // W`` or one more per worker, the
+        first ``nb % W`` workers one more; the worker holding the rank's last batch yields the
+        only short one. The rank's positions, hence which samples it yields, are those of the
+        unbatched plan.
+        """
+        n = len(self.shards)
+        base, stop = plan_mod.slot_span(n, rank, ws, 0, 1, self.drop_last)  # validates rank
+        if not 0 <= int(worker) < int(num_workers):
+            raise ValueError(f"worker={worker!r}: expected 0 <= worker < num_workers={num_workers}")
+        p, bsz = stop - base, int(self.batch_size)  # type: ignore[arg-type]
+        shares = plan_mod.worker_shares(-(-p // bsz), num_workers)
+        b0 = int(shares[: int(worker)].sum())
+        a, b = base + min(b0 * bsz, p), base + min((b0 + int(shares[int(worker)])) * bsz, p)
+        blocks = self._epoch_blocks(epoch)
+        segs = (
+            plan_mod.slice_blocks(blocks, a, b, wrap=True)
+            if b > a
+            else np.empty((0, 3), dtype=plan_mod.BLOCK_DTYPE)
+        )
+        return plan_mod.WorkerPlan(
+            segments=segs,
+            n_samples=b - a,
+            seed=self.seed,
+            epoch=int(epoch),
+            rank=int(rank),
+            worker=int(worker),
+            buffer_size=self.buffer_size,
+            shuffle=self.shuffle,
+        )
+
     # -- state ------------------------------------------------------------------------------
     def _plan_params(self) -> dict[str, Any]:
         rank, ws = self._rank()
@@ -246,6 +352,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             "n_samples": len(self.shards),
             "world_size": ws,
             "rank": rank,
+            "batch_size": self.batch_size,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -253,10 +360,11 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
         Returns:
             ``{"version", "seed", "epoch", "consumed", "worker", "num_workers", "block_size",
-            "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank"}``:
-            ``consumed`` is the number of plan positions this worker has passed in ``epoch``
-            (yielded or skipped). Before any iteration it describes the next epoch at 0; a
-            loaded but not yet consumed state is returned as loaded.
+            "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank",
+            "batch_size"}``: ``consumed`` is the number of plan positions (samples, also with
+            ``batched=True``) this worker has passed in ``epoch`` (yielded or skipped);
+            ``batch_size`` is ``None`` unless batched. Before any iteration it describes the
+            next epoch at 0; a loaded but not yet consumed state is returned as loaded.
         """
         if self._loaded is not None:
             return dict(self._loaded)
@@ -290,7 +398,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         Raises:
             ValueError: If the state has an unknown version or was taken with different plan
                 parameters (block or buffer size, shuffle, drop_last, sample count, rank or
-                world size): resuming would not be exact. The message names the field.
+                world size, batch size): resuming would not be exact. The message names the
+                field. A state without ``batch_size`` (saved before it existed) counts as
+                unbatched.
         """
         if state.get("version") != _STATE_VERSION:
             raise ValueError(
@@ -342,6 +452,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         p = self.plan(epoch, worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
         self._consumed = min(start, p.n_samples)
+        if self.batch_size is not None:
+            return self._generate_batched(p, self._consumed)
         return self._generate(p, self._consumed)
 
     def _generate(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Any]:
@@ -385,6 +497,60 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 if out is not _SKIP:
                     yield out
 
+    def _generate_batched(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[BatchedSamples]:
+        """Batches of ``batch_size`` consecutive positions of this worker's yield order.
+
+        The batch grid is fixed at multiples of ``batch_size`` from the worker's first
+        position; a resume at ``start`` off the grid yields ``[start, next multiple)`` first,
+        then the uninterrupted batches. Members are copied once, from the tar (mmap view or one
+        ``pread`` per piece) into the batch buffer; no per-sample dict or bytes is made.
+        """
+        if self._packer is None:
+            self._packer = _PiecePacker(self.shards, self.int_fields)
+        packer = self._packer
+        bsz, n = int(self.batch_size), p.n_samples  # type: ignore[arg-type]
+        mixing = p.shuffle and p.buffer_size > 1
+        w = p.buffer_size if mixing else bsz  # a window: mixed together (or one batch)
+        on_error = self._piece_error if self.on_error == "skip" else None
+        wins: dict[int, tuple[_Window, Any]] = {}
+        pos = start
+        try:
+            while pos < n:
+                end = min((pos // bsz + 1) * bsz, n)
+                parts = []
+                for k in range(pos // w, (end - 1) // w + 1):
+                    got = wins.get(k)
+                    if got is None:
+                        if mixing:
+                            pieces, perm = p.window(k)
+                        else:
+                            pieces = plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, n))
+                            perm = None
+                        win = packer.read(pieces.tolist(), on_error, willneed=mixing)
+                        got = wins[k] = (win, perm)
+                    win, perm = got
+                    a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
+                    idx = perm[a:b] if perm is not None else np.arange(a, b, dtype=np.int64)
+                    parts.append((win, idx))
+                batch = packer.pack(parts)
+                parts = []
+                for k in [k for k in wins if (k + 1) * w <= end]:
+                    wins.pop(k)[0].release()
+                pos = end
+                self._consumed = pos
+                if batch is not None:
+                    yield batch
+        finally:
+            for win, _ in wins.values():
+                win.release()
+
+    def _piece_error(self, s: int, j0: int, j1: int, e: Exception) -> None:
+        warnings.warn(
+            f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def _read(self, s: int, j0: int, j1: int) -> list[Sample | None]:
         """Read samples ``j0 <= j < j1`` of shard ``s`` with one read of their byte range."""
         try:
@@ -404,6 +570,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         t = r.index
         a, b = r.sample_byte_range(j0, j1)
         mm = r._mm
+        buf: Any
         if mm is not None and b <= r.tar_size:
             # mmap: slice members straight from the mapping (one copy, no block buffer);
             # the kernel's read-ahead still sees one sequential range
@@ -470,6 +637,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         state = self.__dict__.copy()
         state["_blocks_cache"] = None
         state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
+        state["_packer"] = None  # process-local caches
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -479,7 +647,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         return (
             f"TarIterableDataset({self.shards.n_shards} shards, {len(self.shards)} samples, "
             f"shuffle={self.shuffle}, seed={self.seed}, block_size={self.block_size}, "
-            f"buffer_size={self.buffer_size}, pid={os.getpid()})"
+            f"buffer_size={self.buffer_size}"
+            + (f", batch_size={self.batch_size}" if self.batch_size is not None else "")
+            + f", pid={os.getpid()})"
         )
 
 
