@@ -201,8 +201,11 @@ def _run_jobs(paths: list[str], jobs: int) -> Iterator[_Outcome]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
+    # fork where it exists (Linux): the workers start in milliseconds with everything imported,
+    # and this process has no threads of its own yet. forkserver/spawn cost ~0.3 s per worker
+    # (a fresh interpreter importing numpy), which ate the gain on a few-second index run.
     methods = mp.get_all_start_methods()
-    ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as pool:
         futures = {pool.submit(_index_one, p): p for p in paths}
         for fut in as_completed(futures):
