@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from tarindex import TarDataset  # noqa: E402
 from tarindex.torch.collate import BatchedSamples, collate_batched, fetch_batched  # noqa: E402
+from tests.conftest import MakeShards  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +36,7 @@ def _check_batch(batch: BatchedSamples, ds: TarDataset) -> None:
         assert got == want
 
 
-def test_fetch_batched_matches_getitem(make_shards):
+def test_fetch_batched_matches_getitem(make_shards: MakeShards) -> None:
     paths = make_shards([5, 0, 7, 3], seed=1)
     ds = TarDataset(paths)
     order = [14, 0, 3, 7, 7, -1, 5, 11]
@@ -52,7 +54,7 @@ def test_fetch_batched_matches_getitem(make_shards):
     _check_batch(again, ds)
 
 
-def test_out_of_range_and_missing_fields(make_shards):
+def test_out_of_range_and_missing_fields(make_shards: MakeShards) -> None:
     ds = TarDataset(make_shards([4]))
     with pytest.raises(IndexError):
         fetch_batched(ds.shards, [0, 4])
@@ -65,7 +67,7 @@ def test_out_of_range_and_missing_fields(make_shards):
     assert len(empty) == 0 and empty.data.numel() == 0
 
 
-def test_pack_samples_from_dicts(make_shards):
+def test_pack_samples_from_dicts(make_shards: MakeShards) -> None:
     ds = TarDataset(make_shards([6]))
     samples = [ds[i] for i in (5, 2, 0)]
     samples[1] = {k: v for k, v in samples[1].items() if k != "txt"}  # a missing member
@@ -80,12 +82,12 @@ def test_pack_samples_from_dicts(make_shards):
         collate_batched(42)
 
 
-def test_batched_refuses_decode(make_shards):
+def test_batched_refuses_decode(make_shards: MakeShards) -> None:
     with pytest.raises(ValueError):
         TarDataset(make_shards([2]), decode="pil", batched=True)
 
 
-def test_default_collate_fails_loudly(make_shards):
+def test_default_collate_fails_loudly(make_shards: MakeShards) -> None:
     ds = TarDataset(make_shards([3]), batched=True)
     loader = DataLoader(ds, batch_size=2)  # forgot collate_fn=collate_batched
     with pytest.raises(TypeError):
@@ -93,14 +95,19 @@ def test_default_collate_fails_loudly(make_shards):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_two_workers_exactly_once(make_shards, context):
+def test_dataloader_two_workers_exactly_once(make_shards: MakeShards, context: str) -> None:
     sizes = [37, 0, 64, 1, 90]
     ds = TarDataset(make_shards(sizes, seed=3), batched=True)
     n = len(ds)
     g = torch.Generator().manual_seed(0)
     loader = DataLoader(
-        ds, batch_size=16, shuffle=True, num_workers=2, collate_fn=collate_batched,
-        multiprocessing_context=context, generator=g,
+        ds,
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate_batched,
+        multiprocessing_context=context,
+        generator=g,
     )
     for _epoch in range(2):
         seen: list[int] = []
@@ -117,11 +124,17 @@ def test_dataloader_two_workers_exactly_once(make_shards, context):
     _check_batch(batch, plain)
 
 
-def test_dataloader_per_sample_path_with_collate(make_shards):
+def test_dataloader_per_sample_path_with_collate(make_shards: MakeShards) -> None:
     """collate_batched also works for the plain (list of dicts) fetch, workers included."""
     ds = TarDataset(make_shards([20, 21], seed=4))
-    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=collate_batched,
-                        generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        ds,
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate_batched,
+        generator=torch.Generator().manual_seed(1),
+    )
     seen = [i for batch in loader for i in batch.index.tolist()]
     assert sorted(seen) == list(range(len(ds)))
 
@@ -140,7 +153,9 @@ if __name__ == "__main__":
 """
 
 
-def test_shared_buffers_are_released_after_early_stop(make_shards, tmp_path):
+def test_shared_buffers_are_released_after_early_stop(
+    make_shards: MakeShards, tmp_path: Path
+) -> None:
     """Worker buffers go by name (torch file_system sharing); none outlives the processes."""
     import os
     import subprocess

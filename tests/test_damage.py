@@ -194,7 +194,8 @@ def _compress(kind: str, data: bytes) -> bytes:
     if kind == "xz":
         return lzma.compress(data)
     zstandard = pytest.importorskip("zstandard", reason="neither the zstd command nor the module")
-    return zstandard.ZstdCompressor().compress(data)
+    compressed: bytes = zstandard.ZstdCompressor().compress(data)
+    return compressed
 
 
 @pytest.mark.parametrize("kind", ["gzip", "bzip2", "xz", "zstd"])

@@ -6,10 +6,13 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader  # noqa: E402
 
 import tarindex  # noqa: E402
 from tests.conftest import MakeShards  # noqa: E402
@@ -66,7 +69,7 @@ def test_open_shard_bound(make_shards: MakeShards) -> None:
         assert len(ds.shards._readers) <= 2
 
 
-def _keys(loader: torch.utils.data.DataLoader[object]) -> list[str]:
+def _keys(loader: DataLoader[Any]) -> list[str]:
     return [k for batch in loader for k in batch["__key__"]]
 
 

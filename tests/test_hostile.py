@@ -22,6 +22,7 @@ import tracemalloc
 import unicodedata
 import zlib
 from pathlib import Path
+from typing import Literal, TypedDict, cast
 
 import numpy as np
 import pytest
@@ -49,6 +50,12 @@ FAST = settings(
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
+# typed as the Literal hypothesis's stub wants (a bare ("Cs",) is inferred as tuple[str])
+NO_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
+
+
+class _ReaderOptions(TypedDict, total=False):
+    full_check: bool
 
 
 def _golden(tmp: Path) -> tuple[Path, Path]:
@@ -66,7 +73,7 @@ def _refooter(buf: bytearray) -> bytes:
 def _tables(**kw: object) -> bytes:
     base = {**GOLDEN_T.__dict__, "key_blob": bytes(GOLDEN_T.key_blob)}
     base.update(kw)
-    return encode_index(IndexTables(**base))  # type: ignore[arg-type]
+    return encode_index(IndexTables(**base))
 
 
 def _expected() -> list[dict[str, object]]:
@@ -129,7 +136,8 @@ def test_huge_header_counts_fail_fast_without_allocating(
     idx.write_bytes(buf)
     tracemalloc.start()
     try:
-        for kw in ({}, {"full_check": True}):
+        options: tuple[_ReaderOptions, ...] = ({}, {"full_check": True})
+        for kw in options:
             with pytest.raises(FormatError) as e:
                 tarindex.ShardReader(str(tar), **kw)
             _assert_names_file_offset_fix(e.value, idx)
@@ -223,10 +231,10 @@ def test_corrupt_tables_never_misread(tmp_path: Path, case: str, use_mmap: bool)
         for j in range(r.n_samples):
             try:
                 s = r.sample(j)
-            except FormatError as e:  # TruncatedError included; never IndexError & co
-                assert not isinstance(e, IndexError)
+            except FormatError as err:  # TruncatedError included; never IndexError & co
+                assert not isinstance(err, IndexError)
                 _assert_names_file_offset_fix(
-                    e, idx if "tar end" not in case and "offset" not in case else tar
+                    err, idx if "tar end" not in case and "offset" not in case else tar
                 )
                 caught += 1
                 continue
@@ -264,7 +272,7 @@ def test_bad_extension_table_refused_at_open(tmp_path: Path, exts: list[bytes], 
 def test_ext_ptr_backwards_refused_at_open(tmp_path: Path) -> None:
     tar, idx = _golden(tmp_path)
     buf = bytearray(_tables())
-    start, _ = layout(read_header(buf))["ext_ptr"]
+    start, _ = layout(read_header(memoryview(buf)))["ext_ptr"]
     struct.pack_into("<Q", buf, start + 8, 5)  # ext_ptr = [0, 5, 6, 9]: "txtcl", "s", "bin"
     idx.write_bytes(_refooter(buf))
     struct.pack_into("<Q", buf, start + 8, 7)  # [0, 7, 6, 9]: goes backwards
@@ -653,11 +661,11 @@ def test_pattern_without_field_needing_two_shards(tmp_path: Path) -> None:
 @FAST
 @given(
     keys=st.lists(
-        st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=120),
+        st.text(st.characters(blacklist_categories=NO_SURROGATES), min_size=1, max_size=120),
         min_size=1,
         max_size=4,
     ),
-    ext=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20),
+    ext=st.text(st.characters(blacklist_categories=NO_SURROGATES), min_size=1, max_size=20),
 )
 def test_property_any_key_roundtrips_or_is_refused(
     tmp_path_factory: pytest.TempPathFactory, keys: list[str], ext: str
@@ -747,7 +755,7 @@ def test_sources_that_match_nothing(tmp_path: Path) -> None:
 def test_shardset_index_types(tmp_path: Path) -> None:
     tar, _ = _golden(tmp_path)
     ss = tarindex.ShardSet(str(tar))
-    assert ss.get(np.int64(2))["__key__"] == "s002"
+    assert ss.get(cast(int, np.int64(2)))["__key__"] == "s002"  # numpy ints are accepted too
     assert ss.get(-1)["__key__"] == EXPECTED[-1]["__key__"]
     for bad in (1.5, "1", None):
         with pytest.raises(TypeError):

@@ -151,9 +151,9 @@ def test_ranks_equal_batch_counts(make_shards: Any, drop_last: bool) -> None:
         ds = TarIterableDataset(
             make_shards([5, 7, 5], name="dl"), batch_size=2, rank=r, world_size=2, **KW
         )
-        got = list(DataLoader(ds, batch_size=None, num_workers=2))
-        assert ids(got) == loader_batches(ds, 0, 2) and len(got) == len(ds) == 5
-        per_rank.append(ids(got))
+        loaded = list(DataLoader(ds, batch_size=None, num_workers=2))
+        assert ids(loaded) == loader_batches(ds, 0, 2) and len(loaded) == len(ds) == 5
+        per_rank.append(ids(loaded))
     c = Counter(i for p in per_rank for b in p for i in b)
     assert sorted(c) == list(range(17)) and sum(c.values()) == 18  # 17 padded to 2 x 9
 

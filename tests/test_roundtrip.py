@@ -160,7 +160,7 @@ def test_property_roundtrip_and_rebuild(
     tmp_path_factory: pytest.TempPathFactory, members: list[dict[str, bytes]], maxcount: int
 ) -> None:
     d = tmp_path_factory.mktemp("prop")
-    samples = [{"__key__": f"k{i}", **m} for i, m in enumerate(members)]
+    samples: list[dict[str, object]] = [{"__key__": f"k{i}", **m} for i, m in enumerate(members)]
     paths = write(str(d / "p-%03d.tar"), samples, maxcount=maxcount)
     ss = tarindex.ShardSet(paths)
     assert len(ss) == len(samples)
@@ -177,7 +177,9 @@ def test_property_roundtrip_and_rebuild(
 
 
 def test_maxsize_rolls_over(tmp_path: Path) -> None:
-    samples = [{"__key__": f"{i:03d}", "bin": bytes(4000)} for i in range(10)]
+    samples: list[dict[str, object]] = [
+        {"__key__": f"{i:03d}", "bin": bytes(4000)} for i in range(10)
+    ]
     paths = write(str(tmp_path / "m-%02d.tar"), samples, maxsize=10_000)
     assert len(paths) > 3
     assert sum(tarindex.ShardReader(p).n_samples for p in paths) == 10

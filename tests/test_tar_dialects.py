@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tarfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -129,7 +130,9 @@ def check_archive(tar: Path, root: Path, *, tarfile_agrees: bool = True) -> tari
                 for m in tf.getmembers()
                 if m.isreg()
             ]
-        got = list(zip(members.raw_names, members.offset.tolist(), members.size.tolist(), strict=True))
+        got = list(
+            zip(members.raw_names, members.offset.tolist(), members.size.tolist(), strict=True)
+        )
         norm = [(normalize_name(n).rstrip(b"/"), o, s) for n, o, s in ref]
         assert [(normalize_name(n), o, s) for n, o, s in got] == norm
     return members
@@ -337,7 +340,7 @@ def member(name: bytes, data: bytes, size_field: bytes | None = None, **kw: obje
     return header(name, sf, **kw) + data + bytes(padded(len(data)) - len(data))  # type: ignore[arg-type]
 
 
-SIZE_STYLES = {
+SIZE_STYLES: dict[str, Callable[[int], bytes]] = {
     "nul": lambda n: b"%011o\0" % n,
     "space": lambda n: b"%011o " % n,
     "space-nul": lambda n: b"%010o \0" % n,
