@@ -40,6 +40,19 @@ __all__ = ["Sample", "ShardReader", "ShardSet", "read_sample_count", "is_up_to_d
 Sample = dict[str, Any]
 
 
+_fork_generation = [0]
+"""Bumped in the child after every ``os.fork``: a ShardSet whose generation differs was
+inherited from the parent and must drop the parent's readers (cheaper than ``os.getpid()``
+on every read)."""
+
+
+def _bump_fork_generation() -> None:
+    _fork_generation[0] += 1
+
+
+os.register_at_fork(after_in_child=_bump_fork_generation)
+
+
 def _missing(tar_path: str, index_path: str) -> IndexMissingError:
     return IndexMissingError(
         f"{index_path}: no index for shard {tar_path}; build it with: tarindex index {tar_path}"
@@ -401,7 +414,7 @@ class ShardSet:
         self.max_open = max(1, int(max_open))
         self.use_mmap = use_mmap
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
-        self._pid = os.getpid()
+        self._gen = _fork_generation[0]
 
     def __len__(self) -> int:
         return self._starts_list[-1]
@@ -435,9 +448,9 @@ class ShardSet:
                 no longer matches its tar.
             FormatError: If the index is corrupt (see :class:`ShardReader`).
         """
-        if self._pid != os.getpid():  # forked: the parent's mmaps and fds are not ours
+        if self._gen != _fork_generation[0]:  # forked: the parent's mmaps and fds are not ours
             self._readers = OrderedDict()
-            self._pid = os.getpid()
+            self._gen = _fork_generation[0]
         r = self._readers.get(s)
         if r is not None:
             self._readers.move_to_end(s)
@@ -464,10 +477,23 @@ class ShardSet:
             StaleIndexError: As :meth:`reader`.
             FormatError: As :meth:`ShardReader.sample`.
         """
-        s, j = self.locate(i)
-        out = self.reader(s).sample(j)
+        starts = self._starts_list
+        if type(i) is not int:
+            i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing
+        if i < 0:
+            i += starts[-1]
+        if not 0 <= i < starts[-1]:
+            raise SampleIndexError(f"sample index {i} out of range for {starts[-1]} samples")
+        s = bisect.bisect_right(starts, i) - 1
+        r = self._readers.get(s) if self._gen == _fork_generation[0] else None
+        if r is None:
+            r = self.reader(s)
+        elif len(self._readers) > 1:
+            self._readers.move_to_end(s)
+        j = i - starts[s]
+        out = r.sample(j)
         out["__shard__"] = self.paths[s]
-        out["__index__"] = self._starts_list[s] + j
+        out["__index__"] = i
         return out
 
     def close(self) -> None:
@@ -483,4 +509,4 @@ class ShardSet:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid = os.getpid()
+        self._gen = _fork_generation[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import pickle
 import subprocess
 import sys
@@ -134,3 +135,25 @@ def test_import_without_torch(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def _child_reads(ds: tarindex.TarDataset, q: mp.Queue[object]) -> None:
+    ds[0]
+    q.put([getattr(r, "opened_in", "child") for r in ds.shards._readers.values()])
+
+
+@pytest.mark.timeout(60)
+def test_forked_child_opens_its_own_readers(make_shards: MakeShards) -> None:
+    """A ShardSet inherited through fork drops the parent's readers (mmaps, fds) and reopens."""
+    ds = tarindex.TarDataset(make_shards([3, 3]))
+    ds[0], ds[4]
+    for r in ds.shards._readers.values():
+        r.opened_in = "parent"
+    ctx = mp.get_context("fork")
+    q: mp.Queue[object] = ctx.Queue()
+    p = ctx.Process(target=_child_reads, args=(ds, q))
+    p.start()
+    got = q.get(timeout=30)
+    p.join(30)
+    assert got == ["child"]  # only shard 0, opened anew in the child
+    assert [getattr(r, "opened_in", None) for r in ds.shards._readers.values()] == ["parent"] * 2
