@@ -16,7 +16,6 @@ import operator
 import os
 import stat
 import sys
-import zlib
 from collections import OrderedDict
 from typing import Any
 
@@ -30,7 +29,7 @@ from .errors import (
     TarIndexError,
     TruncatedError,
 )
-from .format.index import IndexTables, decode_index, read_header
+from .format.index import IndexTables, decode_index, fingerprint, read_header
 from .format.spec import FINGERPRINT_BYTES, HEADER
 from .indexfile import index_path_for
 from .sources import Source, expand_source
@@ -174,11 +173,11 @@ class ShardReader:
                 f"{self.tar_path}: tar is {self.tar_size} bytes, its index {self.index_path} was "
                 f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); {fix}"
             )
-        n = min(FINGERPRINT_BYTES, self.tar_size)
-        head = os.pread(self._fd, n, 0)
-        tail = os.pread(self._fd, n, self.tar_size - n)
-        if zlib.crc32(head) != t.head_crc or zlib.crc32(tail) != t.tail_crc:
-            where = 0 if zlib.crc32(head) != t.head_crc else self.tar_size - n
+        fd = self._fd
+        head, tail = fingerprint(lambda off, n: os.pread(fd, n, off), self.tar_size)
+        if head != t.head_crc or tail != t.tail_crc:
+            n = min(FINGERPRINT_BYTES, self.tar_size)
+            where = 0 if head != t.head_crc else self.tar_size - n
             raise StaleIndexError(
                 f"{self.tar_path}: bytes {where}..{where + n} differ from when {self.index_path} "
                 f"was made (the tar was replaced or rewritten); {fix}"
@@ -477,6 +476,7 @@ class ShardSet:
             StaleIndexError: As :meth:`reader`.
             FormatError: As :meth:`ShardReader.sample`.
         """
+        # locate() and the LRU hit of reader(), inlined: this is the per-sample hot path
         starts = self._starts_list
         if type(i) is not int:
             i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing

@@ -29,7 +29,6 @@ import mmap
 import os
 import re
 import warnings
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,8 +45,8 @@ from .errors import (
     TruncatedError,
 )
 from .format.group import group_members
-from .format.index import IndexTables
-from .format.spec import BLOCK, FINGERPRINT_BYTES, OFFSET_DTYPE
+from .format.index import IndexTables, fingerprint
+from .format.spec import BLOCK, OFFSET_DTYPE
 from .format.tar import (
     SPARSE_EXT_FLAG,
     ZERO_BLOCK,
@@ -60,7 +59,7 @@ from .format.tar import (
     parse_pax,
 )
 
-__all__ = ["Members", "scan", "scan_members", "index_tables_for", "fingerprint"]
+__all__ = ["Members", "scan", "scan_members", "index_tables_for"]
 
 _REGULAR = frozenset(b"0\x007")
 _BATCH = 2048  # headers checked together: their blocks are still in the CPU cache (~1 MiB)
@@ -110,12 +109,6 @@ class Members:
 
     def __len__(self) -> int:
         return len(self.raw_names)
-
-
-def fingerprint(buf: mmap.mmap | bytes, size: int) -> tuple[int, int]:
-    """Return ``(head_crc, tail_crc)``: crc32 of the first and last 4096 bytes (FORMAT.md §3)."""
-    n = min(FINGERPRINT_BYTES, size)
-    return zlib.crc32(buf[:n]), zlib.crc32(buf[size - n : size])
 
 
 def _fail_head(path: str, head: bytes) -> None:
@@ -657,7 +650,7 @@ def index_tables_for(
     Returns:
         The tables, with ``meta`` set.
     """
-    head, tail = fingerprint(mm, members.tar_size)
+    head, tail = fingerprint(lambda off, n: mm[off : off + n], members.tar_size)
     res = group_members(
         members.raw_names,
         members.offset.tolist(),

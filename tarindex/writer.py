@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ from ._version import __version__
 from .codecs import encode_value
 from .errors import WriterError
 from .format.group import group_members
-from .format.index import encode_index
+from .format.index import encode_index, fingerprint
 from .format.keys import check_ext, check_key
 from .format.spec import BLOCK, FINGERPRINT_BYTES, USTAR_MAX_SIZE
 from .format.tar import ZERO_BLOCK, build_member_header, padded
@@ -117,8 +116,11 @@ class TarShardWriter:
         self._write(ZERO_BLOCK * 2 + bytes(padded_to(end, _RECORD) - end))
         self._f.close()
         size = self.pos
-        head = zlib.crc32(bytes(self._head[: min(FINGERPRINT_BYTES, size)]))
-        tail = zlib.crc32(self._tail[-min(FINGERPRINT_BYTES, size) :])
+        # the first and last 4 KiB were kept while writing: no second read of the tar
+        head, tail = fingerprint(
+            lambda off, n: bytes(self._head[:n]) if off == 0 else self._tail[len(self._tail) - n :],
+            size,
+        )
         res = group_members(
             self._names,
             self._offsets,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from .spec import (
     ALIGN,
     END_MAGIC,
     EXT_ID_DTYPE,
+    FINGERPRINT_BYTES,
     FOOTER,
     FORMAT_MAJOR,
     FORMAT_MINOR,
@@ -50,7 +52,15 @@ from .spec import (
     OFFSET_DTYPE,
 )
 
-__all__ = ["IndexTables", "IndexHeader", "encode_index", "decode_index", "read_header", "layout"]
+__all__ = [
+    "fingerprint",
+    "IndexTables",
+    "IndexHeader",
+    "encode_index",
+    "decode_index",
+    "read_header",
+    "layout",
+]
 
 
 def _pad(n: int) -> int:
@@ -91,6 +101,20 @@ class IndexHeader:
     """crc32 of the tar's first min(4096, tar_size) bytes (fingerprint, FORMAT.md §3)."""
     tail_crc: int
     """crc32 of the tar's last min(4096, tar_size) bytes (fingerprint, FORMAT.md §3)."""
+
+
+def fingerprint(read: Callable[[int, int], bytes], tar_size: int) -> tuple[int, int]:
+    """Return ``(head_crc, tail_crc)`` of a tar: crc32 of its first and last 4096 bytes.
+
+    The one definition of the fingerprint (FORMAT.md §3), for the scanner (mmap slices), the
+    reader (``os.pread``) and tests. Tars shorter than 4096 bytes use all their bytes for both.
+
+    Args:
+        read: ``read(offset, n)`` returns ``n`` bytes of the tar at byte ``offset``.
+        tar_size: Size of the tar in bytes.
+    """
+    n = min(FINGERPRINT_BYTES, tar_size)
+    return zlib.crc32(read(0, n)), zlib.crc32(read(tar_size - n, n))
 
 
 def layout(h: IndexHeader) -> dict[str, tuple[int, int]]:
