@@ -459,22 +459,29 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
     def _generate(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Any]:
         finish = self._finish
         plain = self.decoder is None and self.transform is None
-        mixing = p.shuffle and p.buffer_size > 1
         pos = start
-        if not mixing:
+        for smp in self._stream(p, start):
+            pos += 1
+            self._consumed = pos
+            if smp is None:  # unreadable, skipped (on_error="skip")
+                continue
+            if plain:
+                yield smp
+                continue
+            out = finish(smp)
+            if out is not _SKIP:
+                yield out
+
+    def _stream(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Sample | None]:
+        """This worker's raw samples from plan position ``start`` on, in yield order.
+
+        Without mixing, block by block in plan order; with mixing, window by window (at most
+        ``buffer_size`` samples held), each in its seeded order. ``None`` marks a sample whose
+        block could not be read under ``on_error="skip"``.
+        """
+        if not (p.shuffle and p.buffer_size > 1):
             for s, j0, j1 in plan_mod.slice_blocks(p.segments, start, p.n_samples).tolist():
-                samples = self._read(s, j0, j1)
-                for smp in samples:
-                    pos += 1
-                    self._consumed = pos
-                    if smp is None:
-                        continue
-                    if plain:
-                        yield smp
-                        continue
-                    out = finish(smp)
-                    if out is not _SKIP:
-                        yield out
+                yield from self._read(s, j0, j1)
             return
         w = p.buffer_size
         for k in range(start // w, p.n_windows):
@@ -485,17 +492,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             order = perm.tolist() if perm is not None else range(len(buf))
             skip = start - k * w if start > k * w else 0
             for i in order[skip:]:
-                pos += 1
-                self._consumed = pos
-                smp = buf[i]
-                if smp is None:
-                    continue
-                if plain:
-                    yield smp
-                    continue
-                out = finish(smp)
-                if out is not _SKIP:
-                    yield out
+                yield buf[i]
 
     def _generate_batched(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[BatchedSamples]:
         """Batches of ``batch_size`` consecutive positions of this worker's yield order.
