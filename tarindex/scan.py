@@ -514,7 +514,7 @@ class _Walk:
             elif any(k.startswith(b"GNU.sparse.") for k in pax):
                 self._warn_skip(pos, pax.get(b"GNU.sparse.name", name), "pax sparse file")
             else:
-                if name != self._plain_name(block):
+                if name != header_name(block):
                     self.names[len(self.mpos)] = name
                 self.mpos.append(pos)
                 self.msize.append(msize)
@@ -547,14 +547,12 @@ class _Walk:
             stacklevel=5,
         )
 
-    _plain_name = staticmethod(header_name)
-
     def _name(self, block: bytes, pax: dict[bytes, bytes]) -> bytes:
         if pax.get(b"path"):
             return pax[b"path"]
         if self.longname is not None:
             return self.longname
-        return self._plain_name(block)
+        return header_name(block)
 
     def truncated_member(self, pos: int, block: bytes, msize: int, end: int) -> None:
         """The member at ``pos`` runs past EOF: a cut file, or the end of one multi-volume part."""
