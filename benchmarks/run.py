@@ -68,6 +68,29 @@ def wds_paths(spec: Spec) -> list[str]:
     return sorted(glob.glob(os.path.join(fmt_dir(spec, "wds"), "*.tar")))
 
 
+def ar_paths(spec: Spec) -> list[str]:
+    return sorted(glob.glob(os.path.join(fmt_dir(spec, "arrayrecord"), "*.array_record")))
+
+
+def tfr_paths(spec: Spec) -> list[str]:
+    return sorted(glob.glob(os.path.join(fmt_dir(spec, "tfrecord"), "*.tfrecord")))
+
+
+# ArrayRecord stores one opaque bytes record per sample: the same sample framed as
+# key (8 ASCII bytes) + cls (uint32 little-endian) + payload. Reading it back (``_unrec``) is
+# part of every ArrayRecord row: the payload is a memoryview of the record (no second copy).
+REC_HEAD = 12
+
+
+def _rec(P: Payloads, i: int) -> bytes:
+    return key(i).encode() + label(i).to_bytes(4, "little") + P.payload(i)
+
+
+def _unrec(rec: bytes) -> tuple[bytes, int, memoryview]:
+    mv = memoryview(rec)
+    return rec[:8], int.from_bytes(mv[8:12], "little"), mv[REC_HEAD:]
+
+
 def _stub_torchvision() -> None:
     """MDS imports torchvision at ``import streaming`` (for streaming.vision only).
 
@@ -183,48 +206,137 @@ def write_litdata(spec: Spec, P: Payloads) -> dict[str, Any]:
     return {"note": "optimize(num_workers=1); includes its worker start"}
 
 
+AR_WRITER_OPTIONS = "group_size:1"  # what random access needs; compression stays its default
+
+
+def write_arrayrecord(spec: Spec, P: Payloads) -> dict[str, Any]:
+    from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+    d = fmt_dir(spec, "arrayrecord")
+    os.makedirs(d, exist_ok=True)
+    for s, a in enumerate(range(0, spec.n, spec.per_shard)):
+        path = os.path.join(d, f"ar-{s:06d}.array_record")
+        w = ArrayRecordWriter(path, AR_WRITER_OPTIONS)
+        for i in range(a, min(a + spec.per_shard, spec.n)):
+            w.write(_rec(P, i))
+        w.close()
+    r = ArrayRecordReader(path)
+    opts = r.writer_options_string()
+    r.close()
+    return {"note": f"options {AR_WRITER_OPTIONS!r} (file says {opts})"}
+
+
+def _lance_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("key", pa.string()), ("bin", pa.binary()), ("cls", pa.int32())])
+
+
+def write_lance(spec: Spec, P: Payloads) -> dict[str, Any]:
+    import lance
+    import pyarrow as pa
+
+    schema = _lance_schema()
+
+    def batches() -> Any:
+        for a in range(0, spec.n, 256):
+            ids = range(a, min(a + 256, spec.n))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([key(i) for i in ids]), pa.array([P.payload(i) for i in ids], pa.binary()),
+                 pa.array([label(i) for i in ids], pa.int32())], schema=schema)
+
+    ds = lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()),
+                             fmt_dir(spec, "lance"), schema=schema, mode="overwrite")
+    return {"note": f"one dataset, {len(ds.get_fragments())} fragment(s), storage "
+                    f"{getattr(ds, 'data_storage_version', '?')}"}
+
+
+def write_tfrecord(spec: Spec, P: Payloads) -> dict[str, Any]:
+    from tfrecord import TFRecordWriter
+    from tfrecord.tools.tfrecord2idx import create_index
+
+    d = fmt_dir(spec, "tfrecord")
+    os.makedirs(d, exist_ok=True)
+    for s, a in enumerate(range(0, spec.n, spec.per_shard)):
+        path = os.path.join(d, f"tfr-{s:06d}.tfrecord")
+        w = TFRecordWriter(path)
+        for i in range(a, min(a + spec.per_shard, spec.n)):
+            w.write({"key": (key(i).encode(), "byte"), "bin": (P.payload(i), "byte"),
+                     "cls": (label(i), "int")})
+        w.close()
+        create_index(path, path[: -len(".tfrecord")] + ".tfindex")
+    return {"note": "tf.train.Example per sample; includes writing its .tfindex files"}
+
+
 WRITERS: dict[str, Callable[[Spec, Payloads], dict[str, Any]]] = {
     "tarindex": write_tarindex,
     "loose files": write_loose,
     "webdataset": write_wds,
     "MDS": write_mds,
     "litdata": write_litdata,
+    "ArrayRecord": write_arrayrecord,
+    "Lance": write_lance,
+    "tfrecord": write_tfrecord,
 }
 WRITE_DIR = {"tarindex": "tarindex", "loose files": "loose", "webdataset": "wds", "MDS": "mds",
-             "litdata": "litdata"}
+             "litdata": "litdata", "ArrayRecord": "arrayrecord", "Lance": "lance",
+             "tfrecord": "tfrecord"}
 
 
 # --------------------------------------------------------------------------------------------
-# random access: each returns (get(i) -> payload bytes, extra)
+# random access. Three figures over one seeded permutation of sample ids:
+#   "random access ds[i]"            get(i) -> payload bytes (whole sample read, as ds[i] does)
+#   "random batches of 64"           fetch(64 ids) -> batch; measure(batch) -> payload bytes
+#   "random access, labels only"     get(i) -> label (int or decimal bytes); only cls asked for
+# Each figure's limit is a tight loop of mmap slices, at offsets known in advance, of exactly
+# the members the tarindex row of that figure returns.
+
+RA_FIG = "random access ds[i]"
+BATCH_FIG = "random batches of 64 (__getitems__)"
+FIELDS_FIG = "random access, labels only (fields=('cls',))"
 
 
-def ra_mmap_limit(spec: Spec) -> Callable[[int], Any]:
-    """The limit: a tight loop of mmap slices at offsets known in advance (no lookup at all)."""
+def _mmap_plan(spec: Spec, exts: tuple[str, ...] | None = None) -> tuple[list[Any], list[Any],
+                                                                         list[int]]:
+    """``(plan, mms, bin_size)``: per sample, the ``(shard, start, end)`` of each member to
+    slice (every member, as ``ds[i]`` returns them, or only extensions ``exts``), the shards'
+    mmaps, and per sample the size of its ``bin`` member in the index (what the payload-bytes
+    check of a limit row adds up, outside its clock)."""
     import mmap
 
     import tarindex
 
-    paths = tarindex_paths(spec)
-    mms, plan = [], []
-    for s, p in enumerate(paths):
+    mms: list[Any] = []
+    plan: list[Any] = []
+    bin_size: list[int] = []
+    for s, p in enumerate(tarindex_paths(spec)):
         r = tarindex.ShardReader(p)
         t = r.index
+        names = [e.decode() if isinstance(e, bytes) else str(e) for e in t.exts]
+        keep = [exts is None or nm in exts for nm in names]
         off, size, sp = t.offset.tolist(), t.size.tolist(), t.sample_ptr.tolist()
+        ext = t.ext_id.tolist()
         for j in range(r.n_samples):
-            plan.append(tuple((s, off[m], off[m] + size[m]) for m in range(sp[j], sp[j + 1])))
+            ms = range(sp[j], sp[j + 1])
+            plan.append(tuple((s, off[m], off[m] + size[m]) for m in ms if keep[ext[m]]))
+            bin_size.append(sum(size[m] for m in ms if names[ext[m]] == "bin"))
         f = open(p, "rb")
         mms.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
         r.close()
+    return plan, mms, bin_size
+
+
+def ra_mmap_limit(spec: Spec) -> Callable[[int], Any]:
+    """The limit of ds[i]: mmap slices of every member of the sample (bin and cls, what ds[i]
+    returns), offsets known in advance (no lookup at all)."""
+    plan, mms, check = _mmap_plan(spec)
 
     def get(i: int) -> Any:
-        out = None
-        for s, a, b in plan[i]:  # every member of the sample; bin is the first
-            out = out or mms[s][a:b]
-        return out
+        s, a, b = plan[i][0]
+        return mms[s][a:b]
 
-    # The timed loop for the limit is special-cased in run_random (no per-call overhead).
-    get.plan = plan  # type: ignore[attr-defined]
-    get.mms = mms  # type: ignore[attr-defined]
+    # The timed loop for a limit is special-cased in _run_access (no per-call overhead).
+    get.plan, get.mms, get.check = plan, mms, check  # type: ignore[attr-defined]
     return get
 
 
@@ -297,6 +409,40 @@ def ra_litdata(spec: Spec) -> Callable[[int], Any]:
     return lambda i: ds[i]["bin"]
 
 
+def _ar_source(spec: Spec) -> Any:
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    # its default reader options for a data source: readahead_buffer_size:0 (random access)
+    return ArrayRecordDataSource(ar_paths(spec))
+
+
+def ra_arrayrecord(spec: Spec) -> Callable[[int], Any]:
+    ds = _ar_source(spec)
+
+    def get(i: int) -> Any:
+        _k, _c, payload = _unrec(ds[i])
+        return payload
+
+    return get
+
+
+def _lance(spec: Spec) -> Any:
+    import lance
+
+    return lance.dataset(fmt_dir(spec, "lance"))
+
+
+def ra_lance(spec: Spec) -> Callable[[int], Any]:
+    ds = _lance(spec)
+
+    def get(i: int) -> Any:
+        t = ds.take([i])  # every column (key, bin, cls), as ds[i] returns every member
+        t.column("cls")[0].as_py()
+        return t.column("bin")[0].as_py()
+
+    return get
+
+
 RANDOM: dict[str, Callable[[Spec], Callable[[int], Any]]] = {
     "mmap-slice limit": ra_mmap_limit,
     "tarindex": ra_tarindex,
@@ -305,50 +451,219 @@ RANDOM: dict[str, Callable[[Spec], Callable[[int], Any]]] = {
     "wids": ra_wids,
     "MDS": ra_mds,
     "litdata": ra_litdata,
+    "ArrayRecord": ra_arrayrecord,
+    "Lance take([i])": ra_lance,
 }
 
 
-def run_random(spec: Spec, name: str) -> list[Result]:
+# labels only: get(i) -> the label, as int or decimal-text bytes
+
+
+def fl_mmap_limit(spec: Spec) -> Callable[[int], Any]:
+    """The limit of ds[i] with fields=("cls",): an mmap slice of the cls member only, at its
+    offset from the index (``offset``/``size``/``ext_id``/``exts`` tables)."""
+    plan, mms, check = _mmap_plan(spec, ("cls",))
+
+    def get(i: int) -> Any:
+        s, a, b = plan[i][0]
+        return mms[s][a:b]
+
+    get.plan, get.mms, get.check = plan, mms, check  # type: ignore[attr-defined]
+    return get
+
+
+def fl_tarindex(spec: Spec) -> Callable[[int], Any]:
+    import tarindex
+
+    # raises TypeError until TarDataset has the fields= keyword: the row then says so
+    ds = tarindex.TarDataset(tarindex_paths(spec), fields=("cls",))
+    return lambda i: ds[i]["cls"]
+
+
+def fl_tarindex_all(spec: Spec) -> Callable[[int], Any]:
+    import tarindex
+
+    ds = tarindex.TarDataset(tarindex_paths(spec))
+    return lambda i: ds[i]["cls"]
+
+
+def fl_lance(spec: Spec) -> Callable[[int], Any]:
+    ds = _lance(spec)
+    return lambda i: ds.take([i], columns=["cls"]).column("cls")[0].as_py()
+
+
+FIELDS: dict[str, Callable[[Spec], Callable[[int], Any]]] = {
+    "mmap-slice limit (cls members only)": fl_mmap_limit,
+    "tarindex fields=('cls',)": fl_tarindex,
+    "tarindex ds[i] (reads every member)": fl_tarindex_all,
+    "Lance take([i], columns=['cls'])": fl_lance,
+}
+
+
+# batches of 64 random ids: (fetch(ids) -> batch, measure(batch) -> payload bytes)
+
+
+def bt_mmap_limit(spec: Spec) -> tuple[Callable[[list[int]], Any], Callable[[Any], int]]:
+    """The per-item limit over the same batches: every member of each sample, sliced (the
+    timed loop is special-cased in run_batch, as in the ds[i] figure)."""
+    get = ra_mmap_limit(spec)
+
+    def fetch(ids: list[int]) -> Any:
+        return [get(i) for i in ids]
+
+    fetch.plan, fetch.mms, fetch.check = get.plan, get.mms, get.check  # type: ignore[attr-defined]
+    return fetch, lambda b: sum(map(len, b))
+
+
+def _bt_tarindex(batched: bool) -> Callable[[Spec], tuple[Callable[[list[int]], Any],
+                                                         Callable[[Any], int]]]:
+    def make(spec: Spec) -> tuple[Callable[[list[int]], Any], Callable[[Any], int]]:
+        import tarindex
+
+        ds = tarindex.TarDataset(tarindex_paths(spec), batched=batched)
+        if batched:  # one BatchedSamples: one buffer + offsets, cls parsed to int64
+            return ds.__getitems__, lambda b: int(b.lengths("bin").sum())
+        return ds.__getitems__, lambda b: sum(len(s["bin"]) for s in b)
+
+    return make
+
+
+def bt_arrayrecord(spec: Spec) -> tuple[Callable[[list[int]], Any], Callable[[Any], int]]:
+    ds = _ar_source(spec)
+
+    def fetch(ids: list[int]) -> Any:
+        return [_unrec(r) for r in ds.__getitems__(ids)]
+
+    return fetch, lambda b: sum(len(r[2]) for r in b)
+
+
+def bt_lance(spec: Spec) -> tuple[Callable[[list[int]], Any], Callable[[Any], int]]:
+    import pyarrow.compute as pc
+
+    ds = _lance(spec)
+    # one Arrow table per batch (every column), kept as Arrow: no per-sample objects
+    return ds.take, lambda t: int(pc.sum(pc.binary_length(t.column("bin"))).as_py())
+
+
+BATCHES: dict[str, Callable[[Spec], tuple[Callable[[list[int]], Any], Callable[[Any], int]]]] = {
+    "mmap-slice limit (per item)": bt_mmap_limit,
+    "tarindex __getitems__": _bt_tarindex(False),
+    "tarindex __getitems__ batched=True": _bt_tarindex(True),
+    "ArrayRecord __getitems__": bt_arrayrecord,
+    "Lance take(64 ids)": bt_lance,
+}
+
+
+def _perm(spec: Spec) -> list[int]:
+    return np.random.default_rng(spec.seed + 1).permutation(spec.n)[: spec.n_access].tolist()
+
+
+def _access_extra(spec: Spec, t_open: float, n: int, n_max: int, anon0: float,
+                  **kw: Any) -> dict[str, Any]:
+    anon1 = rss_anon_mb()
+    return {"open_s": t_open, "accesses": n, "stopped_early": n < n_max,
+            "anon_mb_delta": anon1 - anon0, "anon_bytes_per_sample": (anon1 - anon0) * MB / spec.n,
+            "peak_rss_mb": peak_rss_mb(), **kw}
+
+
+def _run_access(spec: Spec, name: str, figure: str,
+                table: dict[str, Callable[[Spec], Callable[[int], Any]]]) -> list[Result]:
+    """One process, ``get(i)`` over the seeded permutation (at most ``spec.ra_seconds``).
+
+    Checked: the payload bytes read (``random access ds[i]``) or the sum of the labels read
+    (labels only), against the dataset."""
+    labels = figure == FIELDS_FIG
     P = Payloads(spec.n)
-    perm = np.random.default_rng(spec.seed + 1).permutation(spec.n)[: spec.n_access].tolist()
-    want = int(P.sizes[perm].sum())
+    perm = _perm(spec)
+
+    def expect(ids: list[int]) -> int:
+        return sum(label(i) for i in ids) if labels else int(P.sizes[ids].sum())
+
     anon0 = rss_anon_mb()
     t0 = now()
-    get = RANDOM[name](spec)
+    get = table[name](spec)
     first = get(perm[0])
     t_open = now() - t0
     del first
     got = 0
-    if name == "mmap-slice limit":
-        plan, mms = get.plan, get.mms  # type: ignore[attr-defined]
+    if hasattr(get, "plan"):  # a limit: the slices alone, checked outside the clock
+        plan, mms, check = get.plan, get.mms, get.check  # type: ignore[attr-defined]
         t0 = now()
         for i in perm:
             for s, a, b in plan[i]:
                 mms[s][a:b]
         dt = now() - t0
-        got = sum(plan[i][0][2] - plan[i][0][1] for i in perm)  # bin bytes, outside the loop
+        if labels:
+            got = sum(int(mms[s][a:b]) for i in perm for s, a, b in plan[i])
+        else:
+            got = sum(check[i] for i in perm)
+        n = len(perm)
     else:
-        # at most spec.ra_seconds: slow contenders stop early (rate over what they did)
+        measure = int if labels else len
         t0 = now()
         deadline = t0 + spec.ra_seconds
         done = 0
         for k in range(0, len(perm), 256):
             for i in perm[k : k + 256]:
-                got += len(get(i))
+                got += measure(get(i))
             done = min(k + 256, len(perm))
             if now() > deadline:
                 break
         dt = now() - t0
-        perm = perm[:done]
-        want = int(P.sizes[perm].sum())
-    anon1 = rss_anon_mb()
-    n = len(perm)
-    extra = {"open_s": t_open, "accesses": n, "bytes_ok": got == want,
-             "stopped_early": n < spec.n_access,
-             "anon_mb_delta": anon1 - anon0, "anon_bytes_per_sample": (anon1 - anon0) * MB / spec.n,
-             "peak_rss_mb": peak_rss_mb()}
+        n = done
+    want = expect(perm[:n])
+    extra = _access_extra(spec, t_open, n, len(perm), anon0, bytes_ok=got == want)
+    what = "label sum" if labels else "payload bytes"
+    status = "ok" if got == want else f"failed: read {got} {what}, expected {want}"
+    mbs = None if labels else got / MB / dt
+    return [Result(name, figure, n / dt, mbs, dt, status, extra)]
+
+
+def run_random(spec: Spec, name: str) -> list[Result]:
+    return _run_access(spec, name, RA_FIG, RANDOM)
+
+
+def run_fields(spec: Spec, name: str) -> list[Result]:
+    return _run_access(spec, name, FIELDS_FIG, FIELDS)
+
+
+def run_batch(spec: Spec, name: str) -> list[Result]:
+    """One process, ``fetch(64 random ids)`` per batch over the seeded permutation (at most
+    ``spec.ra_seconds``); checked: the payload bytes of every batch against the dataset."""
+    P = Payloads(spec.n)
+    perm = _perm(spec)
+    batches = [perm[k : k + BATCH] for k in range(0, len(perm) - BATCH + 1, BATCH)]
+    anon0 = rss_anon_mb()
+    t0 = now()
+    fetch, measure = BATCHES[name](spec)
+    measure(fetch(batches[0]))
+    t_open = now() - t0
+    got = done = 0
+    if hasattr(fetch, "plan"):  # the limit: the slices alone, checked outside the clock
+        plan, mms, check = fetch.plan, fetch.mms, fetch.check  # type: ignore[attr-defined]
+        t0 = now()
+        for b in batches:
+            for i in b:
+                for s, a, c in plan[i]:
+                    mms[s][a:c]
+        dt = now() - t0
+        done = len(batches)
+        got = sum(check[i] for b in batches for i in b)
+    else:
+        t0 = now()
+        deadline = t0 + spec.ra_seconds
+        for b in batches:
+            got += measure(fetch(b))
+            done += 1
+            if now() > deadline:
+                break
+        dt = now() - t0
+    ids = [i for b in batches[:done] for i in b]
+    want = int(P.sizes[ids].sum())
+    extra = _access_extra(spec, t_open, len(ids), len(batches) * BATCH, anon0,
+                          bytes_ok=got == want, batches=done)
     status = "ok" if got == want else f"failed: read {got} payload bytes, expected {want}"
-    return [Result(name, "random access ds[i]", n / dt, got / MB / dt, dt, status, extra)]
+    return [Result(name, BATCH_FIG, len(ids) / dt, got / MB / dt, dt, status, extra)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,6 +965,54 @@ def st_tarfile(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
     return gen(), lambda s: (int(s[0]), len(s[1]))
 
 
+def st_arrayrecord(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
+    """ArrayRecord has no shuffled stream of its own (Grain shuffles by random access, the
+    ds[i] figure): shards in a seeded order, each read sequentially with the reader's default
+    options (readahead), 256 records per ``read(start, end)``, through a 1000-sample shuffle
+    buffer like webdataset's."""
+    import random
+
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    paths = ar_paths(spec)
+    order = np.random.default_rng(spec.seed).permutation(len(paths)).tolist()
+
+    def gen() -> Any:
+        rnd = random.Random(spec.seed)
+        buf: list[bytes] = []
+        for s in order:
+            r = ArrayRecordReader(paths[s])
+            n = r.num_records()
+            for a in range(0, n, 256):
+                for rec in r.read(a, min(a + 256, n)):
+                    buf.append(rec)
+                    if len(buf) >= WDS_BUFFER:
+                        k = rnd.randrange(len(buf))
+                        buf[k], buf[-1] = buf[-1], buf[k]
+                        yield _unrec(buf.pop())
+            r.close()
+        rnd.shuffle(buf)
+        for rec in buf:
+            yield _unrec(rec)
+
+    return gen(), lambda s: (int(s[0]), len(s[2]))
+
+
+def st_tfrecord(spec: Spec) -> tuple[Any, Callable[[Any], Any]]:
+    """vahidk's tfrecord: ``MultiTFRecordDataset`` over every shard with its ``.tfindex``
+    (each shard starts at a random record, shards interleaved at random), a 1000-sample shuffle
+    queue, one pass (``infinite=False``); numpy's global seed fixed."""
+    from tfrecord.torch.dataset import MultiTFRecordDataset
+
+    d = fmt_dir(spec, "tfrecord")
+    splits = {os.path.basename(p)[: -len(".tfrecord")]: 1.0 for p in tfr_paths(spec)}
+    np.random.seed(spec.seed)
+    ds = MultiTFRecordDataset(os.path.join(d, "{}.tfrecord"), os.path.join(d, "{}.tfindex"),
+                              splits, description={"key": "byte", "bin": "byte", "cls": "int"},
+                              shuffle_queue_size=WDS_BUFFER, infinite=False)
+    return ds, lambda s: (int(s["key"]), len(s["bin"]))
+
+
 STREAMS: dict[str, Callable[[Spec], tuple[Any, Callable[[Any], Any]]]] = {
     "tarindex streaming": st_tarindex,
     "webdataset +shuffle buffer": st_wds(WDS_BUFFER),
@@ -657,6 +1020,8 @@ STREAMS: dict[str, Callable[[Spec], tuple[Any, Callable[[Any], Any]]]] = {
     "MDS": st_mds,
     "litdata": st_litdata,
     "tarfile (sequential, no shuffle)": st_tarfile,
+    "ArrayRecord (shard order + 1000 buffer)": st_arrayrecord,
+    "tfrecord (MultiTFRecordDataset + index)": st_tfrecord,
 }
 
 
@@ -843,6 +1208,8 @@ def run_index_build(spec: Spec, _name: str) -> list[Result]:
 TASKS: dict[str, Callable[[Spec, str], list[Result]]] = {
     "write": run_write,
     "random": run_random,
+    "batch": run_batch,
+    "fields": run_fields,
     "loader": run_loader,
     "stream": run_stream,
     "seqread": run_seqread,
@@ -869,6 +1236,13 @@ def _preimport(task: str, name: str) -> None:
         mods.append("litdata")
     if "tarfile" in low:
         mods.append("tarfile")
+    if "arrayrecord" in low:
+        mods += ["array_record.python.array_record_module",
+                 "array_record.python.array_record_data_source"]
+    if "lance" in low:
+        mods += ["lance", "pyarrow", "pyarrow.compute"]
+    if "tfrecord" in low:
+        mods += ["tfrecord", "tfrecord.torch.dataset", "tfrecord.tools.tfrecord2idx"]
     for m in mods:
         importlib.import_module(m)
     if "mds" in low:
@@ -917,11 +1291,13 @@ def in_child(task: str, name: str, spec: Spec, timeout: float, figure: str) -> l
                    extra={"stderr": err[-2000:]})]
 
 
-def run_all(spec: Spec, only: set[str] | None) -> list[Result]:
+def run_all(spec: Spec, only: set[str] | None, match: list[str] | None = None) -> list[Result]:
     results: list[Result] = []
 
     def go(task: str, name: str, figure: str, timeout: float) -> None:
         if only and task not in only:
+            return
+        if match and not any(m in name.lower() for m in match):
             return
         t0 = time.time()
         rs = in_child(task, name, spec, timeout, figure)
@@ -938,7 +1314,11 @@ def run_all(spec: Spec, only: set[str] | None) -> list[Result]:
     print("limits + random access:", flush=True)
     go("seqread", "seqread", "streaming epoch, 1 process, shuffled", big)
     for name in RANDOM:
-        go("random", name, "random access ds[i]", big)
+        go("random", name, RA_FIG, big)
+    for name in BATCHES:
+        go("batch", name, BATCH_FIG, big)
+    for name in FIELDS:
+        go("fields", name, FIELDS_FIG, big)
     print("DataLoader epochs:", flush=True)
     for name in LOADERS:
         go("loader", name, "DataLoader epoch (2 workers)", big)
@@ -955,7 +1335,9 @@ def run_all(spec: Spec, only: set[str] | None) -> list[Result]:
 # reporting
 
 REF = {  # figure -> (tarindex reference row, limit row)
-    "random access ds[i]": ("tarindex", "mmap-slice limit"),
+    RA_FIG: ("tarindex", "mmap-slice limit"),
+    BATCH_FIG: ("tarindex __getitems__ batched=True", "mmap-slice limit (per item)"),
+    FIELDS_FIG: ("tarindex fields=('cls',)", "mmap-slice limit (cls members only)"),
     "DataLoader epoch (2 workers)": ("tarindex batched", "batch transport limit (no reads)"),
     "streaming epoch, 1 process, shuffled": ("tarindex streaming", "raw sequential read (limit)"),
     "write": ("tarindex", None),
@@ -991,8 +1373,7 @@ def table(results: list[Result], spec: Spec) -> str:
             vs = of = ""
             if r.status == "ok" and r.samples_per_s and ref and ref.samples_per_s:
                 vs = f"{r.samples_per_s / ref.samples_per_s:.2f}x"
-            if (r.status == "ok" and lim and r.samples_per_s and r is not lim
-                    and r.contender.startswith("tarindex")):
+            if r.status == "ok" and lim and r.samples_per_s and r is not lim:
                 of = f"{r.samples_per_s / lim.samples_per_s:.2f}"
             notes = []
             e = r.extra
@@ -1001,11 +1382,13 @@ def table(results: list[Result], spec: Spec) -> str:
             if "open_s" in e:
                 notes.append(f"first open {e['open_s'] * 1e3:,.0f} ms")
             if e.get("stopped_early"):
-                notes.append(f"{e['accesses']:,} accesses (time cap)")
+                what = f"{e['batches']:,} batches" if "batches" in e else \
+                    f"{e['accesses']:,} accesses"
+                notes.append(f"{what} (time cap)")
             if "duplicates" in e:
                 ep = f" over {len(e['epochs'])} epochs" if len(e.get("epochs", [])) > 1 else ""
                 notes.append(f"dup {e['duplicates']}, missing {e['missing']}{ep}")
-            if "anon_bytes_per_sample" in e and fig == "random access ds[i]":
+            if "anon_bytes_per_sample" in e and fig in (RA_FIG, BATCH_FIG, FIELDS_FIG):
                 notes.append(f"heap {max(e['anon_bytes_per_sample'], 0):,.0f} B/sample")
             if "peak_rss_mb" in e and fig != "scale: open + random access":
                 notes.append(f"peak RSS {e['peak_rss_mb']:,.0f} MB")
@@ -1079,7 +1462,13 @@ def goals(results: list[Result]) -> list[dict[str, Any]]:
     return out
 
 
-def chart(results: list[Result], path: str) -> str | None:
+CHART_FIGS = [RA_FIG, BATCH_FIG, FIELDS_FIG, "DataLoader epoch (2 workers)",
+              "streaming epoch, 1 process, shuffled", "index build", "write"]
+
+
+def chart(results: list[Result], path: str, title: str = "") -> str | None:
+    """One horizontal bar panel per figure (samples/s, log scale), failed rows marked, plus the
+    scale panel; red: tarindex, gray: limits and ceilings, blue: peers."""
     try:
         import matplotlib
 
@@ -1087,26 +1476,39 @@ def chart(results: list[Result], path: str) -> str | None:
         import matplotlib.pyplot as plt
     except Exception as e:  # noqa: BLE001
         return f"no chart: {e}"
-    figs = ["random access ds[i]", "DataLoader epoch (2 workers)",
-            "streaming epoch, 1 process, shuffled", "index build", "write"]
-    fig, grid = plt.subplots(2, 3, figsize=(20, 10))
+    figs = [f for f in CHART_FIGS if any(r.figure == f for r in results)]
+    has_scale = any(r.figure.startswith("scale") and r.status == "ok" for r in results)
+    panels = len(figs) + int(has_scale)
+    if not panels:
+        return "no chart: no results"
+    cols = 3 if panels > 4 else panels
+    rows_n = -(-panels // cols)
+    fig, grid = plt.subplots(rows_n, cols, figsize=(7.5 * cols, 5.2 * rows_n), squeeze=False)
     axes = list(grid.ravel())
     for ax, f in zip(axes, figs, strict=False):
-        rows = [r for r in results if r.figure == f and r.status == "ok" and r.samples_per_s]
+        rows = [r for r in results if r.figure == f]
+        ok = [r.samples_per_s for r in rows if r.status == "ok" and r.samples_per_s]
+        floor = min(ok) / 3 if ok else 1.0
         names = [r.contender for r in rows]
-        vals = [r.samples_per_s for r in rows]
-        colors = ["tab:red" if n.startswith("tarindex") else
-                  "tab:gray" if "limit" in n or "ceiling" in n else "tab:blue" for n in names]
-        ax.barh(names, vals, color=colors)
+        vals = [r.samples_per_s if r.status == "ok" and r.samples_per_s else floor for r in rows]
+        colors = ["white" if r.status != "ok" else
+                  "tab:gray" if "limit" in r.contender or "ceiling" in r.contender else
+                  "tab:red" if r.contender.startswith("tarindex") else "tab:blue" for r in rows]
+        ax.barh(names, vals, color=colors, edgecolor="black", linewidth=0.3)
         ax.set_xscale("log")
         ax.set_title(f, fontsize=10)
         ax.set_xlabel("members/s (log)" if f == "index build" else "samples/s (log)")
         ax.invert_yaxis()
-        for y, v in enumerate(vals):
-            ax.text(v, y, f" {v:,.0f}", va="center", fontsize=7)
-    ax = axes[-1]
-    sc = [r for r in results if r.figure.startswith("scale") and r.status == "ok"]
-    if sc:
+        ax.tick_params(axis="y", labelsize=8)
+        for y, (r, v) in enumerate(zip(rows, vals, strict=True)):
+            text = f" {v:,.0f}" if r.status == "ok" else f" {r.status[:60]}"
+            ax.text(v, y, text, va="center", fontsize=7,
+                    color="black" if r.status == "ok" else "tab:red")
+        if ok:
+            ax.set_xlim(floor, max(ok) * 6)
+    if has_scale:
+        ax = axes[len(figs)]
+        sc = [r for r in results if r.figure.startswith("scale") and r.status == "ok"]
         ns = [r.extra["n"] for r in sc]
         ax.plot(ns, [r.extra["open_ms"] for r in sc], "o-", label="open (ms)")
         ax2 = ax.twinx()
@@ -1121,9 +1523,13 @@ def chart(results: list[Result], path: str) -> str | None:
         ax.set_ylabel("open ms")
         ax2.set_ylabel("samples/s")
         ax.set_title("scale: tarindex open time and ds[i]/s", fontsize=10)
-    fig.suptitle("tarindex vs peers (red: tarindex, gray: physical limits; higher is better)")
+    for ax in axes[panels:]:
+        ax.axis("off")
+    fig.suptitle("tarindex vs peers (red: tarindex, gray: physical limits, blue: peers, "
+                 "white: failed; higher is better)" + (f"\n{title}" if title else ""))
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
     return None
 
 
@@ -1153,13 +1559,13 @@ def machine() -> dict[str, Any]:
             versions[mod] = __import__(mod).__version__
         except Exception as e:  # noqa: BLE001
             versions[mod] = f"unavailable: {type(e).__name__}"
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        versions["mosaicml-streaming"] = version("mosaicml-streaming")
-        versions["wids"] = version("wids")
-    except Exception:
-        pass
+    for dist in ("mosaicml-streaming", "wids", "array-record", "pylance", "tfrecord", "pyarrow"):
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            versions[dist] = "not installed"
     info["versions"] = versions
     return info
 
@@ -1170,8 +1576,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, help="samples (overrides the mode)")
     ap.add_argument("--data", default=os.path.join(HERE, "_data"))
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--only", help="comma-separated tasks: write,seqread,random,loader,stream,"
-                                   "index,scale (write must have run once before)")
+    ap.add_argument("--only", help="comma-separated tasks: write,seqread,random,batch,fields,"
+                                   "loader,stream,index,scale (write must have run once before)")
+    ap.add_argument("--match", help="comma-separated substrings: run only the contenders "
+                                    "whose name contains one (case-insensitive)")
     ap.add_argument("--update-readme", action="store_true",
                     help="replace the results section of benchmarks/README.md with this run")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -1193,7 +1601,8 @@ def main(argv: list[str] | None = None) -> int:
           f"load {info['loadavg_at_start']}")
     t0 = time.time()
     only = set(a.only.split(",")) if a.only else None
-    results = run_all(spec, only)
+    match = [m.strip().lower() for m in a.match.split(",")] if a.match else None
+    results = run_all(spec, only, match)
     info["loadavg_at_end"] = os.getloadavg()
     info["wall_s"] = time.time() - t0
     tab = table(results, spec)
@@ -1214,9 +1623,15 @@ def main(argv: list[str] | None = None) -> int:
                "results": [r.to_json() for r in results]}, stem + ".json")
     with open(stem + ".md", "w") as f:
         f.write(tab + "\n")
-    err = chart(results, stem + ".png")
+    title = (f"python benchmarks/run.py{' --quick' if a.quick else ''} ({mode} run, "
+             f"{n:,} samples), {time.strftime('%Y-%m-%d', time.gmtime())}, "
+             f"{info.get('nproc')} cores, warm page cache")
+    err = chart(results, stem + ".png", title)
     print(f"wrote {stem}.json, {stem}.md" + (f", {stem}.png" if err is None else f" ({err})"))
     if a.update_readme:
+        if err is None:  # the tracked copy that benchmarks/README.md and README.md show
+            shutil.copyfile(stem + ".png", os.path.join(HERE, "chart.png"))
+            print(f"wrote {os.path.join(HERE, 'chart.png')}")
         update_readme(os.path.join(HERE, "README.md"), tab, gl, info, spec, mode)
     return 0
 
@@ -1246,9 +1661,12 @@ cache.
 Machine: {info.get("Model name")}, {info["nproc"]} cores (KVM guest), {info["mem_total_gb"]} GB RAM;
 Python {info["python"]}, torch {info.get("torch")}, numpy {v.get("numpy")}; webdataset
 {v.get("webdataset")}, wids {v.get("wids")}, mosaicml-streaming {v.get("mosaicml-streaming")},
-litdata {v.get("litdata")}, ratarmountcore {v.get("ratarmountcore")}. Load average (1/5/15 min)
+litdata {v.get("litdata")}, ratarmountcore {v.get("ratarmountcore")}, array-record
+{v.get("array-record")}, pylance {v.get("pylance")}, tfrecord {v.get("tfrecord")}. Load average (1/5/15 min)
 at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}
 (the machine is shared: other processes were running).
+
+![benchmark chart: samples/s per contender per figure, log scale](chart.png)
 
 {tab}
 
