@@ -1567,6 +1567,20 @@ def machine() -> dict[str, Any]:
         except PackageNotFoundError:
             versions[dist] = "not installed"
     info["versions"] = versions
+    try:  # which tarindex was measured: its directory, the repo's commit, local changes
+        import tarindex
+
+        info["tarindex_path"] = os.path.dirname(os.path.abspath(tarindex.__file__))
+        repo = os.path.dirname(HERE)
+
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+
+        info["repo_commit"] = git("rev-parse", "--short", "HEAD")
+        info["tarindex_modified"] = bool(git("status", "--porcelain", "--", "tarindex"))
+    except Exception as e:  # noqa: BLE001
+        info["tarindex_path"] = f"unavailable: {type(e).__name__}: {e}"
     return info
 
 
@@ -1651,9 +1665,17 @@ def update_readme(path: str, tab: str, gl: list[dict[str, Any]], info: dict[str,
         f"{g['goal']}: " + (f"**{g['value']:.2f}**" if isinstance(g["value"], float)
                             else f"{g['value']}") for g in gl)
     la0, la1 = info["loadavg_at_start"], info["loadavg_at_end"]
+    here = os.path.join(os.path.dirname(HERE), "tarindex")
+    tpath = info.get("tarindex_path", "?")
+    if tpath == here:
+        where = (f"this repository's `tarindex/` at commit {info.get('repo_commit')}"
+                 + (" with uncommitted changes" if info.get("tarindex_modified") else ""))
+    else:
+        where = f"`{tpath}` (repository at commit {info.get('repo_commit')})"
     body = f"""{start}
 Run: `python benchmarks/run.py --{mode}` ({"quick" if mode == "quick" else "full"} mode),
-{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, {info["wall_s"]:.0f} s wall.
+{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, {info["wall_s"]:.0f} s wall; tarindex
+{v.get("tarindex")} imported from {where}.
 Dataset: {spec.n:,} samples, {spec.per_shard:,} per tar shard, payload ~10 KB (90%) or ~100 KB
 (10%) plus a `cls` label, mean {Payloads(spec.n).total_bytes / spec.n / 1e3:.1f} KB; warm page
 cache.
