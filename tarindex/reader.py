@@ -1,10 +1,25 @@
 """Read samples from indexed shards: one shard (ShardReader) or many (ShardSet).
 
-A :class:`ShardReader` mmaps the sidecar index (zero-copy numpy views) and the tar (or uses
-``os.pread``), checks the index against the tar at open (FORMAT.md §3), and returns sample
-``j`` in O(1). A :class:`ShardSet` maps a global sample index to ``(shard, j)`` from the
-per-shard counts in the index headers, and keeps a bounded, per-process LRU of open readers,
-so it pickles small and is safe under fork, spawn and forkserver worker processes.
+The read kernel lives here. A :class:`ShardReader` maps the sidecar index (zero-copy numpy
+views), checks it against the tar at open (FORMAT.md §3), and serves every consumer through
+one guarded kernel:
+
+- :meth:`ShardReader.read_block` (a run of samples ``j0..j1``) and
+  :meth:`ShardReader.gather` (any samples) return a :class:`Block`: the selected members'
+  extension ids, sizes, tar offsets and offsets into one source buffer, plus the keys;
+- :meth:`ShardReader.sample` is the one-sample form, for ``ds[i]``.
+
+All three check the index tables with :func:`tarindex.format.index.check_samples` (one set
+of guards) before their first read of each chunk of :data:`CHUNK` samples, so a corrupt table
+is refused with a :class:`FormatError` the same way whatever reads it, and every later read
+of that chunk is plain slicing. Bytes come from a :mod:`tarindex.bytesource` (mmap or
+``os.pread``). ``fields=`` projects a read onto some extensions: members left out are not
+read at all.
+
+A :class:`ShardSet` maps a global sample index to ``(shard, j)`` from the per-shard counts in
+the index headers, and keeps a bounded, per-process LRU of open readers sized from the
+process's descriptor limit, so it pickles small and is safe under fork, spawn and forkserver
+worker processes.
 """
 
 from __future__ import annotations
@@ -16,11 +31,15 @@ import operator
 import os
 import stat
 import sys
+import warnings
 from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from .bytesource import Buffer, ByteSource, open_source
 from .errors import (
     FormatError,
     IndexMissingError,
@@ -29,14 +48,41 @@ from .errors import (
     TarIndexError,
     TruncatedError,
 )
-from .format.index import IndexTables, decode_index, fingerprint, read_header
-from .format.spec import FINGERPRINT_BYTES, HEADER
+from .format.index import IndexTables, check_samples, decode_index, fingerprint, read_header
+from .format.spec import BLOCK, FINGERPRINT_BYTES, HEADER
 from .indexfile import index_path_for
 from .sources import Source, expand_source
 
-__all__ = ["Sample", "ShardReader", "ShardSet", "read_sample_count", "is_up_to_date"]
+__all__ = [
+    "Sample",
+    "Block",
+    "ShardReader",
+    "ShardSet",
+    "read_sample_count",
+    "is_up_to_date",
+    "CHUNK",
+    "DEFAULT_MAX_OPEN",
+]
 
 Sample = dict[str, Any]
+
+CHUNK_SHIFT = 10
+CHUNK = 1 << CHUNK_SHIFT
+"""Samples whose index tables are checked together, once per open reader, before a read."""
+
+COALESCE_GAP = 4 * BLOCK
+"""Largest gap in bytes (headers, pax records, padding) a ``pread`` of two members spans."""
+
+DEFAULT_MAX_OPEN = 48
+"""Default bound on open shards per :class:`ShardSet` and process (2 descriptors each)."""
+
+FDS_PER_SHARD = 2
+"""Descriptors an open :class:`ShardReader` holds: the index mapping and the tar source."""
+
+_FD_RESERVE = 16
+"""Descriptors left free for everything else when the bound is sized from the limit."""
+
+Fields = Collection[str] | None
 
 
 _fork_generation = [0]
@@ -79,16 +125,130 @@ def _open_regular(path: str) -> int:
     )
 
 
+def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
+    """Split ``blob`` at ``ptr`` (``len(ptr) - 1`` keys) and decode each (FORMAT.md §2.5)."""
+    n = len(ptr) - 1
+    if blob.isascii():
+        text = blob.decode("ascii")
+        return [text[ptr[i] : ptr[i + 1]] for i in range(n)]
+    return [blob[ptr[i] : ptr[i + 1]].decode("utf-8", "surrogateescape") for i in range(n)]
+
+
+class Block:
+    """Some samples of one shard, as the read kernel returns them: tables plus one buffer.
+
+    Made by :meth:`ShardReader.read_block` / :meth:`ShardReader.gather` after the index
+    tables of those samples passed the guards. ``n`` samples, ``m`` selected members; member
+    ``k`` of sample ``b`` is ``member_ptr[b] <= k < member_ptr[b + 1]``, its bytes are
+    ``data[offset[k] : offset[k] + size[k]]`` (``bytes``).
+
+    Attributes:
+        path: The shard (tar) path, as given to the reader.
+        base: Global index of the shard's sample 0 (set by :class:`ShardSet`; ``0`` otherwise).
+        samples: ``int64 (n,)``: shard-local sample numbers, in the order asked for.
+        keys: The ``n`` sample keys (str, FORMAT.md §2.5).
+        member_ptr: ``int64 (n + 1,)``: CSR pointers into the member arrays.
+        ext_id: ``int64 (m,)``: extension of each member, an index into :attr:`exts`.
+        size: ``int64 (m,)``: member sizes in bytes.
+        tar_offset: ``int64 (m,)``: member data offsets in the tar, in bytes.
+        offset: ``int64 (m,)``: member data offsets in :attr:`data`, or ``None`` if no data
+            was read (``data=False``).
+        data: The source buffer (the mapped tar, or bytes read with ``pread``); slices of it
+            are ``bytes``. ``None`` with ``data=False``.
+        exts: The shard's extension names (FORMAT.md §2.4).
+    """
+
+    __slots__ = (
+        "path",
+        "base",
+        "samples",
+        "keys",
+        "member_ptr",
+        "ext_id",
+        "size",
+        "tar_offset",
+        "offset",
+        "data",
+        "exts",
+    )
+
+    def __init__(
+        self,
+        path: str,
+        samples: NDArray[np.int64],
+        keys: list[str],
+        member_ptr: NDArray[np.int64],
+        ext_id: NDArray[np.int64],
+        size: NDArray[np.int64],
+        tar_offset: NDArray[np.int64],
+        offset: NDArray[np.int64] | None,
+        data: Buffer | None,
+        exts: list[str],
+        base: int = 0,
+    ) -> None:
+        self.path = path
+        self.base = base
+        self.samples = samples
+        self.keys = keys
+        self.member_ptr = member_ptr
+        self.ext_id = ext_id
+        self.size = size
+        self.tar_offset = tar_offset
+        self.offset = offset
+        self.data = data
+        self.exts = exts
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"Block({self.path!r}, {len(self)} samples, {len(self.size)} members)"
+
+    @property
+    def index(self) -> NDArray[np.int64]:
+        """``int64 (n,)``: global sample indices (``base + samples``)."""
+        return self.samples + self.base
+
+    def to_samples(self) -> list[Sample]:
+        """The samples as dicts: ``__key__``, ``__shard__``, ``__index__`` and ``ext: bytes``.
+
+        Raises:
+            ValueError: If the block was read with ``data=False``.
+        """
+        data, offset = self.data, self.offset
+        if data is None or offset is None:
+            raise ValueError(f"{self.path}: block read with data=False has no member bytes")
+        offs = offset.tolist()
+        ends = (offset + self.size).tolist()
+        exts = self.exts
+        names = [exts[e] for e in self.ext_id.tolist()]
+        mp = self.member_ptr.tolist()
+        path = self.path
+        idx = self.index.tolist()
+        out: list[Sample] = []
+        append = out.append
+        for i, key in enumerate(self.keys):
+            d: Sample = {"__key__": key, "__shard__": path, "__index__": idx[i]}
+            for k in range(mp[i], mp[i + 1]):
+                d[names[k]] = data[offs[k] : ends[k]]
+            append(d)
+        return out
+
+
 class ShardReader:
-    """One open shard: its index (mmapped) and its tar (mmapped, or read with ``os.pread``).
+    """One open shard: its index (mapped) and its tar (a :mod:`~tarindex.bytesource`).
+
+    Holds at most :data:`FDS_PER_SHARD` (2) file descriptors: the index mapping and the tar's
+    mapping or ``pread`` descriptor.
 
     Args:
         tar_path: Path of the tar.
         index_path: Path of its index. Defaults to ``<tar_path>.tidx``.
         use_mmap: Map the tar into memory (fast). ``False`` reads with ``os.pread``: no SIGBUS
             if the file is truncated while open. Defaults to ``True``.
-        full_check: Also verify the index's crc32 footer and table consistency, O(n).
-            Defaults to ``False`` (the cheap O(1) checks always run).
+        full_check: Also verify the index's crc32 footer and check every table entry now,
+            O(n). Defaults to ``False`` (the cheap O(1) checks run at open; the tables of
+            each chunk of samples are checked before its first read).
 
     Raises:
         IndexMissingError: No index file.
@@ -98,6 +258,7 @@ class ShardReader:
             (FORMAT.md §3).
         FileNotFoundError: The tar itself is missing (its index exists).
         IsADirectoryError: The tar or index path is a directory.
+        OSError: ``EMFILE`` and other errors of opening or mapping the files.
     """
 
     def __init__(
@@ -111,8 +272,7 @@ class ShardReader:
         self.tar_path = tar_path
         self.index_path = index_path or index_path_for(tar_path)
         self._imm: mmap.mmap | None = None
-        self._mm: mmap.mmap | None = None
-        self._fd = -1
+        self._src: ByteSource | None = None
         try:
             fi = open(_open_regular(self.index_path), "rb")
         except FileNotFoundError:
@@ -129,17 +289,27 @@ class ShardReader:
             self.index: IndexTables = decode_index(
                 memoryview(self._imm), self.index_path, full_check=full_check
             )
-            self._fd = _open_regular(tar_path)
-            self.tar_size = os.fstat(self._fd).st_size
-            self._check_fingerprint()
-            if use_mmap and self.tar_size:
-                self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            fd = _open_regular(tar_path)
+            try:
+                self.tar_size = os.fstat(fd).st_size
+                self._check_fingerprint(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._src = open_source(tar_path, fd, self.tar_size, use_mmap)
         except BaseException:
             self.close()
             raise
         t = self.index
         self.n_samples = t.n_samples
         self.exts = [e.decode("utf-8", "surrogateescape") for e in t.exts]
+        self._mm: mmap.mmap | None = getattr(self._src, "mm", None)
+        # chunk c's tables passed check_samples (numpy view of the same bytes for gather)
+        self._checked = bytearray(((self.n_samples + CHUNK - 1) >> CHUNK_SHIFT) or 1)
+        self._checked_np = np.frombuffer(self._checked, np.uint8)
+        if full_check:
+            self._checked[:] = b"\x01" * len(self._checked)
+        self._want: dict[frozenset[str], NDArray[np.bool_]] = {}
         # Hot-path views: memoryview.cast("Q") indexes to Python ints ~3x faster than numpy
         # scalars. The tables are little-endian (FORMAT.md §2); on a big-endian host fall back
         # to numpy views (indexing them also yields ints via int()).
@@ -149,23 +319,19 @@ class ShardReader:
         self._ext_id = _fast(t.ext_id)
         self._key_ptr = _fast(t.key_ptr)
         self._key_blob = memoryview(t.key_blob)
-        self._n_members = t.n_members
-        self._key_bytes = len(t.key_blob)
 
-    def _corrupt(self, j: int, what: str) -> FormatError:
-        return FormatError(
-            f"{self.index_path}: sample {j}: {what}; the index is corrupt (checked lazily at read "
-            f"time): tarindex verify {self.tar_path}, rebuild with: tarindex index --force "
-            f"{self.tar_path}"
-        )
+    @property
+    def source(self) -> ByteSource:
+        """The tar's byte source (:class:`~tarindex.bytesource.MmapSource` or ``PreadSource``).
 
-    def _check_j(self, j: int) -> None:
-        if not 0 <= j < self.n_samples:
-            raise SampleIndexError(
-                f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"
-            )
+        Raises:
+            ValueError: If the reader is closed.
+        """
+        if self._src is None:
+            raise ValueError(f"{self.tar_path}: reader is closed")
+        return self._src
 
-    def _check_fingerprint(self) -> None:
+    def _check_fingerprint(self, fd: int) -> None:
         t = self.index
         fix = f"rebuild it with: tarindex index --force {self.tar_path}"
         if self.tar_size != t.tar_size:
@@ -173,7 +339,6 @@ class ShardReader:
                 f"{self.tar_path}: tar is {self.tar_size} bytes, its index {self.index_path} was "
                 f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); {fix}"
             )
-        fd = self._fd
         head, tail = fingerprint(lambda off, n: os.pread(fd, n, off), self.tar_size)
         if head != t.head_crc or tail != t.tail_crc:
             n = min(FINGERPRINT_BYTES, self.tar_size)
@@ -183,131 +348,280 @@ class ShardReader:
                 f"was made (the tar was replaced or rewritten); {fix}"
             )
 
-    # -- access ---------------------------------------------------------------------------
-    def read(self, offset: int, size: int) -> bytes:
-        """Return ``size`` bytes of the tar at byte ``offset``.
+    # -- guards ---------------------------------------------------------------------------
+    def _check_chunk(self, c: int) -> None:
+        j0 = c << CHUNK_SHIFT
+        check_samples(self.index, j0, min(j0 + CHUNK, self.n_samples), self.index_path)
+        self._checked[c] = 1
 
-        Returns:
-            ``size`` bytes (a copy, with or without mmap).
+    def _range(self, j0: int, j1: int) -> None:
+        """Refuse ``[j0, j1)`` outside the shard; check the tables of its chunks once."""
+        if not 0 <= j0 <= j1 <= self.n_samples:
+            raise SampleIndexError(
+                f"{self.tar_path}: samples {j0}..{j1} out of range [0, {self.n_samples})"
+            )
+        checked = self._checked
+        for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1 if j1 > j0 else 0):
+            if not checked[c]:
+                self._check_chunk(c)
+
+    def validate(self, j0: int = 0, j1: int | None = None) -> None:
+        """Check the index tables of samples ``j0 <= j < j1`` now (default: all), O(j1 - j0).
 
         Raises:
-            ValueError: If ``offset`` or ``size`` is negative.
-            TruncatedError: If the range runs past the end of the tar (FORMAT.md §2.7: checked
-                at read time), or the tar was cut while open (``use_mmap=False``).
+            SampleIndexError: If the range is outside ``[0, n_samples]``.
+            FormatError: If a table entry is corrupt (see
+                :func:`tarindex.format.index.check_samples`).
         """
-        if offset < 0 or size < 0:
-            raise ValueError(f"{self.tar_path}: negative range offset={offset} size={size}")
-        end = offset + size
-        if end > self.tar_size:
-            raise TruncatedError(
-                f"{self.tar_path}: byte {self.tar_size}: range {offset}..{end} runs past the end "
-                f"of the tar; the index is corrupt or the tar was cut: tarindex verify {self.tar_path}"
+        self._range(j0, self.n_samples if j1 is None else j1)
+
+    def _wanted(self, fields: Collection[str]) -> NDArray[np.bool_]:
+        key = frozenset(fields)
+        w = self._want.get(key)
+        if w is None:
+            w = self._want[key] = np.asarray([e in key for e in self.exts], np.bool_)
+        return w
+
+    # -- the kernel -----------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes:
+        """Return ``size`` bytes of the tar at byte ``offset`` (a copy).
+
+        Raises:
+            TruncatedError: If the range is negative or runs past the end of the tar
+                (FORMAT.md §2.7), or the tar was cut while open (``use_mmap=False``).
+        """
+        return self.source.read(offset, size)
+
+    def read_block(
+        self,
+        j0: int,
+        j1: int,
+        fields: Fields = None,
+        *,
+        data: bool = True,
+        prefetch: bool = False,
+    ) -> Block:
+        """Read samples ``j0 <= j < j1`` of this shard: the kernel every dataset path uses.
+
+        The tables of those samples are checked first (once per chunk, vectorised; see
+        :func:`tarindex.format.index.check_samples`). With mmap the buffer is the mapping
+        (nothing is copied); with ``pread`` the selected members are read with one read per
+        run of neighbouring members (one for a whole block when nothing is projected away).
+
+        Args:
+            j0: First sample, ``0 <= j0 <= j1``.
+            j1: End sample (exclusive), ``<= n_samples``.
+            fields: Extensions to read (e.g. ``("jpg", "cls")``); others are left out of the
+                block and their bytes are not read. Defaults to ``None`` (all members).
+            data: Read member bytes. ``False`` returns the tables only. Defaults to ``True``.
+            prefetch: Ask the source to read the block's byte range ahead (sequential
+                streaming). Defaults to ``False``.
+
+        Returns:
+            The :class:`Block`.
+
+        Raises:
+            SampleIndexError: If the range is outside the shard.
+            FormatError: If the index tables of those samples are corrupt.
+            TruncatedError: If the tar was cut while open (``pread``).
+        """
+        self._range(j0, j1)
+        t = self.index
+        sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
+        lo, hi = int(sp[0]), int(sp[-1])
+        kp = t.key_ptr[j0 : j1 + 1].astype(np.int64)
+        k0 = int(kp[0])
+        keys = _decode_keys(bytes(t.key_blob[k0 : int(kp[-1])]), (kp - k0).tolist())
+        return self._finish(
+            np.arange(j0, j1, dtype=np.int64),
+            keys,
+            sp - lo,
+            t.ext_id[lo:hi].astype(np.int64),
+            t.size[lo:hi].astype(np.int64),
+            t.offset[lo:hi].astype(np.int64),
+            fields,
+            data,
+            prefetch,
+        )
+
+    def gather(self, js: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None, *,
+               data: bool = True) -> Block:
+        """Read samples ``js`` (any order, repeats allowed) of this shard as one :class:`Block`.
+
+        Same guards and sources as :meth:`read_block`; neighbouring members are read together
+        with ``pread``.
+
+        Args:
+            js: Shard-local sample numbers, each in ``[0, n_samples)``.
+            fields: As :meth:`read_block`.
+            data: As :meth:`read_block`.
+
+        Raises:
+            SampleIndexError: If a sample number is out of range.
+            FormatError: If the index tables of those samples are corrupt.
+        """
+        j = np.asarray(js, dtype=np.int64).reshape(-1)
+        if j.size and (int(j.min()) < 0 or int(j.max()) >= self.n_samples):
+            bad = int(j[(j < 0) | (j >= self.n_samples)][0])
+            raise SampleIndexError(
+                f"{self.tar_path}: sample {bad} out of range [0, {self.n_samples})"
             )
-        if self._mm is not None:
-            return self._mm[offset:end]
-        data = os.pread(self._fd, size, offset)
-        if len(data) != size:
-            raise TruncatedError(
-                f"{self.tar_path}: byte {offset + len(data)}: short read ({len(data)} of {size} "
-                f"bytes); the tar was cut while open: re-open it once it is complete, or copy it "
-                f"again and re-index it (tarindex index --force {self.tar_path})"
+        chunks = j >> CHUNK_SHIFT
+        todo = chunks[self._checked_np[chunks] == 0]
+        for c in np.unique(todo).tolist():
+            self._check_chunk(c)
+        t = self.index
+        lo = t.sample_ptr[j].astype(np.int64)
+        cnt = t.sample_ptr[j + 1].astype(np.int64) - lo
+        mp = np.zeros(len(j) + 1, np.int64)
+        np.cumsum(cnt, out=mp[1:])
+        members = np.repeat(lo - mp[:-1], cnt) + np.arange(int(mp[-1]), dtype=np.int64)
+        blob = t.key_blob
+        kp = t.key_ptr
+        keys = [
+            str(blob[a:b], "utf-8", "surrogateescape")
+            for a, b in zip(kp[j].tolist(), kp[j + 1].tolist(), strict=True)
+        ]
+        return self._finish(
+            j,
+            keys,
+            mp,
+            t.ext_id[members].astype(np.int64),
+            t.size[members].astype(np.int64),
+            t.offset[members].astype(np.int64),
+            fields,
+            data,
+            False,
+        )
+
+    def _finish(
+        self,
+        samples: NDArray[np.int64],
+        keys: list[str],
+        mp: NDArray[np.int64],
+        eid: NDArray[np.int64],
+        size: NDArray[np.int64],
+        toff: NDArray[np.int64],
+        fields: Fields,
+        data: bool,
+        prefetch: bool,
+    ) -> Block:
+        """Project onto ``fields`` and fetch the selected members' bytes from the source."""
+        keep: NDArray[np.bool_] | None = None
+        if fields is not None:
+            keep = self._wanted(fields)[eid]
+            if keep.all():
+                keep = None
+        all_off, all_end = toff, toff + size
+        if keep is not None:
+            kc = np.zeros(len(keep) + 1, np.int64)
+            np.cumsum(keep, out=kc[1:])
+            mp = kc[mp]
+            eid, size, toff = eid[keep], size[keep], toff[keep]
+        buf: Buffer | None = None
+        offset: NDArray[np.int64] | None = None
+        if data:
+            src = self.source
+            if src.zero_copy:
+                buf, offset = src.read_ranges(toff, toff + size)
+                if prefetch and len(toff):
+                    src.prefetch(int(toff.min()), int((toff + size).max()))
+            elif len(toff) == 0:
+                buf, offset = b"", toff
+            else:
+                buf, offset = self._read_runs(src, all_off, all_end, keep)
+        return Block(
+            self.tar_path, samples, keys, mp, eid, size, toff, offset, buf, self.exts
+        )
+
+    @staticmethod
+    def _read_runs(
+        src: ByteSource,
+        all_off: NDArray[np.int64],
+        all_end: NDArray[np.int64],
+        keep: NDArray[np.bool_] | None,
+    ) -> tuple[Buffer, NDArray[np.int64]]:
+        """Read the kept members in runs: neighbours in the tar with nothing left out between.
+
+        ``all_off``/``all_end`` are the data ranges of every member of the selected samples,
+        ``keep`` which of them are wanted (``None``: all). A run breaks at a member that is not
+        kept or at a gap over :data:`COALESCE_GAP` bytes, so no byte of a left-out member is
+        read. Returns the buffer and each kept member's offset in it.
+        """
+        order = np.argsort(all_off, kind="stable")
+        so, se = all_off[order], all_end[order]
+        w = np.ones(len(so), np.bool_) if keep is None else keep[order]
+        brk = np.ones(len(so), np.bool_)
+        brk[1:] = ~w[:-1] | (so[1:] - np.maximum.accumulate(se)[:-1] > COALESCE_GAP)
+        new = (brk & w)[w]  # run starts, among the kept members in offset order
+        ko, ke = so[w], se[w]
+        first = np.flatnonzero(new)
+        starts = ko[first]
+        ends = np.maximum.reduceat(ke, first)
+        run = np.cumsum(new) - 1
+        buf, bases = src.read_ranges(starts, ends)
+        at_sorted = np.zeros(len(so), np.int64)
+        at_sorted[w] = bases[run] + (ko - starts[run])
+        at = np.empty(len(so), np.int64)
+        at[order] = at_sorted
+        return buf, at if keep is None else at[keep]
+
+    def sample(self, j: int, fields: Fields = None) -> Sample:
+        """Return sample ``j`` as ``{"__key__": str, ext: bytes, ...}`` (no ``__shard__``/``__index__``).
+
+        The one-sample form of :meth:`read_block`, with the same guards (the sample's chunk of
+        the index tables is checked before its first read) and sources.
+
+        Args:
+            j: Shard-local sample number, ``0 <= j < n_samples``.
+            fields: Extensions to return (others are not read). Defaults to ``None`` (all).
+
+        Raises:
+            SampleIndexError: If ``j`` is out of range.
+            FormatError: If the index tables of sample ``j``'s chunk are corrupt.
+            TruncatedError: If the tar was cut while open (``pread``).
+        """
+        if not 0 <= j < self.n_samples:
+            raise SampleIndexError(
+                f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"
             )
-        return data
+        if not self._checked[j >> CHUNK_SHIFT]:
+            self._check_chunk(j >> CHUNK_SHIFT)
+        kp, sp = self._key_ptr, self._sample_ptr
+        out: Sample = {"__key__": str(self._key_blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape")}
+        exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
+        mm = self._mm
+        for m in range(sp[j], sp[j + 1]):
+            name = exts[eids[m]]
+            if fields is not None and name not in fields:
+                continue
+            off = offs[m]
+            out[name] = mm[off : off + sizes[m]] if mm is not None else self.read(off, sizes[m])
+        return out
 
     def key(self, j: int) -> str:
         """Return the key of sample ``j`` (``0 <= j < n_samples``), decoded as in FORMAT.md §2.5.
 
         Raises:
             SampleIndexError: If ``j`` is out of range.
-            FormatError: If ``key_ptr`` is corrupt (checked lazily).
+            FormatError: If the index tables of sample ``j``'s chunk are corrupt.
         """
-        self._check_j(j)
+        self._range(j, j + 1)
         kp = self._key_ptr
-        if not kp[j] <= kp[j + 1] <= self._key_bytes:
-            raise self._corrupt(
-                j, f"key_ptr {kp[j]}..{kp[j + 1]} outside key_blob[0:{self._key_bytes}]"
-            )
-        return self._key_blob[kp[j] : kp[j + 1]].tobytes().decode("utf-8", "surrogateescape")
+        return str(self._key_blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape")
 
     def member_slice(self, j: int) -> tuple[int, int]:
         """Return the half-open member range ``[lo, hi)`` of sample ``j`` (FORMAT.md §2.2).
 
         Raises:
             SampleIndexError: If ``j`` is out of range.
-            FormatError: If ``sample_ptr`` is corrupt (checked lazily).
+            FormatError: If the index tables of sample ``j``'s chunk are corrupt.
         """
-        self._check_j(j)
-        sp = self._sample_ptr
-        lo, hi = int(sp[j]), int(sp[j + 1])
-        if not lo <= hi <= self._n_members:
-            raise self._corrupt(j, f"sample_ptr {lo}..{hi} outside members [0, {self._n_members}]")
-        return lo, hi
-
-    def sample(self, j: int) -> Sample:
-        """Return sample ``j`` as ``{"__key__": str, ext: bytes, ...}`` (no ``__shard__``/``__index__``).
-
-        Raises:
-            SampleIndexError: If ``j`` is out of range.
-            TruncatedError: If a member's range runs past the end of the tar.
-            FormatError: If the index tables of sample ``j`` are corrupt (pointers out of
-                range, an extension id out of range, an extension twice in the sample).
-        """
-        if not 0 <= j < self.n_samples:
-            raise SampleIndexError(
-                f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"
-            )
-        kp, sp = self._key_ptr, self._sample_ptr
-        k0, k1, lo, hi = kp[j], kp[j + 1], sp[j], sp[j + 1]
-        # O(1) guards against a corrupt index that passed the cheap checks at open: pointers
-        # that go backwards or past their tables would give a wrong key or a missing member
-        if not (k0 <= k1 <= self._key_bytes and lo <= hi <= self._n_members):
-            raise self._corrupt(
-                j,
-                f"key_ptr {k0}..{k1} (key_blob has {self._key_bytes} bytes) or sample_ptr "
-                f"{lo}..{hi} ({self._n_members} members) out of range",
-            )
-        out: Sample = {
-            "__key__": self._key_blob[k0:k1].tobytes().decode("utf-8", "surrogateescape")
-        }
-        exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
-        mm = self._mm
-        limit = self.tar_size
-        try:
-            for m in range(lo, hi):
-                off = offs[m]
-                end = off + sizes[m]
-                if mm is not None and end <= limit:
-                    out[exts[eids[m]]] = mm[off:end]
-                else:
-                    out[exts[eids[m]]] = self.read(off, end - off)
-        except IndexError:  # exts[eids[m]]: ext_id out of range
-            raise self._corrupt(j, f"ext_id[{m}] = {eids[m]} >= {len(exts)} extensions") from None
-        if len(out) != hi - lo + 1:  # an extension twice in one sample: a member would vanish
-            raise self._corrupt(j, f"{hi - lo} members but {len(out) - 1} distinct extensions")
-        return out
-
-    def sample_byte_range(self, j0: int, j1: int) -> tuple[int, int]:
-        """Return ``(start, end)`` in bytes covering the data of samples ``j0 <= j < j1``.
-
-        The range includes the headers in between; read it once for sequential access.
-        ``(0, 0)`` when the samples hold no members.
-
-        Raises:
-            SampleIndexError: If ``j0`` or ``j1 - 1`` is out of range (when ``j1 > j0``).
-            FormatError: If ``sample_ptr`` is corrupt.
-        """
-        if j1 <= j0:
-            return 0, 0
-        lo, _ = self.member_slice(j0)
-        _, hi = self.member_slice(j1 - 1)
-        if hi <= lo:
-            return 0, 0
-        offs = self.index.offset[lo:hi]
-        ends = offs + self.index.size[lo:hi]
-        return int(offs.min()), int(ends.max())
+        self._range(j, j + 1)
+        return int(self._sample_ptr[j]), int(self._sample_ptr[j + 1])
 
     def close(self) -> None:
-        """Release the mmaps and the file descriptor (idempotent)."""
+        """Release the mappings and descriptors (idempotent)."""
         # drop our views first so the index mmap has no exports left when it is closed
         for attr in (
             "_sample_ptr",
@@ -317,20 +631,21 @@ class ShardReader:
             "_key_ptr",
             "_key_blob",
             "index",
+            "_mm",
         ):
             if hasattr(self, attr):
                 setattr(self, attr, None)
-        for attr in ("_mm", "_imm"):
-            m = getattr(self, attr, None)
-            if m is not None:
-                try:
-                    m.close()
-                except BufferError:
-                    pass  # views still alive (numpy arrays handed out); GC closes it later
-                setattr(self, attr, None)
-        if getattr(self, "_fd", -1) >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        src = getattr(self, "_src", None)
+        if src is not None:
+            src.close()
+            self._src = None
+        m = getattr(self, "_imm", None)
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:
+                pass  # views still alive (numpy arrays handed out); GC closes it later
+            self._imm = None
 
     def __enter__(self) -> ShardReader:
         return self
@@ -343,6 +658,13 @@ class ShardReader:
             self.close()
         except Exception:
             pass
+
+
+def _fast(a: np.ndarray[Any, Any]) -> Any:
+    """A zero-copy view of a little-endian table that indexes to Python ints quickly."""
+    if sys.byteorder == "little" and a.dtype.itemsize in (4, 8) and len(a):
+        return memoryview(a).cast("B").cast("Q" if a.dtype.itemsize == 8 else "I")  # type: ignore[arg-type]
+    return a  # big-endian host or empty table: numpy scalars still work as indices
 
 
 def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
@@ -359,61 +681,88 @@ def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = Non
         return False
 
 
-def _fast(a: np.ndarray[Any, Any]) -> Any:
-    """A zero-copy view of a little-endian table that indexes to Python ints quickly."""
-    if sys.byteorder == "little" and a.dtype.itemsize in (4, 8) and len(a):
-        return memoryview(a).cast("B").cast("Q" if a.dtype.itemsize == 8 else "I")  # type: ignore[arg-type]
-    return a  # big-endian host or empty table: numpy scalars still work as indices
-
-
 def read_sample_count(tar_path: str, index_path: str | None = None) -> int:
     """Read only the 80-byte index header of a shard and return its sample count.
 
+    The header's counts are checked against the index file's real size first, so a corrupt
+    count (``n_samples = 2**40`` in a small file) is refused before anything is sized from it.
+
     Raises:
         IndexMissingError: No index file.
-        FormatError: Bad magic, unknown version, truncated header (FORMAT.md §2.1), or the
-            index is not a regular file.
+        FormatError: Bad magic, unknown version, truncated header, counts that do not match
+            the file's size (FORMAT.md §2.1), or the index is not a regular file.
     """
     ip = index_path or index_path_for(tar_path)
     try:
         with open(_open_regular(ip), "rb") as f:
             head = f.read(HEADER.size)
+            size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
         raise _missing(tar_path, ip) from None
-    return read_header(head, ip).n_samples
+    return read_header(head, ip, file_size=size).n_samples
+
+
+def open_shard_bound(requested: int | None = None) -> int:
+    """Return how many shards this process may keep open at once (at least 1).
+
+    ``requested`` (default :data:`DEFAULT_MAX_OPEN`), lowered so that
+    :data:`FDS_PER_SHARD` descriptors per shard fit under the soft ``RLIMIT_NOFILE`` with the
+    descriptors already open and a reserve of 16 left free.
+    """
+    want = DEFAULT_MAX_OPEN if requested is None else max(1, int(requested))
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return want
+    if soft < 0 or soft == getattr(resource, "RLIM_INFINITY", -1):
+        return want
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = _FD_RESERVE
+    return max(1, min(want, (soft - in_use - _FD_RESERVE) // FDS_PER_SHARD))
 
 
 class ShardSet:
     """Many shards as one sequence of samples; global index ``i`` -> ``(shard, j)``.
 
     Construction reads only the 80-byte header of every index (no tar scan, no per-sample
-    objects). Readers open lazily in the process that reads, at most ``max_open`` at a time
-    (least recently used closed first), and are never pickled.
+    objects). Readers open lazily in the process that reads, and are never pickled. At most
+    ``max_open`` are open at a time per process (least recently used closed first), lowered
+    to what the descriptor limit allows (:func:`open_shard_bound`, computed in each process);
+    if opening still fails with ``EMFILE``, half the open readers are closed, the bound is
+    lowered and a ``ResourceWarning`` says so.
 
     Args:
         source: Shards: a path, list, brace pattern, glob or directory (see
             :func:`tarindex.sources.expand_source`).
-        max_open: Bound on simultaneously open shards per process (each holds one file
-            descriptor and two mmaps). Defaults to ``64``.
+        max_open: Bound on simultaneously open shards per process (each holds 2 file
+            descriptors). Defaults to :data:`DEFAULT_MAX_OPEN` (48).
         use_mmap: See :class:`ShardReader`. Defaults to ``True``.
 
     Raises:
         FileNotFoundError: No shard matches ``source``.
         IndexMissingError: A shard has no index (the message gives the command).
-        FormatError: An index header is bad (FORMAT.md §2.1).
+        FormatError: An index header is bad or its counts do not match its size (FORMAT.md
+            §2.1).
     """
 
-    def __init__(self, source: Source, *, max_open: int = 64, use_mmap: bool = True) -> None:
+    def __init__(
+        self, source: Source, *, max_open: int | None = None, use_mmap: bool = True
+    ) -> None:
         self.paths = expand_source(source)
         counts = [read_sample_count(p) for p in self.paths]
         self.counts = np.asarray(counts, dtype=np.int64)
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
         self._starts_list: list[int] = self.starts.tolist()
-        self.max_open = max(1, int(max_open))
+        self.max_open = DEFAULT_MAX_OPEN if max_open is None else max(1, int(max_open))
         self.use_mmap = use_mmap
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._gen = _fork_generation[0]
+        self._bound = 0  # this process's bound, sized on first open
 
     def __len__(self) -> int:
         return self._starts_list[-1]
@@ -422,6 +771,13 @@ class ShardSet:
     def n_shards(self) -> int:
         """Number of shards."""
         return len(self.paths)
+
+    @property
+    def open_bound(self) -> int:
+        """Open shards this process keeps at most (``max_open`` within the descriptor limit)."""
+        if not self._bound:
+            self._bound = open_shard_bound(self.max_open)
+        return self._bound
 
     def locate(self, i: int) -> tuple[int, int]:
         """Map global sample index ``i`` (negative counts from the end) to ``(shard, j)``.
@@ -439,6 +795,26 @@ class ShardSet:
         s = bisect.bisect_right(self._starts_list, i) - 1
         return s, i - self._starts_list[s]
 
+    def _open(self, s: int) -> ShardReader:
+        while True:
+            try:
+                return ShardReader(self.paths[s], use_mmap=self.use_mmap)
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._readers:
+                    raise
+                n = max(1, len(self._readers) // 2)
+                self._bound = max(1, len(self._readers) - n)
+                warnings.warn(
+                    f"{self.paths[s]}: too many open files ({e.strerror}) with "
+                    f"{len(self._readers)} shards open; closing {n} and keeping at most "
+                    f"{self._bound} open in this process (raise `ulimit -n` or pass a smaller "
+                    f"max_open)",
+                    ResourceWarning,
+                    stacklevel=4,
+                )
+                for _ in range(n):
+                    self._readers.popitem(last=False)[1].close()
+
     def reader(self, s: int) -> ShardReader:
         """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed.
 
@@ -450,11 +826,15 @@ class ShardSet:
         if self._gen != _fork_generation[0]:  # forked: the parent's mmaps and fds are not ours
             self._readers = OrderedDict()
             self._gen = _fork_generation[0]
+            self._bound = 0
         r = self._readers.get(s)
         if r is not None:
             self._readers.move_to_end(s)
             return r
-        r = ShardReader(self.paths[s], use_mmap=self.use_mmap)
+        bound = self.open_bound
+        while len(self._readers) >= bound:
+            self._readers.popitem(last=False)[1].close()
+        r = self._open(s)
         if r.n_samples != self._starts_list[s + 1] - self._starts_list[s]:
             r.close()
             raise StaleIndexError(
@@ -463,13 +843,14 @@ class ShardSet:
                 f"rebuilt meanwhile); make a new ShardSet"
             )
         self._readers[s] = r
-        while len(self._readers) > self.max_open:
-            _, old = self._readers.popitem(last=False)
-            old.close()
         return r
 
-    def get(self, i: int) -> Sample:
+    def get(self, i: int, fields: Fields = None) -> Sample:
         """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes.
+
+        Args:
+            i: Global sample index (negative counts from the end).
+            fields: Extensions to return, see :meth:`ShardReader.sample`. Defaults to all.
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
@@ -490,11 +871,64 @@ class ShardSet:
             r = self.reader(s)
         elif len(self._readers) > 1:
             self._readers.move_to_end(s)
-        j = i - starts[s]
-        out = r.sample(j)
+        out = r.sample(i - starts[s], fields)
         out["__shard__"] = self.paths[s]
         out["__index__"] = i
         return out
+
+    def read_block(
+        self,
+        s: int,
+        j0: int,
+        j1: int,
+        fields: Fields = None,
+        *,
+        data: bool = True,
+        prefetch: bool = False,
+    ) -> Block:
+        """:meth:`ShardReader.read_block` on shard ``s``, with :attr:`Block.base` set.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
+                :meth:`ShardReader.read_block` and :meth:`reader`.
+        """
+        b = self.reader(s).read_block(j0, j1, fields, data=data, prefetch=prefetch)
+        b.path = self.paths[s]
+        b.base = self._starts_list[s]
+        return b
+
+    def gather(
+        self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
+    ) -> tuple[list[Block], NDArray[np.int64]]:
+        """Read global samples ``indices`` with one :meth:`ShardReader.gather` per shard.
+
+        Returns:
+            ``(blocks, rows)``: the blocks' samples, concatenated in block order, are
+            ``indices[rows]``; that is, ``rows`` (``int64``, shape ``(len(indices),)``) gives
+            each concatenated sample's position in ``indices``.
+
+        Raises:
+            SampleIndexError: If an index is out of range (negative ones count from the end).
+            FormatError, StaleIndexError: As :meth:`ShardReader.gather` and :meth:`reader`.
+        """
+        n_total = len(self)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.where(idx < 0, idx + n_total, idx)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n_total):
+            bad = int(idx[(idx < 0) | (idx >= n_total)][0])
+            raise SampleIndexError(f"sample index {bad} out of range for {n_total} samples")
+        sid = np.searchsorted(self.starts, idx, side="right") - 1
+        rows = np.argsort(sid, kind="stable")
+        ss = sid[rows]
+        cuts = np.flatnonzero(np.diff(ss)) + 1
+        blocks = []
+        for part in np.split(rows, cuts) if len(rows) else []:
+            s = int(sid[part[0]])
+            b = self.reader(s).gather(idx[part] - self._starts_list[s], fields)
+            b.path = self.paths[s]
+            b.base = self._starts_list[s]
+            blocks.append(b)
+        return blocks, rows
 
     def close(self) -> None:
         """Close every open reader of this process."""
@@ -505,6 +939,7 @@ class ShardSet:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # handles are reopened lazily, never pickled
+        state["_bound"] = 0  # sized again from the receiving process's descriptor limit
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "rank_share",
     "worker_shares",
     "slot_span",
+    "batch_span",
     "slice_blocks",
     "blocks_to_indices",
     "window_order",
@@ -289,6 +290,38 @@ def slot_span(
     return start, start + int(shares[int(worker)])
 
 
+def batch_span(
+    n_samples: int,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    batch_size: int,
+    drop_last: bool = False,
+) -> tuple[int, int]:
+    """Return the stream positions ``[start, stop)`` of ``(rank, worker)`` when dealing batches.
+
+    The rank's ``P`` positions (:func:`rank_share`, the same as unbatched) are cut into
+    ``ceil(P / batch_size)`` batches, the last one short; the batches go whole to the workers,
+    ``nb // num_workers`` or one more each (the first ``nb % num_workers`` one more), so only
+    the worker holding the rank's last batch yields a short batch, and every rank yields the
+    same number of batches whatever ``num_workers``. Positions wrap as in :func:`slot_span`.
+
+    Raises:
+        ValueError: If ``rank``/``worker`` is out of range, ``batch_size < 1``, or as
+            :func:`slot_span`.
+    """
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+    base, stop = slot_span(n_samples, rank, world_size, 0, 1, drop_last)  # validates rank
+    if not 0 <= int(worker) < int(num_workers):
+        raise ValueError(f"worker={worker!r}: expected 0 <= worker < num_workers={num_workers}")
+    p, bsz = stop - base, int(batch_size)
+    shares = worker_shares(-(-p // bsz), num_workers)
+    b0 = int(shares[: int(worker)].sum())
+    return base + min(b0 * bsz, p), base + min((b0 + int(shares[int(worker)])) * bsz, p)
+
+
 def slice_blocks(blocks: Blocks, start: int, stop: int, wrap: bool = False) -> Blocks:
     """Return the blocks covering positions ``[start, stop)`` of the concatenation of ``blocks``.
 
@@ -453,6 +486,7 @@ def plan_worker(
     shuffle: bool = True,
     drop_last: bool = False,
     blocks: Blocks | None = None,
+    batch_size: int | None = None,
 ) -> WorkerPlan:
     """Plan one epoch for one (rank, worker).
 
@@ -470,6 +504,9 @@ def plan_worker(
         drop_last: Remainder policy (module docstring, step 5). Defaults to ``False`` (pad).
         blocks: The epoch's stream if already computed (:func:`epoch_blocks` with the same
             arguments); saves recomputing it per worker.
+        batch_size: Deal the rank's share in whole batches of this many samples
+            (:func:`batch_span`) instead of samples (:func:`slot_span`). The rank's samples
+            are the same either way. Defaults to ``None`` (samples).
 
     Returns:
         The :class:`WorkerPlan`.
@@ -481,7 +518,10 @@ def plan_worker(
     if blocks is None:
         blocks = epoch_blocks(cnt, seed, epoch, block_size, shuffle)
     n = int(cnt.sum())
-    a, b = slot_span(n, rank, world_size, worker, num_workers, drop_last)
+    if batch_size is None:
+        a, b = slot_span(n, rank, world_size, worker, num_workers, drop_last)
+    else:
+        a, b = batch_span(n, rank, world_size, worker, num_workers, batch_size, drop_last)
     segs = slice_blocks(blocks, a, b, wrap=True) if b > a else np.empty((0, 3), dtype=BLOCK_DTYPE)
     return WorkerPlan(
         segments=segs,

@@ -50,6 +50,7 @@ from .spec import (
     MAX_MEMBERS,
     MAX_SAMPLES,
     OFFSET_DTYPE,
+    BLOCK,
 )
 
 __all__ = [
@@ -59,7 +60,9 @@ __all__ = [
     "encode_index",
     "decode_index",
     "read_header",
+    "index_size",
     "layout",
+    "check_samples",
 ]
 
 
@@ -167,6 +170,9 @@ class IndexTables:
     """crc32 of the last 4096 bytes of the tar (FORMAT.md §3)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Producer and version metadata (FORMAT.md §2.6); not part of table equality."""
+    sections: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """``{section: (start, length)}`` in bytes within the index file, when decoded from one
+    (:func:`layout`); used to name the byte of a bad entry. Not part of table equality."""
 
     @property
     def n_samples(self) -> int:
@@ -180,7 +186,7 @@ class IndexTables:
 
     def tables_bytes(self) -> bytes:
         """The encoded index without its metadata: equal for writer and scan on the same tar."""
-        enc = encode_index(IndexTables(**{**self.__dict__, "meta": {}}))
+        enc = encode_index(IndexTables(**{**self.__dict__, "meta": {}, "sections": {}}))
         return enc[: -FOOTER.size]
 
 
@@ -256,18 +262,24 @@ def encode_index(t: IndexTables) -> bytes:
     return bytes(out)
 
 
-def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
+def read_header(
+    buf: bytes | memoryview, path: str = "<index>", file_size: int | None = None
+) -> IndexHeader:
     """Parse and check the 80-byte header (FORMAT.md §2.1).
 
     Args:
         buf: The index bytes, at least the first 80 (more is ignored).
         path: Path of the index, for messages. Defaults to ``"<index>"``.
+        file_size: The index file's real size in bytes, if known: the counts in the header
+            must then describe exactly that many bytes, so a corrupt count is refused before
+            anything is sized from it. Defaults to ``None`` (not checked).
 
     Returns:
         The header fields.
 
     Raises:
-        TruncatedError: If ``buf`` is shorter than the header.
+        TruncatedError: If ``buf`` is shorter than the header, or the header's counts do not
+            add up to ``file_size``.
         BadMagicError: If the magic is wrong.
         UnsupportedVersionError: If the major version is not ``FORMAT_MAJOR``.
         FormatError: If a count exceeds the format's limits (FORMAT.md §2.1; ``key_bytes``,
@@ -304,7 +316,21 @@ def read_header(buf: bytes | memoryview, path: str = "<index>") -> IndexHeader:
                 f"(FORMAT.md §2.1); the index is corrupt; rebuild it with: "
                 f"{_fix(path)}"
             )
+    if file_size is not None:
+        expected = index_size(h)
+        if file_size != expected:
+            raise TruncatedError(
+                f"{path}: index is {file_size} bytes, its header's counts (n_samples "
+                f"{h.n_samples}, n_members {h.n_members}) describe {expected} bytes (truncated, "
+                f"appended to or a corrupt count at byte {min(file_size, expected)}); rebuild it "
+                f"with: {_fix(path)}"
+            )
     return h
+
+
+def index_size(h: IndexHeader) -> int:
+    """Return the size in bytes of the index file that header ``h`` describes (FORMAT.md §2)."""
+    return layout(h)["footer"][0] + FOOTER.size
 
 
 def decode_index(
@@ -334,16 +360,9 @@ def decode_index(
         FormatError: If tables are inconsistent (pointer ends, extension table, metadata
             that is not a JSON object; with ``full_check`` the O(n) checks).
     """
-    h = read_header(buf, path)
+    h = read_header(buf, path, file_size=len(buf))
     lay = layout(h)
     fstart, _ = lay["footer"]
-    expected = fstart + FOOTER.size
-    if len(buf) != expected:
-        raise TruncatedError(
-            f"{path}: index is {len(buf)} bytes, its header says {expected} "
-            f"(truncated or appended to at byte {min(len(buf), expected)}); "
-            f"rebuild it with: {_fix(path)}"
-        )
     crc, end = FOOTER.unpack_from(buf, fstart)
     if end != END_MAGIC:
         raise BadMagicError(
@@ -426,46 +445,119 @@ def decode_index(
         head_crc=h.head_crc,
         tail_crc=h.tail_crc,
         meta=meta,
+        sections=lay,
     )
     if full_check:
-        _full_check(t, path, lay)
+        check_samples(t, 0, t.n_samples, path)
     return t
 
 
-def _full_check(t: IndexTables, path: str, lay: dict[str, tuple[int, int]]) -> None:
-    """O(n) consistency checks of the tables (FORMAT.md §2.2-2.5).
+def check_samples(
+    t: IndexTables, j0: int, j1: int, path: str = "<index>", block_size: int = BLOCK
+) -> None:
+    """Check the index tables of samples ``j0 <= j < j1`` against FORMAT.md §2.2-2.5, vectorised.
 
-    Monotonic pointers, member ranges inside the tar, ext ids in range, no extension twice in
-    one sample (``decode_index`` already checked the extension table).
+    The one set of table guards: every read of a sample goes through it (the reader checks
+    each chunk of samples once, before its first read), and ``verify`` runs it over the whole
+    shard. A sample's members ``sample_ptr[j]:sample_ptr[j+1]`` must be non-empty and in
+    range, its key ``key_ptr[j]:key_ptr[j+1]`` non-empty and inside ``key_blob``, every
+    member's ``ext_id`` a known extension and at most once per sample, every data range
+    ``[offset, offset + size)`` inside ``tar_size``, starting on a 512-byte record boundary
+    after its header (POSIX ustar: data follows its 512-byte header block), and not
+    overlapping another member's record of the same samples.
+
+    Args:
+        t: The tables (numpy views of the index).
+        j0: First sample, ``0 <= j0 <= j1``.
+        j1: End sample (exclusive), ``<= t.n_samples``.
+        path: Path of the index, for messages. Defaults to ``"<index>"``.
+        block_size: The tar record size in bytes. Defaults to ``512``.
+
+    Raises:
+        FormatError: Naming the index, the byte offset of the bad table entry in it, what is
+            wrong and the command that rebuilds the index.
     """
+    sections = t.sections
 
-    def bad(section: str, i: int, what: str, itemsize: int = 8) -> FormatError:
+    def bad(section: str, i: int, what: str) -> FormatError:
+        start, _ = sections.get(section, (-1, 0))
+        item = 4 if section == "ext_id" else 8
+        where = f"byte {start + item * i}: " if start >= 0 else ""
         return FormatError(
-            f"{path}: byte {lay[section][0] + itemsize * i}: {section}[{i}] {what}; the index is "
-            f"corrupt; rebuild it with: {_fix(path)}"
+            f"{path}: {where}{section}[{i}] {what}; the index is corrupt; rebuild it with: "
+            f"{_fix(path)}"
         )
 
-    for name, ptr in (("sample_ptr", t.sample_ptr), ("key_ptr", t.key_ptr)):
-        dec = ptr[1:] < ptr[:-1]  # compared as u8: no int64 wrap-around
-        if dec.any():
-            raise bad(name, int(np.argmax(dec)) + 1, "decreases")
-    if t.n_members:
-        end = t.offset.astype(np.uint64) + t.size.astype(np.uint64)
-        over = (end > np.uint64(t.tar_size)) | (end < t.offset)
+    n_members, key_bytes, n_exts = t.n_members, len(t.key_blob), len(t.exts)
+    for name, table, limit, unit, empty in (
+        ("sample_ptr", t.sample_ptr, n_members, "members", "a sample with no members"),
+        ("key_ptr", t.key_ptr, key_bytes, "key bytes", "an empty key"),
+    ):
+        p = table[j0 : j1 + 1]  # <u8: compared unsigned, no wrap-around
+        over = p > np.uint64(limit)
         if over.any():
-            raise bad(
-                "offset", int(np.argmax(over)), f"range runs past the tar's {t.tar_size} bytes"
-            )
-        if int(t.ext_id.max()) >= len(t.exts):
-            raise bad("ext_id", int(np.argmax(t.ext_id >= len(t.exts))), "is out of range", 4)
-        # one extension at most once per sample, else the reader's dict would drop a member
-        sample_of = np.repeat(
-            np.arange(t.n_samples, dtype=np.int64), np.diff(t.sample_ptr).astype(np.int64)
+            k = int(np.argmax(over))
+            raise bad(name, j0 + k, f"= {int(p[k])} is past the table's {limit} {unit}")
+        flat = p[1:] <= p[:-1]
+        if flat.any():
+            k = int(np.argmax(flat)) + 1
+            what = f"repeats the previous value ({empty})" if p[k] == p[k - 1] else "decreases"
+            raise bad(name, j0 + k, f"= {int(p[k])} {what}")
+    lo, hi = int(t.sample_ptr[j0]), int(t.sample_ptr[j1])
+    if hi <= lo:
+        return
+    eid = t.ext_id[lo:hi]
+    out = eid >= n_exts
+    if out.any():
+        k = int(np.argmax(out))
+        raise bad("ext_id", lo + k, f"= {int(eid[k])} is not one of the {n_exts} extensions")
+    off = t.offset[lo:hi]
+    size = t.size[lo:hi]
+    tar_size = np.uint64(t.tar_size)
+    past = (size > tar_size) | (off > tar_size - np.minimum(size, tar_size))
+    if past.any():
+        k = int(np.argmax(past))
+        raise bad(
+            "offset",
+            lo + k,
+            f"= {int(off[k])} with size {int(size[k])} runs past the tar's {t.tar_size} bytes",
         )
-        order = np.lexsort((t.ext_id, sample_of))
-        same = (sample_of[order][1:] == sample_of[order][:-1]) & (
-            t.ext_id[order][1:] == t.ext_id[order][:-1]
+    rec = np.uint64(block_size)
+    misplaced = (off % rec != 0) | (off < rec)
+    if misplaced.any():
+        k = int(np.argmax(misplaced))
+        raise bad(
+            "offset",
+            lo + k,
+            f"= {int(off[k])} is not a data offset (data starts on a {block_size}-byte record "
+            f"boundary after its header)",
         )
+    # one extension at most once per sample, else a dict of the sample would drop a member
+    counts = np.diff(t.sample_ptr[j0 : j1 + 1].astype(np.int64))
+    local = np.repeat(np.arange(j1 - j0, dtype=np.int64), counts)
+    code = local * n_exts + eid.astype(np.int64)
+    if len(code) > 1:
+        order = np.argsort(code, kind="stable")
+        c = code[order]
+        same = c[1:] == c[:-1]
         if same.any():
-            m = int(order[1:][np.argmax(same)])
-            raise bad("ext_id", m, f"repeats an extension of sample {int(sample_of[m])}", 4)
+            m = int(order[int(np.argmax(same)) + 1])
+            raise bad(
+                "ext_id",
+                lo + m,
+                f"= {int(eid[m])} repeats an extension of sample {j0 + int(local[m])}",
+            )
+        # records [header, data, padding) of distinct members never overlap in a tar
+        order = np.argsort(off, kind="stable")
+        so = off[order]
+        ends = (so + size[order] + (rec - 1)) // rec * rec  # no overflow: off + size <= tar_size
+        clash = so[1:] < ends[:-1] + rec
+        if clash.any():
+            k = int(np.argmax(clash)) + 1
+            m, prev = int(order[k]), int(order[k - 1])
+            raise bad(
+                "offset",
+                lo + m,
+                f"= {int(so[k])} overlaps member {lo + prev} (bytes {int(so[k - 1])}.."
+                f"{int(so[k - 1] + size[prev])} and its header)",
+            )

@@ -1,6 +1,7 @@
 """The torch layer: the only part of tarindex that imports torch."""
 
-from .collate import BatchedSamples, collate_batched
+from .batch import BatchedSamples
+from .collate import collate_batched
 from .dataset import TarDataset
 from .iterable import TarIterableDataset
 from .sampler import BlockSampler

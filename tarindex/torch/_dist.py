@@ -1,10 +1,20 @@
-"""Resolve rank and world size in the parent process (never inside DataLoader workers)."""
+"""Rank and epoch plumbing shared by TarIterableDataset and BlockSampler.
+
+Rank and world size are resolved in the parent process, never inside DataLoader workers
+(where a spawned process group is not initialised); the epoch counter advances once per
+``__iter__`` so persistent workers, which never see a later ``set_epoch``, still move on.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-__all__ = ["resolve_rank", "require_rank"]
+import torch.utils.data
+
+from .. import shuffle as plan_mod
+
+__all__ = ["resolve_rank", "require_rank", "RankEpoch"]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int] | None:
@@ -61,3 +71,74 @@ def require_rank(rank: int | None, world_size: int | None, what: str) -> tuple[i
             "rank= and world_size= explicitly."
         )
     return got
+
+
+class RankEpoch:
+    """The rank, world size and epoch of a sampler or streaming dataset, written once.
+
+    Rank: ``rank``/``world_size`` if given, else ``torch.distributed`` when initialised,
+    resolved in the parent process (construction, ``len()``, ``__iter__``, or when pickled to
+    a worker: :meth:`before_pickle`); in a worker an unresolved rank raises (see
+    :func:`require_rank`). Epoch: each :meth:`next_epoch` returns ``e + k``, where ``e`` is the
+    last :meth:`set_epoch` value (``0`` initially) and ``k`` the number of :meth:`next_epoch`
+    calls since.
+
+    Args:
+        rank: This process's rank, or ``None``.
+        world_size: Number of ranks, or ``None``.
+        what: The owner's name, for messages.
+
+    Raises:
+        ValueError: If only one of ``rank``/``world_size`` is given, or they are out of range.
+    """
+
+    def __init__(self, rank: int | None, world_size: int | None, what: str) -> None:
+        self._args = (rank, world_size)
+        self._what = what
+        self._dist: tuple[int, int] | None = resolve_rank(rank, world_size)
+        self.epoch = 0
+        self.since_set = 0
+
+    def get(self) -> tuple[int, int]:
+        """``(rank, world_size)``, resolving now if needed.
+
+        Raises:
+            RuntimeError: ``WORLD_SIZE > 1`` but no rank could be resolved.
+        """
+        if self._dist is None:
+            info = torch.utils.data.get_worker_info()
+            where = self._what if info is None else f"{self._what} worker"
+            self._dist = require_rank(*self._args, where)
+        return self._dist
+
+    def before_pickle(self) -> None:
+        """Resolve in the parent before crossing to a spawned worker (errors wait for use)."""
+        if self._dist is None and torch.utils.data.get_worker_info() is None:
+            try:
+                self._dist = resolve_rank(*self._args)
+            except Exception:
+                pass
+
+    def set_epoch(self, epoch: int) -> None:
+        """Play ``epoch`` on the next :meth:`next_epoch` (``epoch + k`` on the k-th after).
+
+        Raises:
+            ValueError: If ``epoch`` is negative or ``>= 2**64``.
+        """
+        plan_mod.make_rng(0, epoch, 0)  # validates
+        self.epoch = int(epoch)
+        self.since_set = 0
+
+    def peek(self) -> int:
+        """The epoch the next :meth:`next_epoch` returns."""
+        return self.epoch + self.since_set
+
+    def next_epoch(self) -> int:
+        """Return the epoch of this ``__iter__`` and advance the counter."""
+        e = self.epoch + self.since_set
+        self.since_set += 1
+        return e
+
+    def resume(self, epoch: int) -> None:
+        """Continue ``epoch`` now (a loaded state); the next :meth:`next_epoch` is ``epoch + 1``."""
+        self.epoch, self.since_set = int(epoch), 1

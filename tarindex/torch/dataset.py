@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch.utils.data
@@ -34,14 +34,16 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             See :mod:`tarindex.codecs`. Defaults to ``None``.
         transform: Called on each (decoded) sample; its result is what ``ds[i]`` returns.
             Defaults to ``None``.
+        fields: Extensions to read, e.g. ``("cls",)``: the others are left out of every
+            sample and their bytes are not read. Defaults to ``None`` (all).
         allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members when decoding. Defaults to
             ``False``.
-        max_open: Open shards per process at most. Defaults to ``64``.
+        max_open: Open shards per process at most, 2 file descriptors each (lowered to fit
+            the descriptor limit, see :class:`tarindex.ShardSet`). Defaults to ``48``.
         use_mmap: mmap the tars (``False``: ``os.pread``). Defaults to ``True``.
         batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
-            :class:`tarindex.torch.collate.BatchedSamples` per batch, read straight into one
-            buffer, instead of a list of dicts; use it with
-            ``collate_fn=tarindex.torch.collate.collate_batched``. Raw bytes only: not with
+            :class:`tarindex.BatchedSamples` per batch, read straight into one buffer, instead
+            of a list of dicts; use it with ``collate_fn=tarindex.collate_batched``. Raw bytes only: not with
             ``decode`` or ``transform``. ``ds[i]`` is unchanged. Defaults to ``False``.
 
     Raises:
@@ -58,15 +60,17 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     def __init__(
         self,
         source: Source,
+        *,
         decode: None | str | bool | Decoder = None,
         transform: Callable[[Sample], Any] | None = None,
-        *,
+        fields: Collection[str] | None = None,
         allow_pickle: bool = False,
-        max_open: int = 64,
+        max_open: int | None = None,
         use_mmap: bool = True,
         batched: bool = False,
     ) -> None:
         self.shards = ShardSet(source, max_open=max_open, use_mmap=use_mmap)
+        self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
         if batched and (self.decoder is not None or transform is not None):
@@ -78,10 +82,10 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
     def raw(self, i: int) -> Sample:
         """Return sample ``i`` undecoded and untransformed (bytes per extension)."""
-        return self.shards.get(int(i))
+        return self.shards.get(int(i), self.fields)
 
     def __getitem__(self, i: int) -> Any:
-        sample = self.shards.get(int(i))
+        sample = self.shards.get(int(i), self.fields)
         if self.decoder is not None:
             sample = self.decoder(sample)
         if self.transform is not None:
@@ -96,9 +100,9 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         if self.batched:
             from .collate import fetch_batched
 
-            return fetch_batched(self.shards, indices)  # type: ignore[return-value]
-        get = self.shards.get
-        samples = [get(int(i)) for i in indices]
+            return fetch_batched(self.shards, indices, fields=self.fields)  # type: ignore[return-value]
+        get, fields = self.shards.get, self.fields
+        samples = [get(int(i), fields) for i in indices]
         if self.decoder is not None:
             samples = [self.decoder(s) for s in samples]
         if self.transform is not None:

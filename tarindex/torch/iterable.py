@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,10 @@ from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
 from ..codecs import Decoder, make_decoder
-from ..reader import Sample, ShardSet
+from ..reader import Block, Sample, ShardSet
 from ..sources import Source
-from ._dist import require_rank, resolve_rank
-from .collate import INT_FIELDS, BatchedSamples, _PiecePacker, _Window
+from ._dist import RankEpoch
+from .collate import INT_FIELDS, BatchedSamples, pack_blocks
 
 __all__ = ["TarIterableDataset"]
 
@@ -105,6 +105,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         decode: ``None`` (bytes), ``"pil"``, ``"rgb8"``, ``"l8"`` or a callable, as for
             :class:`TarDataset`.
         transform: Called on each (decoded) sample; its result is yielded.
+        fields: Extensions to read, e.g. ``("cls",)``; the others are left out of every
+            sample and their bytes are not read (a label-only pass reads no image bytes).
+            Defaults to ``None`` (all).
         rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
         world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
         drop_last: Remainder policy, see **Counts**. Defaults to ``False`` (pad by repeating).
@@ -113,7 +116,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             so that rank yields fewer than ``len(ds)`` and DDP may wait at the end of an epoch.
             Defaults to ``"raise"``.
         allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
-        max_open: Open shards per process at most. Defaults to ``64``.
+        max_open: Open shards per process at most (lowered to fit the descriptor limit,
+            see :class:`tarindex.ShardSet`). Defaults to ``48``.
         use_mmap: Map the tars and slice each member straight from the mapping (one copy
             per byte). Defaults to ``True``. ``False`` reads each block with one ``os.pread``
             and slices members out of that buffer (two copies, ~0.75x the rate on ~20 KB
@@ -139,19 +143,20 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
     def __init__(
         self,
         source: Source,
+        *,
         shuffle: bool = True,
         seed: int = 0,
         block_size: int = 64,
         buffer_size: int = 1024,
         decode: None | str | bool | Decoder = None,
         transform: Callable[[Sample], Any] | None = None,
+        fields: Collection[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
         on_error: str = "raise",
-        *,
         allow_pickle: bool = False,
-        max_open: int = 64,
+        max_open: int | None = None,
         use_mmap: bool = True,
         batched: bool = False,
         batch_size: int | None = None,
@@ -187,14 +192,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         self.batched = bool(batched)
         self.batch_size: int | None = int(batch_size) if batched else None  # type: ignore[arg-type]
         self.int_fields = tuple(int_fields)
-        self._packer: _PiecePacker | None = None
+        self.fields = None if fields is None else tuple(fields)
         self.drop_last = bool(drop_last)
         self.on_error = on_error
-        self._rank_arg = rank
-        self._world_arg = world_size
-        self._dist: tuple[int, int] | None = resolve_rank(rank, world_size)
-        self.epoch = 0
-        self._iters_since_set = 0
+        self._re = RankEpoch(rank, world_size, "TarIterableDataset")
         self._loaded: dict[str, Any] | None = None
         self._active: dict[str, Any] | None = None  # the epoch being iterated by this process
         self._consumed = 0
@@ -202,9 +203,12 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
     # -- ranks, epochs, sizes ---------------------------------------------------------------
     def _rank(self) -> tuple[int, int]:
-        if self._dist is None:
-            self._dist = require_rank(self._rank_arg, self._world_arg, "TarIterableDataset")
-        return self._dist
+        return self._re.get()
+
+    @property
+    def epoch(self) -> int:
+        """The last :meth:`set_epoch` value (``0`` initially)."""
+        return self._re.epoch
 
     @property
     def rank(self) -> int:
@@ -226,9 +230,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         Raises:
             ValueError: If ``epoch`` is negative or ``>= 2**64``.
         """
-        plan_mod.make_rng(0, epoch, 0)  # validates
-        self.epoch = int(epoch)
-        self._iters_since_set = 0
+        self._re.set_epoch(epoch)
         self._active = None
 
     @property
@@ -288,8 +290,6 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         global indices in the order that worker yields them.
         """
         rank, ws = self._rank()
-        if self.batch_size is not None:
-            return self._batched_plan(epoch, rank, ws, worker, num_workers)
         return plan_mod.plan_worker(
             self.shards.counts,
             self.seed,
@@ -303,42 +303,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             shuffle=self.shuffle,
             drop_last=self.drop_last,
             blocks=self._epoch_blocks(epoch),
-        )
-
-    def _batched_plan(
-        self, epoch: int, rank: int, ws: int, worker: int, num_workers: int
-    ) -> plan_mod.WorkerPlan:
-        """Like :func:`tarindex.shuffle.plan_worker`, with the rank's share dealt in batches.
-
-        The rank's ``ceil(P / batch_size)`` batches (``P`` =
-        :attr:`num_samples`, the last batch short) go ``nb // W`` or one more per worker, the
-        first ``nb % W`` workers one more; the worker holding the rank's last batch yields the
-        only short one. The rank's positions, hence which samples it yields, are those of the
-        unbatched plan.
-        """
-        n = len(self.shards)
-        base, stop = plan_mod.slot_span(n, rank, ws, 0, 1, self.drop_last)  # validates rank
-        if not 0 <= int(worker) < int(num_workers):
-            raise ValueError(f"worker={worker!r}: expected 0 <= worker < num_workers={num_workers}")
-        p, bsz = stop - base, int(self.batch_size)  # type: ignore[arg-type]
-        shares = plan_mod.worker_shares(-(-p // bsz), num_workers)
-        b0 = int(shares[: int(worker)].sum())
-        a, b = base + min(b0 * bsz, p), base + min((b0 + int(shares[int(worker)])) * bsz, p)
-        blocks = self._epoch_blocks(epoch)
-        segs = (
-            plan_mod.slice_blocks(blocks, a, b, wrap=True)
-            if b > a
-            else np.empty((0, 3), dtype=plan_mod.BLOCK_DTYPE)
-        )
-        return plan_mod.WorkerPlan(
-            segments=segs,
-            n_samples=b - a,
-            seed=self.seed,
-            epoch=int(epoch),
-            rank=int(rank),
-            worker=int(worker),
-            buffer_size=self.buffer_size,
-            shuffle=self.shuffle,
+            batch_size=self.batch_size,
         )
 
     # -- state ------------------------------------------------------------------------------
@@ -378,7 +343,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         else:
             info = torch.utils.data.get_worker_info()
             worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-            epoch, consumed = self.epoch + self._iters_since_set, 0
+            epoch, consumed = self._re.peek(), 0
         return {
             "version": _STATE_VERSION,
             "seed": self.seed,
@@ -429,12 +394,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         """
         info = torch.utils.data.get_worker_info()
         worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        if info is None:
-            self._rank()  # parent: may resolve now (process group initialised since)
-        elif self._dist is None:
-            # fork workers inherit an initialised process group; spawned ones were resolved
-            # when pickled (__getstate__). Anything else is an error, raised here.
-            self._dist = require_rank(self._rank_arg, self._world_arg, "TarIterableDataset worker")
+        # the parent may resolve now (process group initialised since); fork workers inherit
+        # an initialised group, spawned ones were resolved when pickled (__getstate__);
+        # anything else is an error, raised here
+        self._rank()
         start = 0
         if self._loaded is not None:
             st, self._loaded = self._loaded, None
@@ -445,10 +408,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                     f"through torchdata's StatefulDataLoader)"
                 )
             epoch, start = int(st["epoch"]), int(st["consumed"])
-            self.epoch, self._iters_since_set = epoch, 1
+            self._re.resume(epoch)
         else:
-            epoch = self.epoch + self._iters_since_set
-            self._iters_since_set += 1
+            epoch = self._re.next_epoch()
         p = self.plan(epoch, worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
         self._consumed = min(start, p.n_samples)
@@ -480,129 +442,97 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         block could not be read under ``on_error="skip"``.
         """
         if not (p.shuffle and p.buffer_size > 1):
-            for s, j0, j1 in plan_mod.slice_blocks(p.segments, start, p.n_samples).tolist():
-                yield from self._read(s, j0, j1)
+            for piece in plan_mod.slice_blocks(p.segments, start, p.n_samples).tolist():
+                yield from self._samples(piece, self._read([piece], False)[0])
             return
         w = p.buffer_size
         for k in range(start // w, p.n_windows):
             pieces, perm = p.window(k)
+            pl = pieces.tolist()
             buf: list[Sample | None] = []
-            for s, j0, j1 in pieces.tolist():
-                buf.extend(self._read(s, j0, j1))
+            for piece, blk in zip(pl, self._read(pl, True), strict=True):
+                buf.extend(self._samples(piece, blk))
             order = perm.tolist() if perm is not None else range(len(buf))
             skip = start - k * w if start > k * w else 0
             for i in order[skip:]:
                 yield buf[i]
+
+    @staticmethod
+    def _samples(piece: list[int], blk: Block | None) -> list[Sample | None]:
+        return blk.to_samples() if blk is not None else [None] * (piece[2] - piece[1])
+
+    def _read(self, pieces: list[list[int]], prefetch: bool) -> list[Block | None]:
+        """Kernel reads of planned pieces ``(shard, j0, j1)``; ``None`` for a skipped one."""
+        out: list[Block | None] = []
+        for s, j0, j1 in pieces:
+            try:
+                out.append(
+                    self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
+                )
+            except Exception as e:
+                if self.on_error != "skip":
+                    raise
+                warnings.warn(
+                    f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                out.append(None)
+        return out
 
     def _generate_batched(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[BatchedSamples]:
         """Batches of ``batch_size`` consecutive positions of this worker's yield order.
 
         The batch grid is fixed at multiples of ``batch_size`` from the worker's first
         position; a resume at ``start`` off the grid yields ``[start, next multiple)`` first,
-        then the uninterrupted batches. Members are copied once, from the tar (mmap view or one
-        ``pread`` per piece) into the batch buffer; no per-sample dict or bytes is made.
+        then the uninterrupted batches. Members are copied once, from the kernel's source
+        buffer into the batch buffer (:func:`~tarindex.torch.collate.pack_blocks`).
         """
-        if self._packer is None:
-            self._packer = _PiecePacker(self.shards, self.int_fields)
-        packer = self._packer
         bsz, n = int(self.batch_size), p.n_samples  # type: ignore[arg-type]
         mixing = p.shuffle and p.buffer_size > 1
         w = p.buffer_size if mixing else bsz  # a window: mixed together (or one batch)
-        on_error = self._piece_error if self.on_error == "skip" else None
-        wins: dict[int, tuple[_Window, Any]] = {}
+        wins: dict[int, tuple[list[Block | None], NDArray[np.int64], Any]] = {}
         pos = start
-        try:
-            while pos < n:
-                end = min((pos // bsz + 1) * bsz, n)
-                parts = []
-                for k in range(pos // w, (end - 1) // w + 1):
-                    got = wins.get(k)
-                    if got is None:
-                        if mixing:
-                            pieces, perm = p.window(k)
-                        else:
-                            pieces = plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, n))
-                            perm = None
-                        win = packer.read(pieces.tolist(), on_error, willneed=mixing)
-                        got = wins[k] = (win, perm)
-                    win, perm = got
-                    a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
-                    idx = perm[a:b] if perm is not None else np.arange(a, b, dtype=np.int64)
-                    parts.append((win, idx))
-                batch = packer.pack(parts)
-                parts = []
-                for k in [k for k in wins if (k + 1) * w <= end]:
-                    wins.pop(k)[0].release()
-                pos = end
-                self._consumed = pos
-                if batch is not None:
-                    yield batch
-        finally:
-            for win, _ in wins.values():
-                win.release()
-
-    def _piece_error(self, s: int, j0: int, j1: int, e: Exception) -> None:
-        warnings.warn(
-            f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-    def _read(self, s: int, j0: int, j1: int) -> list[Sample | None]:
-        """Read samples ``j0 <= j < j1`` of shard ``s`` with one read of their byte range."""
-        try:
-            return self._read_block(s, j0, j1)
-        except Exception as e:
-            if self.on_error != "skip":
-                raise
-            warnings.warn(
-                f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return [None] * (j1 - j0)
-
-    def _read_block(self, s: int, j0: int, j1: int) -> list[Sample | None]:
-        r = self.shards.reader(s)
-        t = r.index
-        a, b = r.sample_byte_range(j0, j1)
-        mm = r._mm
-        buf: Any
-        if mm is not None and b <= r.tar_size:
-            # mmap: slice members straight from the mapping (one copy, no block buffer);
-            # the kernel's read-ahead still sees one sequential range
-            buf, a = mm, 0
-        else:
-            buf = r.read(a, b - a)  # pread: one syscall for the block, then slices
-        sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
-        lo, hi = int(sp[0]), int(sp[-1])
-        rel = t.offset[lo:hi].astype(np.int64) - a  # member offsets within buf
-        offs = rel.tolist()
-        ends = (rel + t.size[lo:hi].astype(np.int64)).tolist()
-        exts = r.exts
-        names = [exts[e] for e in t.ext_id[lo:hi].tolist()]
-        spl = (sp - lo).tolist()
-        kp = t.key_ptr[j0 : j1 + 1].astype(np.int64)
-        k0 = int(kp[0])
-        kpl = (kp - k0).tolist()
-        blob = bytes(t.key_blob[k0 : int(kp[-1])])
-        if blob.isascii():
-            text = blob.decode("ascii")
-            keys = [text[kpl[i] : kpl[i + 1]] for i in range(j1 - j0)]
-        else:
-            keys = [
-                blob[kpl[i] : kpl[i + 1]].decode("utf-8", "surrogateescape") for i in range(j1 - j0)
-            ]
-        path = self.shards.paths[s]
-        base = int(self.shards.starts[s]) + j0
-        out: list[Sample | None] = []
-        append = out.append
-        for i in range(j1 - j0):
-            d: Sample = {"__key__": keys[i], "__shard__": path, "__index__": base + i}
-            for m in range(spl[i], spl[i + 1]):
-                d[names[m]] = buf[offs[m] : ends[m]]
-            append(d)
-        return out
+        while pos < n:
+            end = min((pos // bsz + 1) * bsz, n)
+            parts: list[tuple[Block, NDArray[np.int64]]] = []
+            rows: list[NDArray[np.int64]] = []
+            r0 = 0
+            for k in range(pos // w, (end - 1) // w + 1):
+                got = wins.get(k)
+                if got is None:
+                    if mixing:
+                        pieces, perm = p.window(k)
+                    else:
+                        pieces = plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, n))
+                        perm = None
+                    cum = np.zeros(len(pieces) + 1, np.int64)
+                    np.cumsum(pieces[:, 2] - pieces[:, 1], out=cum[1:])
+                    got = wins[k] = (self._read(pieces.tolist(), mixing), cum, perm)
+                blocks, cum, perm = got
+                a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
+                idx = perm[a:b] if perm is not None else np.arange(a, b, dtype=np.int64)
+                pc = np.searchsorted(cum, idx, side="right") - 1
+                ok = np.asarray([blk is not None for blk in blocks], np.bool_)[pc]
+                idx, pc = idx[ok], pc[ok]
+                order = np.argsort(pc, kind="stable")
+                ps, li = pc[order], idx[order] - cum[pc[order]]
+                rs = np.arange(r0, r0 + len(idx), dtype=np.int64)[order]
+                if len(ps):
+                    cuts = np.flatnonzero(np.diff(ps)) + 1
+                    heads = np.concatenate([[0], cuts]).tolist()
+                    for h, sel, rr in zip(
+                        heads, np.split(li, cuts), np.split(rs, cuts), strict=True
+                    ):
+                        parts.append((blocks[int(ps[h])], sel))  # type: ignore[arg-type]
+                        rows.append(rr)
+                r0 += len(idx)
+            for k in [k for k in wins if (k + 1) * w <= end]:
+                del wins[k]
+            pos = end
+            self._consumed = pos
+            if r0:
+                yield pack_blocks(parts, np.concatenate(rows), self.int_fields)
 
     def _finish(self, sample: Sample) -> Any:
         if self.decoder is None and self.transform is None:
@@ -626,15 +556,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
     # -- pickling ---------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        if self._dist is None and torch.utils.data.get_worker_info() is None:
-            try:  # resolve in the parent before crossing to a spawned worker
-                self._dist = resolve_rank(self._rank_arg, self._world_arg)
-            except Exception:
-                pass
+        self._re.before_pickle()
         state = self.__dict__.copy()
         state["_blocks_cache"] = None
         state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
-        state["_packer"] = None  # process-local caches
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
-from ._dist import require_rank, resolve_rank
+from ._dist import RankEpoch
 
 __all__ = ["BlockSampler"]
 
@@ -60,6 +60,7 @@ class BlockSampler(torch.utils.data.Sampler[int]):
     def __init__(
         self,
         dataset_or_len: int | Sized | Any,
+        *,
         block_size: int = 64,
         shuffle: bool = True,
         seed: int = 0,
@@ -89,15 +90,15 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.buffer_size = max(int(buffer_size), 0)
-        self._rank_arg, self._world_arg = rank, world_size
-        self._dist = resolve_rank(rank, world_size)
-        self.epoch = 0
-        self._iters_since_set = 0
+        self._re = RankEpoch(rank, world_size, "BlockSampler")
 
     def _rank(self) -> tuple[int, int]:
-        if self._dist is None:
-            self._dist = require_rank(self._rank_arg, self._world_arg, "BlockSampler")
-        return self._dist
+        return self._re.get()
+
+    @property
+    def epoch(self) -> int:
+        """The last :meth:`set_epoch` value (``0`` initially)."""
+        return self._re.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next ``__iter__``.
@@ -105,9 +106,11 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         Raises:
             ValueError: If ``epoch`` is negative or ``>= 2**64``.
         """
-        plan_mod.make_rng(0, epoch, 0)
-        self.epoch = int(epoch)
-        self._iters_since_set = 0
+        self._re.set_epoch(epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._re.before_pickle()
+        return self.__dict__.copy()
 
     def __len__(self) -> int:
         """Indices this rank yields per epoch; the same on every rank."""
@@ -132,6 +135,4 @@ class BlockSampler(torch.utils.data.Sampler[int]):
         return p.order(self.starts)
 
     def __iter__(self) -> Iterator[int]:
-        epoch = self.epoch + self._iters_since_set
-        self._iters_since_set += 1
-        return iter(self.indices(epoch).tolist())
+        return iter(self.indices(self._re.next_epoch()).tolist())

@@ -1,0 +1,217 @@
+"""Byte sources: where the read kernel gets a shard's bytes (mmap or ``os.pread``).
+
+The kernel (:meth:`tarindex.reader.ShardReader.read_block`) asks a source for whole byte
+ranges and slices members out of what it gets back; nothing above the kernel sees a source.
+A source is one small interface, :class:`ByteSource`: its ``size``, ``read(offset, size)``,
+``read_ranges(starts, ends)``, a ``prefetch`` hint and ``close``. A remote source (fsspec
+``cat_ranges``) is added beside :class:`MmapSource` and :class:`PreadSource` without touching
+the datasets.
+
+Each source holds at most one file descriptor (an ``mmap`` keeps its own duplicate of the
+descriptor it maps; the original is closed).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import TruncatedError
+
+__all__ = ["Buffer", "ByteSource", "MmapSource", "PreadSource", "open_source"]
+
+Buffer = bytes | mmap.mmap
+"""What :meth:`ByteSource.read_ranges` returns: a buffer whose slices are ``bytes``."""
+
+
+class ByteSource(Protocol):
+    """The bytes of one tar, read by range. Offsets and sizes are in bytes."""
+
+    path: str
+    """The tar's path or URL, for messages."""
+    size: int
+    """Size of the tar in bytes (as seen when the source was opened)."""
+    zero_copy: bool
+    """``True`` if :meth:`read_ranges` returns the whole tar mapped (no bytes are read)."""
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Return ``size`` bytes at ``offset``; ``TruncatedError`` if they are not all there."""
+        ...
+
+    def read_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64]
+    ) -> tuple[Buffer, NDArray[np.int64]]:
+        """Read the half-open ranges ``[starts[r], ends[r])``; return ``(buffer, bases)``.
+
+        Range ``r`` is ``buffer[bases[r] : bases[r] + ends[r] - starts[r]]``.
+        """
+        ...
+
+    def prefetch(self, start: int, end: int) -> None:
+        """Hint that bytes ``[start, end)`` will be read soon (may do nothing)."""
+        ...
+
+    def close(self) -> None:
+        """Release the descriptor or mapping (idempotent)."""
+        ...
+
+
+def _past_end(path: str, size: int, offset: int, end: int) -> TruncatedError:
+    return TruncatedError(
+        f"{path}: byte {size}: range {offset}..{end} runs past the end of the tar; the index "
+        f"is corrupt or the tar was cut: tarindex verify {path}"
+    )
+
+
+class MmapSource:
+    """The whole tar mapped read-only; ranges are slices of the mapping (no read, no copy).
+
+    Args:
+        path: The tar's path, for messages.
+        fd: An open descriptor of the tar; the mapping keeps its own duplicate, so the caller
+            may close ``fd`` afterwards.
+        size: The tar's size in bytes (``> 0``).
+
+    Raises:
+        OSError: If the file cannot be mapped.
+    """
+
+    zero_copy = True
+
+    def __init__(self, path: str, fd: int, size: int) -> None:
+        self.path = path
+        self.size = size
+        self.mm: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Return a copy of ``size`` bytes at ``offset``.
+
+        Raises:
+            TruncatedError: If the range runs past the end of the tar.
+        """
+        end = offset + size
+        if offset < 0 or size < 0 or end > self.size or self.mm is None:
+            raise _past_end(self.path, self.size, offset, end)
+        return self.mm[offset:end]
+
+    def read_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64]
+    ) -> tuple[Buffer, NDArray[np.int64]]:
+        """Return the mapping itself and ``starts`` (offsets into it are tar offsets).
+
+        Raises:
+            TruncatedError: If a range runs past the end of the tar.
+        """
+        if self.mm is None:
+            raise _past_end(self.path, self.size, 0, 0)
+        if len(ends) and int(ends.max()) > self.size:
+            raise _past_end(self.path, self.size, int(starts.min()), int(ends.max()))
+        return self.mm, starts
+
+    def prefetch(self, start: int, end: int) -> None:
+        """``madvise(MADV_WILLNEED)`` over ``[start, end)``: the kernel reads it ahead."""
+        mm = self.mm
+        if mm is None or end <= start:
+            return
+        try:
+            p0 = start - start % mmap.PAGESIZE
+            mm.madvise(mmap.MADV_WILLNEED, p0, min(end, self.size) - p0)
+        except (AttributeError, OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """Drop the mapping: it is unmapped (and its descriptor closed) when no block read from
+        it is alive any more, at once otherwise. A block handed out stays valid."""
+        self.mm = None
+
+
+class PreadSource:
+    """The tar read with ``os.pread``: one read per range, and no SIGBUS if the tar is cut.
+
+    Args:
+        path: The tar's path, for messages.
+        fd: An open descriptor of the tar; the source owns it from now on.
+        size: The tar's size in bytes.
+
+    Attributes:
+        bytes_read: Total bytes read so far (for tests and benchmarks).
+    """
+
+    zero_copy = False
+
+    def __init__(self, path: str, fd: int, size: int) -> None:
+        self.path = path
+        self.size = size
+        self.fd = fd
+        self.bytes_read = 0
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Return ``size`` bytes at ``offset``.
+
+        Raises:
+            TruncatedError: If the range runs past the end of the tar, or the tar was cut
+                while open (a short read).
+        """
+        end = offset + size
+        if offset < 0 or size < 0 or end > self.size or self.fd < 0:
+            raise _past_end(self.path, self.size, offset, end)
+        data = os.pread(self.fd, size, offset)
+        self.bytes_read += len(data)
+        if len(data) != size:
+            raise TruncatedError(
+                f"{self.path}: byte {offset + len(data)}: short read ({len(data)} of {size} "
+                f"bytes); the tar was cut while open: re-open it once it is complete, or copy "
+                f"it again and re-index it (tarindex index --force {self.path})"
+            )
+        return data
+
+    def read_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64]
+    ) -> tuple[Buffer, NDArray[np.int64]]:
+        """One ``pread`` per range, concatenated in the order given.
+
+        Raises:
+            TruncatedError: As :meth:`read`.
+        """
+        if len(starts) == 1:
+            return self.read(int(starts[0]), int(ends[0] - starts[0])), np.zeros(1, np.int64)
+        lens = ends - starts
+        bases = np.zeros(len(starts), np.int64)
+        np.cumsum(lens[:-1], out=bases[1:])
+        parts = [self.read(a, b - a) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return b"".join(parts), bases
+
+    def prefetch(self, start: int, end: int) -> None:
+        """``posix_fadvise(POSIX_FADV_WILLNEED)`` where the platform has it."""
+        if end > start and self.fd >= 0 and hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def open_source(path: str, fd: int, size: int, use_mmap: bool = True) -> ByteSource:
+    """Wrap the open descriptor ``fd`` of the tar at ``path`` (``size`` bytes) in a source.
+
+    With ``use_mmap`` (and a non-empty file) the tar is mapped and ``fd`` is closed, so the
+    source holds one descriptor either way.
+
+    Raises:
+        OSError: If mapping fails (``fd`` is closed then too).
+    """
+    if use_mmap and size > 0:
+        try:
+            return MmapSource(path, fd, size)
+        finally:
+            os.close(fd)
+    return PreadSource(path, fd, size)
