@@ -1506,6 +1506,9 @@ def chart(results: list[Result], path: str, title: str = "") -> str | None:
                     color="black" if r.status == "ok" else "tab:red")
         if ok:
             ax.set_xlim(floor, max(ok) * 6)
+        else:
+            ax.set_xlim(0.5, 1e3)
+            ax.set_xticks([])
     if has_scale:
         ax = axes[len(figs)]
         sc = [r for r in results if r.figure.startswith("scale") and r.status == "ok"]
