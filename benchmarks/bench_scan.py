@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tarindex.indexfile import build_index
+from tarindex.build import build_index
 from tarindex.scan import scan_members
 
 GNU_TAR = shutil.which("tar")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
+from .build import build_index
 from .errors import (
     BadMagicError,
     ChecksumError,
@@ -18,6 +19,7 @@ from .errors import (
     FormatError,
     IndexMissingError,
     NotATarError,
+    PackError,
     SampleIndexError,
     StaleIndexError,
     TarHeaderError,
@@ -27,7 +29,7 @@ from .errors import (
     UnsupportedVersionError,
     WriterError,
 )
-from .indexfile import build_index, index_path_for
+from .indexfile import index_path_for
 from .reader import ShardReader, ShardSet
 from .scan import Members, scan
 from .sources import expand_source
@@ -65,6 +67,7 @@ __all__ = [
     "StaleIndexError",
     "SampleIndexError",
     "WriterError",
+    "PackError",
     *_TORCH_NAMES,
 ]
 

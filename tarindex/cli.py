@@ -41,14 +41,15 @@ from typing import IO, Any
 import numpy as np
 
 from ._version import __version__
-from .errors import TarIndexError
-from .format.keys import check_ext, check_key, normalize_name, split_key
-from .indexfile import build_index, write_atomic
+from .build import build_index
+from .errors import PackError, TarIndexError
+from .format.keys import normalize_name
+from .pack import LAYOUTS, plan_pack, write_pack
 from .reader import ShardReader, ShardSet, is_up_to_date
 from .scan import scan_members
 from .sources import expand_source
 
-__all__ = ["main", "build_parser", "plan_pack", "sanitize_stem", "parse_size", "PackPlan"]
+__all__ = ["main", "build_parser", "parse_size"]
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -390,169 +391,24 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 
 # -- pack -------------------------------------------------------------------------------------
-def sanitize_stem(stem: str) -> str:
-    """Make a file's stem usable as a key basename, deterministically and reversibly.
-
-    A key's basename may not contain a dot (FORMAT.md §4): ``%`` becomes ``%25`` and ``.``
-    becomes ``%2E`` (URL-style, so ``urllib.parse.unquote`` restores the stem, and two
-    different stems never map to the same key). Stems without ``.`` or ``%`` are unchanged.
-    """
-    return stem.replace("%", "%25").replace(".", "%2E")
-
-
-@dataclass
-class PackPlan:
-    """What ``pack`` will write, computed from the source folder before anything is written."""
-
-    layout: str
-    """``"classes"`` or ``"flat"``."""
-    samples: list[tuple[str, list[tuple[str, str]], int | None]]
-    """``(key, [(ext, file path), ...], class id or None)`` in write order."""
-    classes: list[str] | None
-    """Class names; a sample's class id is its position here (``classes`` layout only)."""
-    skipped: list[tuple[str, str]]
-    """``(file path, reason)`` of files that go into no sample."""
-
-
-def _walk_files(root: str) -> list[str]:
-    """Non-hidden regular files under ``root``, as sorted ``/``-separated relative paths."""
-    out: list[str] = []
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-        rel = os.path.relpath(d, root)
-        for f in sorted(files):
-            if f.startswith("."):
-                continue
-            path = f if rel == "." else os.path.join(rel, f)
-            out.append(path.replace(os.sep, "/"))
-    return sorted(out)
-
-
-def plan_pack(src: str, layout: str = "auto") -> PackPlan:
-    """Decide which files form which samples (see the ``pack`` help for the rules).
-
-    Args:
-        src: The folder to pack.
-        layout: ``"classes"``, ``"flat"`` or ``"auto"`` (``classes`` when the folder's top
-            level holds only sub-folders, ``flat`` otherwise). Defaults to ``"auto"``.
-
-    Returns:
-        A :class:`PackPlan`.
-
-    Raises:
-        UsageError: ``src`` is not a folder or holds no usable file; a ``classes`` layout with
-            files at the top level, or with a ``.cls`` file (the class id is written as ``cls``).
-    """
-    if not os.path.isdir(src):
-        raise UsageError(f"{src}: not a directory")
-    top = [e for e in sorted(os.listdir(src)) if not e.startswith(".")]
-    top_files = [e for e in top if not os.path.isdir(os.path.join(src, e))]
-    top_dirs = [e for e in top if os.path.isdir(os.path.join(src, e))]
-    if layout == "auto":
-        layout = "classes" if top_dirs and not top_files else "flat"
-    if layout == "classes" and top_files:
-        raise UsageError(
-            f"{src}: --layout classes needs only class folders at the top level, found file "
-            f"{top_files[0]!r}; move it into a class folder or use --layout flat"
-        )
-    classes = top_dirs if layout == "classes" else None
-    class_id = {c: i for i, c in enumerate(classes or [])}
-    groups: dict[str, list[tuple[str, str]]] = {}
-    labels: dict[str, int | None] = {}
-    skipped: list[tuple[str, str]] = []
-    for rel in _walk_files(src):
-        path = os.path.join(src, *rel.split("/"))
-        if layout == "classes":
-            dirname, _, base = rel.rpartition("/")
-            stem, dot, ext = base.rpartition(".")
-            if not dot or not stem:
-                skipped.append((path, "no extension"))
-                continue
-            key = f"{dirname}/{sanitize_stem(stem)}"
-            label: int | None = class_id[rel.split("/", 1)[0]]
-        else:
-            parts = split_key(rel.encode("utf-8", "surrogateescape"))
-            if parts is None:
-                skipped.append((path, "no extension"))
-                continue
-            key = parts[0].decode("utf-8", "surrogateescape")
-            ext = parts[1].decode("utf-8", "surrogateescape")
-            label = None
-        try:
-            check_key(key)
-            check_ext(ext)
-        except ValueError as e:
-            skipped.append((path, str(e)))
-            continue
-        if layout == "classes" and ext == "cls":
-            raise UsageError(
-                f"{path}: a .cls file in the classes layout; pack writes each sample's class id "
-                f"as 'cls' itself: remove or rename it"
-            )
-        groups.setdefault(key, []).append((ext, path))
-        labels[key] = label
-    if not groups:
-        raise UsageError(
-            f"{src}: no files to pack (hidden files and files without an extension are skipped)"
-        )
-    samples = [(k, groups[k], labels[k]) for k in sorted(groups)]
-    return PackPlan(layout, samples, classes, skipped)
-
-
-def _check_pattern(pattern: str, n_samples: int, maxcount: int) -> bool:
-    """Return True if ``pattern`` has an integer field; raise UsageError if it cannot work."""
-    try:
-        a, b = pattern % 0, pattern % 1
-    except TypeError:
-        if "%" in pattern:
-            raise UsageError(
-                f"{pattern!r}: OUT_PATTERN needs exactly one integer field such as %06d "
-                f"(write %% for a literal percent sign)"
-            ) from None
-        if n_samples > maxcount:
-            raise UsageError(
-                f"{pattern!r}: {n_samples} samples need more than one shard (--maxcount "
-                f"{maxcount}); add an integer field, e.g. out/shard-%06d.tar"
-            ) from None
-        return False
-    except ValueError as e:
-        raise UsageError(f"{pattern!r}: bad OUT_PATTERN ({e})") from None
-    if a == b:
-        raise UsageError(f"{pattern!r}: OUT_PATTERN gives the same name for every shard")
-    return True
-
-
 def cmd_pack(args: argparse.Namespace) -> int:
-    """``tarindex pack``: a folder of files into indexed shards with ShardWriter."""
-    from .writer import ShardWriter
-
-    src = os.path.abspath(args.src_dir)
-    out_dir = os.path.dirname(os.path.abspath(args.out_pattern))
-    if os.path.commonpath([src, out_dir]) == src:
-        raise UsageError(
-            f"{args.out_pattern}: OUT_PATTERN is inside SRC_DIR {args.src_dir}; write the "
-            f"shards elsewhere (a second run would pack them)"
-        )
-    plan = plan_pack(args.src_dir, args.layout)
-    _check_pattern(args.out_pattern, len(plan.samples), args.maxcount)
+    """``tarindex pack``: a folder of files into indexed shards (:mod:`tarindex.pack`)."""
+    plan = plan_pack(
+        args.src_dir, args.layout, out_pattern=args.out_pattern, maxcount=args.maxcount
+    )
     for path, why in plan.skipped[:5]:
         print(f"tarindex pack: skipped {path}: {why}", file=sys.stderr)
     if len(plan.skipped) > 5:
         print(f"tarindex pack: skipped {len(plan.skipped) - 5} more file(s)", file=sys.stderr)
-    n_files = 0
     bar = _progress(len(plan.samples), "sample", args.quiet, "packing")
     try:
-        with ShardWriter(args.out_pattern, maxcount=args.maxcount, maxsize=args.maxsize) as sink:
-            for key, files, label in plan.samples:
-                sample: dict[str, Any] = {"__key__": key}
-                for ext, path in files:
-                    with open(path, "rb") as f:
-                        sample[ext] = f.read()
-                if label is not None:
-                    sample["cls"] = label
-                sink.write(sample)
-                n_files += len(files)
-                bar.update(1)
+        res = write_pack(
+            plan,
+            args.out_pattern,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            on_sample=lambda: bar.update(1),
+        )
     except ValueError as e:
         if isinstance(e, TarIndexError):
             raise
@@ -560,15 +416,13 @@ def cmd_pack(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(
-        f"packed {len(plan.samples)} samples ({n_files} files, {plan.layout} layout) into "
-        f"{len(sink.paths)} shard(s), each with its index:"
+        f"packed {len(plan.samples)} samples ({res.n_files} files, {plan.layout} layout) into "
+        f"{len(res.paths)} shard(s), each with its index:"
     )
-    for p in sink.paths:
+    for p in res.paths:
         print(f"  {p}")
     if plan.classes is not None:
-        cj = os.path.join(os.path.dirname(os.path.abspath(sink.paths[0])), "classes.json")
-        write_atomic(cj, (json.dumps(plan.classes, ensure_ascii=False, indent=1) + "\n").encode())
-        print(f"{len(plan.classes)} classes (cls = position in the list): {cj}")
+        print(f"{len(plan.classes)} classes (cls = position in the list): {res.classes_json}")
     return EXIT_OK
 
 
@@ -717,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(3e9),
         help="bytes per shard at most, e.g. 1e9, 500M, 1GiB (default: 3G)",
     )
-    s.add_argument("--layout", choices=("auto", "classes", "flat"), default="auto")
+    s.add_argument("--layout", choices=LAYOUTS, default="auto")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
 
@@ -768,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefix = f"tarindex {args.command}: error:"
     try:
         return int(args.func(args))
-    except UsageError as e:
+    except (UsageError, PackError) as e:  # PackError: the folder or OUT_PATTERN, before writing
         print(f"{prefix} {_describe(e)}", file=sys.stderr)
         return EXIT_USAGE
     except (TarIndexError, NotFoundError) as e:

@@ -22,6 +22,7 @@ __all__ = [
     "StaleIndexError",
     "SampleIndexError",
     "WriterError",
+    "PackError",
 ]
 
 
@@ -79,3 +80,11 @@ class SampleIndexError(TarIndexError, IndexError):
 
 class WriterError(TarIndexError, ValueError):
     """A sample cannot be written (bad key, repeated key, unencodable value)."""
+
+
+class PackError(TarIndexError, ValueError):
+    """A folder cannot be packed as asked (not a folder, nothing to pack, a bad layout or output).
+
+    Raised by :mod:`tarindex.pack` before any shard is written; the message names the path
+    and the fix. ``tarindex pack`` reports it as a usage error (exit code 2).
+    """

@@ -1,4 +1,4 @@
-"""Walk the headers of an existing tar and build its index, whatever tool made it.
+"""Walk the headers of an existing tar and list its members, whatever tool made it.
 
 The walk reads only header blocks (via mmap; member data is skipped, never read) and
 understands: v7, old GNU, GNU and POSIX ustar headers; the ustar prefix field; GNU
@@ -9,7 +9,7 @@ style; the signed-checksum variant; concatenated archives (zero blocks in the mi
 Sources: POSIX.1-2001 "pax Interchange Format", GNU tar manual "Basic Tar Format".
 The decisions (links, sparse files, duplicates, name decoding, ...) are in docs/TAR_DIALECTS.md.
 
-What is indexed: regular files (typeflag '0', NUL, '7'). Not samples: directories (also the
+What is listed: regular files (typeflag '0', NUL, '7'). Not samples: directories (also the
 v7 form, a regular-file header whose name ends in '/'), symlinks, hard links, character and
 block devices, fifos, GNU volume labels, dumpdirs and unknown typeflags. GNU sparse members
 ('S', or pax ``GNU.sparse.*``) and multi-volume continuations ('M') are not contiguous bytes in
@@ -20,7 +20,9 @@ a Python loop; it does the least possible per header (the typeflag byte, the siz
 defers everything else to numpy over batches of gathered header blocks: the checksum of every
 header, the names of plain members and the ustar prefix. A header whose checksum fails is
 reported at its own offset even when the walk had already passed it (the earliest bad header
-wins over any later error).
+wins over any later error). The same walk, while the tar is mapped, takes its fingerprint
+(FORMAT.md §3), so building an index (:func:`tarindex.build.build_index`) opens the tar once.
+Tar field offsets and typeflags are the named constants of :mod:`tarindex.format.spec`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from ._version import __version__
 from .errors import (
     ChecksumError,
     CompressedTarError,
@@ -44,14 +45,44 @@ from .errors import (
     TrailingGarbageError,
     TruncatedError,
 )
-from .format.group import group_members
-from .format.index import IndexTables, fingerprint
-from .format.spec import BLOCK, OFFSET_DTYPE
+from .format.index import fingerprint
+from .format.spec import (
+    AREGTYPE,
+    BLKTYPE,
+    BLOCK,
+    CHRTYPE,
+    CONTTYPE,
+    DIRTYPE,
+    FIFOTYPE,
+    GNU_SPARSE_EXT_ISEXTENDED,
+    GNU_SPARSE_ISEXTENDED,
+    GNUTYPE_DUMPDIR,
+    GNUTYPE_LONGLINK,
+    GNUTYPE_LONGNAME,
+    GNUTYPE_MULTIVOL,
+    GNUTYPE_NAMES,
+    GNUTYPE_SPARSE,
+    GNUTYPE_VOLHDR,
+    LNKTYPE,
+    OFFSET_DTYPE,
+    REGTYPE,
+    REGULAR_TYPES,
+    SOLARIS_XHDTYPE,
+    SYMTYPE,
+    TAR_CHKSUM,
+    TAR_LINKNAME,
+    TAR_NAME,
+    TAR_PREFIX,
+    TAR_SIZE,
+    TAR_TYPEFLAG,
+    XGLTYPE,
+    XHDTYPE,
+)
 from .format.tar import (
-    SPARSE_EXT_FLAG,
     ZERO_BLOCK,
     checksum_ok,
     compression_of,
+    header_checksum,
     header_checksums,
     header_name,
     padded,
@@ -59,25 +90,34 @@ from .format.tar import (
     parse_pax,
 )
 
-__all__ = ["Members", "scan", "scan_members", "index_tables_for"]
+__all__ = ["Members", "scan", "scan_members"]
 
-_REGULAR = frozenset(b"0\x007")
 _BATCH = 2048  # headers checked together: their blocks are still in the CPU cache (~1 MiB)
 _VOLUME_RE = re.compile(rb" Volume [0-9]+\Z")  # GNU tar -M -V: "LABEL Volume N"
 
 _KIND = {
-    0x31: "hard link",
-    0x32: "symlink",
-    0x33: "character device",
-    0x34: "block device",
-    0x35: "directory",
-    0x36: "fifo",
-    0x56: "GNU volume label",
-    0x44: "GNU dumpdir",
-    0x4E: "GNU old long-name record",
+    LNKTYPE: "hard link",
+    SYMTYPE: "symlink",
+    CHRTYPE: "character device",
+    BLKTYPE: "block device",
+    DIRTYPE: "directory",
+    FIFOTYPE: "fifo",
+    GNUTYPE_VOLHDR: "GNU volume label",
+    GNUTYPE_DUMPDIR: "GNU dumpdir",
+    GNUTYPE_NAMES: "GNU old long-name record",
 }
 _FIX = ": re-copy or re-create the tar"
-_NO_DATA = frozenset(b"23456")  # symlink, chr, blk, dir, fifo: no data blocks follow (POSIX)
+# symlink, chr, blk, dir, fifo: no data blocks follow (POSIX ustar "typeflag")
+_NO_DATA = frozenset((SYMTYPE, CHRTYPE, BLKTYPE, DIRTYPE, FIFOTYPE))
+_PAX_TYPES = frozenset((XHDTYPE, SOLARIS_XHDTYPE, XGLTYPE))  # pax 'size' never applies to these
+# Header offsets the fast paths index directly (relative to the header's first byte): the
+# size field's 11 octal digits end where its terminator byte (NUL or space) sits.
+_TF = TAR_TYPEFLAG
+_SIZE_AT = TAR_SIZE.start
+_SIZE_TERM = TAR_SIZE.stop - 1
+_SIZE_DIGITS = slice(_SIZE_AT, _SIZE_TERM)
+_NAME_LEN = TAR_NAME.stop - TAR_NAME.start
+_SLASH = ord("/")
 
 
 @dataclass
@@ -99,6 +139,10 @@ class Members:
     """Shape ``(m,)``, ``<u8``: data size of each member in bytes."""
     tar_size: int
     """Size of the tar in bytes."""
+    head_crc: int
+    """crc32 of the tar's first ``min(4096, tar_size)`` bytes (the fingerprint, FORMAT.md §3)."""
+    tail_crc: int
+    """crc32 of the tar's last ``min(4096, tar_size)`` bytes (FORMAT.md §3)."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """``(name, reason)`` for non-regular members that were skipped, in archive order."""
 
@@ -128,7 +172,8 @@ def scan_members(path: str | os.PathLike[str]) -> Members:
         path: Path of a plain (uncompressed) tar.
 
     Returns:
-        :class:`Members` in archive order.
+        :class:`Members` in archive order, with the tar's fingerprint (FORMAT.md §3) taken
+        from the same mapping.
 
     Raises:
         NotATarError: Empty file, or the first block is not a tar header.
@@ -214,19 +259,20 @@ class _Walk:
 
     def _names_of(self, rows: NDArray[np.uint8], pos: NDArray[np.int64], lo: int) -> None:
         m = len(pos)
-        fields = np.zeros((m, 101), np.uint8)  # the name field plus one NUL column
-        fields[:, :100] = rows[:, :100]
+        fields = np.zeros((m, _NAME_LEN + 1), np.uint8)  # the name field plus one NUL column
+        fields[:, :_NAME_LEN] = rows[:, TAR_NAME]
         la = (fields == 0).argmax(axis=1)  # length = index of the first NUL
         blob = fields.tobytes()
-        names = [blob[s : s + n] for s, n in zip(range(0, 101 * m, 101), la.tolist(), strict=False)]
+        w = _NAME_LEN + 1
+        names = [blob[s : s + n] for s, n in zip(range(0, w * m, w), la.tolist(), strict=False)]
         # ustar prefix: only headers with the POSIX magic and a non-empty prefix field
-        for i in np.flatnonzero(rows[:, 345]).tolist():
+        for i in np.flatnonzero(rows[:, TAR_PREFIX.start]).tolist():
             p = int(pos[i])
             block = self.mm[p : p + BLOCK]
             names[i] = header_name(block)
         # v7 directories: a regular-file header whose name ends in '/'
         last = fields[np.arange(m), np.maximum(la - 1, 0)]
-        dirs = np.flatnonzero(last == 0x2F)
+        dirs = np.flatnonzero(last == _SLASH)
         if len(dirs):
             self.dirs.extend((dirs + lo).tolist())
         self.fast_names.extend(names)
@@ -239,11 +285,11 @@ class _Walk:
                 f"{self.path}: byte 0: not a tar archive (the first 512-byte block is not a valid "
                 f"tar header: checksum mismatch; found {block[:16]!r})"
             )
-        computed = sum(block) - sum(block[148:156]) + 256
+        computed = header_checksum(block)
         raise ChecksumError(
             f"{self.path}: byte {pos}: tar header checksum mismatch: the chksum field holds "
-            f"{block[148:156]!r}, the block sums to {computed} (0o{computed:o}); found name "
-            f"{block[:100].split(bytes(1), 1)[0][:60]!r}. The archive is corrupt at this header "
+            f"{block[TAR_CHKSUM]!r}, the block sums to {computed} (0o{computed:o}); found name "
+            f"{block[TAR_NAME].split(bytes(1), 1)[0][:60]!r}. The archive is corrupt at this header "
             f"(or the previous member's size is wrong): re-copy or re-create it"
         )
 
@@ -266,15 +312,19 @@ class _Walk:
         mpos, msize = self.mpos, self.msize
         mapp, sapp = mpos.append, msize.append
         slow = self.slow
+        # the named offsets and typeflags as locals: as cheap as the literals in this loop
+        o_tf, o_size, o_term, reg, areg, xhd = _TF, _SIZE_AT, _SIZE_TERM, REGTYPE, AREGTYPE, XHDTYPE
+        mask = BLOCK - 1
         pending = False
         pos = 0
         limit = size - BLOCK
         while pos <= limit:
-            tf = mm[pos + 156]
-            if (tf == 0x30 or tf == 0) and not pending and (tf or mm[pos]):
-                f = mm[pos + 124 : pos + 135]
-                t = mm[pos + 135]
-                if (t == 0 or t == 0x20) and f.isdigit():
+            tf = mm[pos + o_tf]
+            # AREGTYPE is 0: a NUL typeflag is a member only if the name is not empty
+            if (tf == reg or tf == areg) and not pending and (tf or mm[pos]):
+                f = mm[pos + o_size : pos + o_term]
+                t = mm[pos + o_term]
+                if (t == 0 or t == 0x20) and f.isdigit():  # NUL or space terminator
                     try:
                         ms = int(f, 8)
                     except ValueError:  # digits 8 or 9: the slow path reports it
@@ -283,11 +333,11 @@ class _Walk:
                     if ms >= 0 and end <= size:
                         mapp(pos)
                         sapp(ms)
-                        pos = end + (-ms & 511)
+                        pos = end + (-ms & mask)
                         if len(mpos) - self.checked >= _BATCH:
                             self.flush()
                         continue
-            elif tf == 0x78 and not pending:  # pax header + regular member (webdataset, tarfile)
+            elif tf == xhd and not pending:  # pax header + regular member (webdataset, tarfile)
                 nxt = self.fast_pax(pos)
                 if nxt >= 0:
                     pos = nxt
@@ -313,9 +363,9 @@ class _Walk:
         """
         size = self.size
         b = self.mm[pos : pos + 3 * BLOCK]  # pax header, its records (<= 512 B), member header
-        if len(b) < 3 * BLOCK or b[135] not in (0, 0x20):
+        if len(b) < 3 * BLOCK or b[_SIZE_TERM] not in (0, 0x20):
             return -1
-        f = b[124:135]
+        f = b[_SIZE_DIGITS]
         if not f.isdigit():
             return -1
         try:
@@ -323,10 +373,12 @@ class _Walk:
             if not 0 < plen <= BLOCK:  # records in exactly one block: header at pos + 1024
                 return -1
             h = 2 * BLOCK  # the member's own header, within b
-            tf = b[h + 156]
-            if not (tf == 0x30 or (tf == 0 and b[h])) or b[h + 135] not in (0, 0x20):
+            tf = b[h + _TF]
+            if not (tf == REGTYPE or (tf == AREGTYPE and b[h])):
                 return -1
-            f = b[h + 124 : h + 135]
+            if b[h + _SIZE_TERM] not in (0, 0x20):
+                return -1
+            f = b[h + _SIZE_AT : h + _SIZE_TERM]
             if not f.isdigit():
                 return -1
             path: bytes | None = None
@@ -335,7 +387,7 @@ class _Walk:
             while p < stop:
                 sp = b.index(b" ", p, p + 24)
                 end = p + int(b[p:sp])
-                if end > stop or end <= sp or b[end - 1] != 0x0A:
+                if end > stop or end <= sp or b[end - 1] != 0x0A:  # record ends with "\n"
                     return -1
                 eq = b.index(b"=", sp + 1, end)
                 key = b[sp + 1 : eq]
@@ -364,7 +416,7 @@ class _Walk:
             self.names[len(self.mpos)] = path
         self.mpos.append(hdr)
         self.msize.append(ms)
-        return hdr + BLOCK + ms + (-ms & 511)
+        return hdr + BLOCK + ms + (-ms & (BLOCK - 1))
 
     def at_eof(self, pos: int) -> None:
         """The walk reached ``pos`` >= size - 511 without an end-of-archive marker: raise."""
@@ -407,14 +459,14 @@ class _Walk:
             self.gpax = {}
             return -1 if nxt >= size else nxt
         self.deferred.append(pos)
-        tf = block[156]
+        tf = block[_TF]
         try:
-            hsize = parse_number(block[124:136])
+            hsize = parse_number(block[TAR_SIZE])
         except ValueError:
             raise self.fail(
                 TarHeaderError(
-                    f"{path}: byte {pos + 124}: size field of the header at byte {pos} is "
-                    f"{block[124:136]!r}, not an octal or base-256 number; the header is "
+                    f"{path}: byte {pos + _SIZE_AT}: size field of the header at byte {pos} is "
+                    f"{block[TAR_SIZE]!r}, not an octal or base-256 number; the header is "
                     f"corrupt{_FIX}"
                 )
             ) from None
@@ -422,7 +474,7 @@ class _Walk:
         if self.gpax:
             pax = {**self.gpax, **pax}
         msize = hsize
-        if tf not in b"xXg" and pax.get(b"size"):
+        if tf not in _PAX_TYPES and pax.get(b"size"):
             sv = pax[b"size"]
             if not sv.isdigit():
                 raise self.fail(
@@ -435,33 +487,33 @@ class _Walk:
         if msize < 0:
             raise self.fail(
                 TarHeaderError(
-                    f"{path}: byte {pos + 124}: negative size {msize} (base-256), expected a "
+                    f"{path}: byte {pos + _SIZE_AT}: negative size {msize} (base-256), expected a "
                     f"size >= 0; the header is corrupt{_FIX}"
                 )
             )
         data = pos + BLOCK
         if tf in _NO_DATA:
             has_data = False
-        elif tf == 0x31:  # hard link: data only in pax, or when no header follows (libarchive)
+        elif tf == LNKTYPE:  # hard link: data only in pax, or when no header follows (libarchive)
             has_data = msize > 0 and (bool(self.pax) or not self._header_at(data))
         else:
             has_data = True
-        if tf == 0x53:  # 'S' old GNU sparse: extension blocks before the data
+        if tf == GNUTYPE_SPARSE:  # 'S' old GNU sparse: extension blocks before the data
             data = self._sparse_ext(pos, block)
         end = data + (msize if has_data else 0)
         if end > size:
             self.truncated_member(pos, block, msize, end)
             return -1
         nxt = data + (padded(msize) if has_data else 0)
-        if tf == 0x4C:  # 'L' GNU LongName
+        if tf == GNUTYPE_LONGNAME:  # 'L' GNU LongName
             self.longname = mm[data:end].split(b"\0", 1)[0]
             self.pending_at = pos
-        elif tf == 0x4B:  # 'K' GNU LongLink (target of the next link member)
+        elif tf == GNUTYPE_LONGLINK:  # 'K' GNU LongLink (target of the next link member)
             self.pending_at = pos
-        elif tf == 0x78 or tf == 0x58:  # 'x' pax extended header ('X': Solaris)
+        elif tf == XHDTYPE or tf == SOLARIS_XHDTYPE:  # 'x' pax extended header ('X': Solaris)
             self.pax.update(self._pax(data, end, "pax extended header"))
             self.pending_at = pos
-        elif tf == 0x67:  # 'g' pax global header: applies to every later member of this archive
+        elif tf == XGLTYPE:  # 'g' pax global header: applies to every later member of this archive
             for k, v in self._pax(data, end, "pax global header").items():
                 if v:
                     self.gpax[k] = v
@@ -490,7 +542,7 @@ class _Walk:
     def _sparse_ext(self, pos: int, block: bytes) -> int:
         """Skip the extension blocks of an old GNU sparse header; return where its data starts."""
         data = pos + BLOCK
-        ext = block[SPARSE_EXT_FLAG]
+        ext = block[GNU_SPARSE_ISEXTENDED]
         while ext:
             if data + BLOCK > self.size:
                 raise self.fail(
@@ -499,7 +551,7 @@ class _Walk:
                         f"byte {pos}; it was cut short: copy it again"
                     )
                 )
-            ext = self.mm[data + 504]
+            ext = self.mm[data + GNU_SPARSE_EXT_ISEXTENDED]
             data += BLOCK
         return data
 
@@ -508,8 +560,9 @@ class _Walk:
     ) -> None:
         """Record the non-metadata header at ``pos``: a regular member, or a skipped entry."""
         name = self._name(block, pax)
-        if tf in _REGULAR:
-            if name.endswith(b"/") and tf != 0x37:  # v7 directory: regular header, name ends in '/'
+        if tf in REGULAR_TYPES:
+            # v7 directory: a regular-file header whose name ends in '/'
+            if name.endswith(b"/") and tf != CONTTYPE:
                 self.skipped.append((name.decode("utf-8", "surrogateescape"), "directory"))
             elif any(k.startswith(b"GNU.sparse.") for k in pax):
                 self._warn_skip(pos, pax.get(b"GNU.sparse.name", name), "pax sparse file")
@@ -518,20 +571,20 @@ class _Walk:
                     self.names[len(self.mpos)] = name
                 self.mpos.append(pos)
                 self.msize.append(msize)
-        elif tf == 0x53:
+        elif tf == GNUTYPE_SPARSE:
             self._warn_skip(pos, name, "GNU sparse file")
-        elif tf == 0x4D:
+        elif tf == GNUTYPE_MULTIVOL:
             self._warn_skip(
                 pos, name, "multi-volume continuation (its start is in the previous volume)"
             )
-        elif tf == 0x56:
+        elif tf == GNUTYPE_VOLHDR:
             if pos == 0:
                 self.volume_label = name
             self.skipped.append((name.decode("utf-8", "surrogateescape"), _KIND[tf]))
         elif tf in _KIND:
             kind = _KIND[tf]
-            if tf == 0x31 or tf == 0x32:
-                target = pax.get(b"linkpath") or block[157:257].split(b"\0", 1)[0]
+            if tf == LNKTYPE or tf == SYMTYPE:
+                target = pax.get(b"linkpath") or block[TAR_LINKNAME].split(b"\0", 1)[0]
                 kind += " to " + target.decode("utf-8", "surrogateescape")
             self.skipped.append((name.decode("utf-8", "surrogateescape"), kind))
         else:
@@ -562,7 +615,7 @@ class _Walk:
             self.volume_label is not None
             and _VOLUME_RE.search(self.volume_label)
             and size % BLOCK == 0
-            and block[156] in _REGULAR
+            and block[_TF] in REGULAR_TYPES
         ):
             self._warn_skip(
                 pos, name, "member continued in the next volume of a multi-volume archive"
@@ -621,56 +674,18 @@ class _Walk:
             names = [n for i, n in enumerate(names) if keep[i]]
             offset, size = offset[keep], size[keep]
         self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
+        mm = self.mm
+        head, tail = fingerprint(lambda off, n: mm[off : off + n], self.size)
         return Members(
             path=self.path,
             raw_names=names,
             offset=offset,
             size=size,
             tar_size=self.size,
+            head_crc=head,
+            tail_crc=tail,
             skipped=skipped,
         )
-
-
-def index_tables_for(
-    members: Members, mm: mmap.mmap | bytes, producer: str = "tarindex.scan"
-) -> IndexTables:
-    """Group a scanned member list into index tables (FORMAT.md §2, grouping §4).
-
-    Warns (``UserWarning``) when some sample's members are not adjacent, or a member name
-    appears more than once (the last copy is indexed).
-
-    Args:
-        members: The tar's regular-file members, from :func:`scan_members`.
-        mm: The tar's bytes (an mmap), for the fingerprint (FORMAT.md §3).
-        producer: ``producer`` in the metadata (FORMAT.md §2.6). Defaults to
-            ``"tarindex.scan"``.
-
-    Returns:
-        The tables, with ``meta`` set.
-    """
-    head, tail = fingerprint(lambda off, n: mm[off : off + n], members.tar_size)
-    res = group_members(
-        members.raw_names,
-        members.offset.tolist(),
-        members.size.tolist(),
-        tar_size=members.tar_size,
-        head_crc=head,
-        tail_crc=tail,
-        meta={"producer": producer, "version": __version__},
-    )
-    if res.interleaved:
-        warnings.warn(
-            f"{members.path}: the members of some samples are not adjacent in the tar; grouped "
-            f"by key across the shard (sequential reads of such samples seek)",
-            stacklevel=2,
-        )
-    if res.duplicates:
-        warnings.warn(
-            f"{members.path}: {len(res.duplicates)} member name(s) appear more than once, e.g. "
-            f"{res.duplicates[0]!r}; the last copy is indexed (as tar extraction does)",
-            stacklevel=2,
-        )
-    return res.tables
 
 
 def scan(path: str | os.PathLike[str]) -> Members:

@@ -15,17 +15,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .build import index_tables_for
 from .errors import StaleIndexError, TarHeaderError
 from .format.index import IndexTables
 from .format.keys import split_key
-from .format.spec import BLOCK
+from .format.spec import (
+    BLOCK,
+    GNUTYPE_LONGNAME,
+    REGULAR_TYPES,
+    SOLARIS_XHDTYPE,
+    TAR_SIZE,
+    TAR_TYPEFLAG,
+    XHDTYPE,
+)
 from .format.tar import checksum_ok, header_checksums, header_name, parse_number
 from .reader import ShardReader
-from .scan import index_tables_for, scan_members
+from .scan import scan_members
 
 __all__ = ["VerifyReport", "verify"]
 
 _BATCH = 1 << 14
+_REGULAR = np.array(sorted(REGULAR_TYPES), np.uint8)
+_LONG_NAME_TYPES = frozenset((XHDTYPE, SOLARIS_XHDTYPE, GNUTYPE_LONGNAME))  # 'x', 'X', 'L'
 
 
 @dataclass
@@ -86,14 +97,10 @@ def verify(tar_path: str | os.PathLike[str], index_path: str | None = None) -> V
         stored = r.index
         ipath = r.index_path
         long_names = _check_headers(tar, ipath, stored)
-        members = scan_members(tar)
-        with open(tar, "rb") as f, warnings.catch_warnings():
+        members = scan_members(tar)  # the walk also takes the fingerprint: no second mapping
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # interleaving/duplicates were reported by `index`
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                fresh = index_tables_for(members, mm)
-            finally:
-                mm.close()
+            fresh = index_tables_for(members)
         if fresh.tables_bytes() != stored.tables_bytes():
             raise StaleIndexError(
                 f"{tar}: index {ipath} does not match a fresh scan of the tar: "
@@ -138,8 +145,8 @@ def _check_headers(tar: str, ipath: str, t: IndexTables) -> int:
                             f"{p + BLOCK}) is not a valid tar header (checksum mismatch); the tar "
                             f"was rewritten in place since {ipath} was made; {fix}"
                         )
-                tf = rows[:, 156]
-                for i in np.flatnonzero((tf != 0x30) & (tf != 0) & (tf != 0x37)).tolist():
+                tf = rows[:, TAR_TYPEFLAG]
+                for i in np.flatnonzero(~np.isin(tf, _REGULAR)).tolist():
                     p = int(hdr[i])
                     raise StaleIndexError(
                         f"{tar}: byte {p}: indexed member {s + i} has a header of type "
@@ -149,11 +156,11 @@ def _check_headers(tar: str, ipath: str, t: IndexTables) -> int:
                     p, j = int(hdr[i]), s + i
                     block = mm[p : p + BLOCK]
                     try:
-                        hsize = parse_number(block[124:136])
+                        hsize = parse_number(block[TAR_SIZE])
                     except ValueError:
                         raise TarHeaderError(
-                            f"{tar}: byte {p + 124}: size field of the header of indexed member "
-                            f"{j} is {block[124:136]!r}, expected an octal or base-256 number; "
+                            f"{tar}: byte {p + TAR_SIZE.start}: size field of the header of indexed "
+                            f"member {j} is {block[TAR_SIZE]!r}, expected an octal or base-256 number; "
                             f"the tar header is corrupt (it changed since {ipath} was made): "
                             f"re-copy or re-create the tar, then: tarindex index --force {tar}"
                         ) from None
@@ -187,7 +194,7 @@ def _after_records(mm: mmap.mmap, p: int) -> bool:
     q = p - BLOCK
     while q >= 0:  # walk back over the record's data blocks to its header (bounded by 1 MiB)
         b = mm[q : q + BLOCK]
-        if b[156] in b"xXL" and checksum_ok(b):
+        if b[TAR_TYPEFLAG] in _LONG_NAME_TYPES and checksum_ok(b):
             return True
         q -= BLOCK
         if p - q > (1 << 20):

@@ -17,7 +17,7 @@ from .format.spec import BLOCK, FINGERPRINT_BYTES, USTAR_MAX_SIZE
 from .format.tar import ZERO_BLOCK, build_member_header, padded
 from .indexfile import index_path_for, write_atomic
 
-__all__ = ["ShardWriter", "TarShardWriter"]
+__all__ = ["ShardWriter", "TarShardWriter", "check_pattern"]
 
 _RECORD = 20 * BLOCK  # GNU tar and Python tarfile pad archives to 10240-byte records
 
@@ -145,6 +145,47 @@ class TarShardWriter:
                 pass
 
 
+def check_pattern(pattern: str, start_shard: int = 0) -> bool:
+    """Check a shard path pattern before anything is written (the one pattern check).
+
+    Shard ``k`` goes to ``pattern % k`` (printf style, e.g. ``"out/train-%06d.tar"``). A
+    pattern without any ``%`` is a plain path: one shard only.
+
+    Args:
+        pattern: The pattern.
+        start_shard: Number of the first shard. Defaults to ``0``.
+
+    Returns:
+        True if ``pattern`` has one integer field (one path per shard); False if it is a
+        plain path without ``%``.
+
+    Raises:
+        WriterError: If ``pattern`` has a ``%`` but not exactly one integer field (``%d%d``,
+            ``%(n)d``, a lone ``%``, only ``%%``), or gives the same path for two shards
+            (``%.0s``). The message names the pattern and the fix.
+    """
+    try:
+        p0, p1 = pattern % start_shard, pattern % (start_shard + 1)
+    except TypeError as e:
+        if "%" not in pattern:
+            return False
+        raise WriterError(
+            f"pattern {pattern!r}: {e}; it needs exactly one integer field such as %06d "
+            f"(write %% for a literal percent sign)"
+        ) from None
+    except ValueError as e:  # "100%.tar"
+        raise WriterError(
+            f"pattern {pattern!r}: {e}; use one integer field such as %06d and write a literal "
+            f"'%' as '%%'"
+        ) from None
+    if p0 == p1:
+        raise WriterError(
+            f"pattern {pattern!r} gives the same path {p0!r} for every shard; use one integer "
+            f"field such as %06d"
+        )
+    return True
+
+
 def padded_to(n: int, multiple: int) -> int:
     """Return ``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
@@ -170,8 +211,8 @@ class ShardWriter:
 
     Raises:
         WriterError: If ``maxcount`` or ``maxsize`` is not a finite number ``>= 1``, ``mtime``
-            does not fit a ustar header, or ``pattern`` has more than one field, a bad ``%``
-            or gives the same path for two shards.
+            does not fit a ustar header, or ``pattern`` fails :func:`check_pattern` (a ``%``
+            that is not exactly one integer field, the same path for two shards).
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
@@ -201,22 +242,7 @@ class ShardWriter:
         self.shard = start_shard
         self.mtime = _check_mtime(mtime)
         # a bad pattern fails here, not after the first shard is written
-        try:
-            p0, p1 = self.pattern % start_shard, self.pattern % (start_shard + 1)
-        except TypeError as e:
-            if "not all arguments converted" not in str(e):  # "%d%d", "%(x)d": not one field
-                raise WriterError(
-                    f"pattern {self.pattern!r}: {e}; use one integer field like %06d"
-                ) from None
-        except ValueError as e:  # "100%.tar": write a literal % as %%
-            raise WriterError(
-                f"pattern {self.pattern!r}: {e}; write a literal '%' as '%%'"
-            ) from None
-        else:
-            if p0 == p1:
-                raise WriterError(
-                    f"pattern {self.pattern!r} gives the same path {p0!r} for two shards"
-                )
+        self._has_field = check_pattern(self.pattern, start_shard)
         self.encoder = encoder
         self._first = start_shard
         self.paths: list[str] = []
@@ -224,15 +250,14 @@ class ShardWriter:
         self._cur: TarShardWriter | None = None
 
     def _path(self, k: int) -> str:
-        try:
+        if self._has_field:
             return self.pattern % k
-        except TypeError:
-            if k == self._first:
-                return self.pattern
-            raise WriterError(
-                f"pattern {self.pattern!r} has no %d field but more than one shard is needed "
-                f"(maxcount={self.maxcount}, maxsize={self.maxsize}); use e.g. 'out-%06d.tar'"
-            ) from None
+        if k == self._first:
+            return self.pattern
+        raise WriterError(
+            f"pattern {self.pattern!r} has no %d field but more than one shard is needed "
+            f"(maxcount={self.maxcount}, maxsize={self.maxsize}); use e.g. 'out-%06d.tar'"
+        )
 
     def write(self, sample: dict[str, Any]) -> None:
         """Write one sample: ``{"__key__": str, ext: value, ...}`` (keys starting ``__`` skipped).

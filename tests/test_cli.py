@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.cli import main, parse_size, plan_pack, sanitize_stem
+from tarindex.cli import main, parse_size
+from tarindex.pack import plan_pack, sanitize_stem
 from tests.conftest import MakeShards
 
 Cap = pytest.CaptureFixture[str]

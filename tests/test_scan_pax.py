@@ -55,9 +55,10 @@ def test_webdataset_writer_shards(tmp_path: Path) -> None:
 
 
 def _pax_block(records: bytes) -> bytes:
+    from tarindex.format.spec import XHDTYPE
     from tarindex.format.tar import _ustar_block, padded
 
-    head = _ustar_block(b"PaxHeaders/x", len(records), 0, 0o644, b"x")
+    head = _ustar_block(b"PaxHeaders/x", len(records), 0, 0o644, XHDTYPE)
     return head + records + bytes(padded(len(records)) - len(records))
 
 

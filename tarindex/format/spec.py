@@ -27,6 +27,47 @@ __all__ = [
     "INDEX_SUFFIX",
     "BLOCK",
     "USTAR_MAX_SIZE",
+    "TAR_NAME",
+    "TAR_MODE",
+    "TAR_UID",
+    "TAR_GID",
+    "TAR_SIZE",
+    "TAR_MTIME",
+    "TAR_CHKSUM",
+    "TAR_TYPEFLAG",
+    "TAR_LINKNAME",
+    "TAR_MAGIC",
+    "TAR_VERSION",
+    "TAR_UNAME",
+    "TAR_GNAME",
+    "TAR_DEVMAJOR",
+    "TAR_DEVMINOR",
+    "TAR_PREFIX",
+    "GNU_SPARSE_ISEXTENDED",
+    "GNU_SPARSE_EXT_ISEXTENDED",
+    "USTAR_MAGIC",
+    "USTAR_VERSION",
+    "CHKSUM_BLANK",
+    "REGTYPE",
+    "AREGTYPE",
+    "LNKTYPE",
+    "SYMTYPE",
+    "CHRTYPE",
+    "BLKTYPE",
+    "DIRTYPE",
+    "FIFOTYPE",
+    "CONTTYPE",
+    "XHDTYPE",
+    "XGLTYPE",
+    "SOLARIS_XHDTYPE",
+    "GNUTYPE_DUMPDIR",
+    "GNUTYPE_LONGLINK",
+    "GNUTYPE_LONGNAME",
+    "GNUTYPE_MULTIVOL",
+    "GNUTYPE_NAMES",
+    "GNUTYPE_SPARSE",
+    "GNUTYPE_VOLHDR",
+    "REGULAR_TYPES",
 ]
 
 # --- sidecar index (FORMAT.md §2) -------------------------------------------------------------
@@ -49,5 +90,58 @@ FINGERPRINT_BYTES = 4096  # §3: crc32 of the first and of the last 4096 bytes o
 INDEX_SUFFIX = ".tidx"  # §1: the index of ``x.tar`` is ``x.tar.tidx``
 
 # --- tar (POSIX.1-1988 ustar, POSIX.1-2001 pax, GNU tar manual) --------------------------------
+# Sources: IEEE Std 1003.1-2017, "pax" utility, "ustar Interchange Format" (the header layout,
+# typeflags, chksum) and "pax Interchange Format" (typeflags 'x', 'g'); GNU tar manual, "Basic
+# Tar Format" (GNU typeflags 'D' 'K' 'L' 'M' 'N' 'S' 'V', the old GNU sparse header). tarfile
+# names the typeflags the same way; here each is the int value of the byte, as
+# ``block[TAR_TYPEFLAG]`` gives it (``bytes((REGTYPE,))`` for the byte string).
 BLOCK = 512  # every tar header and every member's padded data is a multiple of 512 bytes
 USTAR_MAX_SIZE = 8**11 - 1  # 11 octal digits in the ustar size field; larger sizes need pax
+
+# Fields of the 512-byte header block, as slices (ustar "Interchange Format" table). One-byte
+# fields are ints. Offsets relative to a header at ``pos``: ``pos + TAR_SIZE.start``.
+TAR_NAME = slice(0, 100)  # name, NUL-terminated unless it fills the field
+TAR_MODE = slice(100, 108)  # mode, octal
+TAR_UID = slice(108, 116)  # uid, octal
+TAR_GID = slice(116, 124)  # gid, octal
+TAR_SIZE = slice(124, 136)  # size in bytes: octal, or GNU base-256 (high bit of byte 124 set)
+TAR_MTIME = slice(136, 148)  # mtime, octal seconds since the epoch (or GNU base-256)
+TAR_CHKSUM = slice(148, 156)  # chksum: header byte sum with this field taken as spaces
+TAR_TYPEFLAG = 156  # typeflag, one byte
+TAR_LINKNAME = slice(157, 257)  # linkname: target of a hard or symbolic link
+TAR_MAGIC = slice(257, 263)  # magic: b"ustar\0" (POSIX), b"ustar " (GNU), NULs (v7)
+TAR_VERSION = slice(263, 265)  # version: b"00" (POSIX), b" \0" (GNU)
+TAR_UNAME = slice(265, 297)  # uname
+TAR_GNAME = slice(297, 329)  # gname
+TAR_DEVMAJOR = slice(329, 337)  # devmajor, octal
+TAR_DEVMINOR = slice(337, 345)  # devminor, octal
+TAR_PREFIX = slice(345, 500)  # prefix (ustar only): the path is prefix + "/" + name
+GNU_SPARSE_ISEXTENDED = 482  # old GNU sparse header: non-zero if extension blocks follow
+GNU_SPARSE_EXT_ISEXTENDED = 504  # in each sparse extension block: non-zero if another follows
+
+USTAR_MAGIC = b"ustar\x00"  # TAR_MAGIC of a POSIX ustar header (GNU writes b"ustar " there)
+USTAR_VERSION = b"00"  # TAR_VERSION of a POSIX ustar header
+CHKSUM_BLANK = 8 * 0x20  # the chksum field counts as 8 spaces in the checksum (ustar "chksum")
+
+REGTYPE = 0x30  # '0' regular file (POSIX)
+AREGTYPE = 0x00  # NUL: regular file (pre-POSIX; v7 directory when the name ends in '/')
+LNKTYPE = 0x31  # '1' hard link (POSIX)
+SYMTYPE = 0x32  # '2' symbolic link (POSIX)
+CHRTYPE = 0x33  # '3' character device (POSIX)
+BLKTYPE = 0x34  # '4' block device (POSIX)
+DIRTYPE = 0x35  # '5' directory (POSIX)
+FIFOTYPE = 0x36  # '6' FIFO (POSIX)
+CONTTYPE = 0x37  # '7' contiguous file: a regular file for every reader (POSIX)
+XHDTYPE = 0x78  # 'x' pax extended header: records for the next member (POSIX.1-2001 pax)
+XGLTYPE = 0x67  # 'g' pax global header: records for every later member (POSIX.1-2001 pax)
+SOLARIS_XHDTYPE = 0x58  # 'X' Solaris extended header, read as 'x' (as GNU tar and tarfile do)
+GNUTYPE_DUMPDIR = 0x44  # 'D' GNU incremental dump directory
+GNUTYPE_LONGLINK = 0x4B  # 'K' GNU long link target for the next member
+GNUTYPE_LONGNAME = 0x4C  # 'L' GNU long name for the next member
+GNUTYPE_MULTIVOL = 0x4D  # 'M' GNU multi-volume continuation
+GNUTYPE_NAMES = 0x4E  # 'N' old GNU long-name record (obsolete)
+GNUTYPE_SPARSE = 0x53  # 'S' old GNU sparse file
+GNUTYPE_VOLHDR = 0x56  # 'V' GNU volume label
+# typeflags whose data is a regular file's bytes: the members tarindex indexes (POSIX: a
+# reader treats '7' and the pre-POSIX NUL as '0')
+REGULAR_TYPES = frozenset((REGTYPE, AREGTYPE, CONTTYPE))

@@ -4,41 +4,63 @@ Sources: POSIX.1-1988 ustar and POSIX.1-2001 pax (IEEE Std 1003.1, "pax" utility
 "ustar Interchange Format" and "pax Interchange Format"), and the GNU tar manual,
 "Basic Tar Format" (GNU LongName/LongLink, base-256 numbers, old GNU header).
 
-Layout of the 512-byte header block (offset, length):
-name 0/100, mode 100/8, uid 108/8, gid 116/8, size 124/12, mtime 136/12, chksum 148/8,
-typeflag 156/1, linkname 157/100, magic 257/6, version 263/2, uname 265/32, gname 297/32,
-devmajor 329/8, devminor 337/8, prefix 345/155 (ustar only; GNU uses the area differently).
+The layout of the 512-byte header block (``TAR_NAME`` ... ``TAR_PREFIX``), the typeflags
+(``REGTYPE`` ...) and the magic are defined once, in :mod:`tarindex.format.spec` (tar section).
+
+The header checksum (POSIX ustar "chksum"; GNU tar manual, "Basic Tar Format") is one rule:
+the sum of the 512 header bytes taken as unsigned 8-bit values, the chksum field counted as
+eight spaces. :func:`header_checksum` is that rule for one block (the writer and error
+messages use it), :func:`header_checksums` the same rule for ``k`` blocks at once (the scan's
+batch check), and :func:`checksum_ok` what a reader accepts: the stored value equals that sum,
+or the same sum with bytes >= 128 taken as signed (``b - 256``; historic Sun and old GNU tar).
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "BLOCK",
     "ZERO_BLOCK",
     "build_member_header",
     "parse_number",
     "header_name",
-    "USTAR_MAGIC",
+    "header_checksum",
+    "header_checksums",
     "checksum_ok",
     "parse_pax",
     "compression_of",
     "padded",
     "parse_octal_rows",
-    "header_checksums",
-    "SPARSE_EXT_FLAG",
 ]
 
 import numpy as np
 from numpy.typing import NDArray
 
-from .spec import BLOCK, USTAR_MAX_SIZE
-
-SPARSE_EXT_FLAG = (
-    482  # old GNU sparse header: "isextended" byte (GNU tar manual, "Basic Tar Format")
+from .spec import (
+    BLOCK,
+    CHKSUM_BLANK,
+    REGTYPE,
+    TAR_CHKSUM,
+    TAR_DEVMAJOR,
+    TAR_DEVMINOR,
+    TAR_GID,
+    TAR_MAGIC,
+    TAR_MODE,
+    TAR_MTIME,
+    TAR_NAME,
+    TAR_PREFIX,
+    TAR_SIZE,
+    TAR_TYPEFLAG,
+    TAR_UID,
+    TAR_VERSION,
+    USTAR_MAGIC,
+    USTAR_MAX_SIZE,
+    USTAR_VERSION,
+    XHDTYPE,
 )
 
 ZERO_BLOCK = bytes(BLOCK)
-_USTAR_MAGIC = b"ustar\x0000"  # POSIX ustar: magic "ustar\0" + version "00"
+_NAME_LEN = TAR_NAME.stop - TAR_NAME.start  # 100
+_PREFIX_LEN = TAR_PREFIX.stop - TAR_PREFIX.start  # 155
+_HIGH_BYTES = bytes(range(128, 256))  # bytes whose signed value is b - 256
 
 # Leading bytes of compressed streams (RFC 1952, bzip2, xz, RFC 8878, lz4 frame).
 _COMPRESSION_MAGIC = (
@@ -55,19 +77,17 @@ def padded(size: int) -> int:
     return (size + BLOCK - 1) & ~(BLOCK - 1)
 
 
-USTAR_MAGIC = b"ustar\x00"  # POSIX ustar magic (GNU headers have "ustar  \0": no prefix field)
-
-
 def header_name(block: bytes) -> bytes:
     r"""Return the member name stored in a header block: ``name``, with the ustar ``prefix``.
 
-    POSIX ustar: when the magic is ``"ustar\0"`` and ``prefix`` (bytes 345-500) is not empty,
-    the path is ``prefix + "/" + name``. GNU headers use that area for other fields. pax
-    ``path`` and GNU LongName records override this name; the caller applies them.
+    POSIX ustar: when the magic is ``"ustar\0"`` and ``prefix`` (``TAR_PREFIX``, bytes
+    345-500) is not empty, the path is ``prefix + "/" + name``. GNU headers use that area for
+    other fields. pax ``path`` and GNU LongName records override this name; the caller
+    applies them.
     """
-    name = block[0:100].split(b"\0", 1)[0]
-    if block[345] and block[257:263] == USTAR_MAGIC:
-        name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+    name = block[TAR_NAME].split(b"\0", 1)[0]
+    if block[TAR_PREFIX.start] and block[TAR_MAGIC] == USTAR_MAGIC:
+        name = block[TAR_PREFIX].split(b"\0", 1)[0] + b"/" + name
     return name
 
 
@@ -86,7 +106,7 @@ def parse_number(field: bytes) -> int:
     a big-endian two's-complement binary number (0x80 positive, 0xff negative).
 
     Args:
-        field: The raw field bytes (for example ``block[124:136]``, the size).
+        field: The raw field bytes (for example ``block[TAR_SIZE]``, the size).
 
     Returns:
         The value; ``0`` for an empty or all-NUL/space field.
@@ -109,21 +129,43 @@ def parse_number(field: bytes) -> int:
     return int(text, 8)
 
 
-def checksum_ok(block: bytes) -> bool:
-    """Return True if a header's checksum matches, unsigned (POSIX) or signed (old Sun).
+def header_checksum(block: bytes | bytearray) -> int:
+    """Return the checksum of one 512-byte header block (the one rule, see the module docs).
 
-    The checksum is the sum of all 512 bytes with the chksum field (148:156) taken as spaces
-    (POSIX ustar, "chksum"; GNU tar manual, "Basic Tar Format").
+    POSIX ustar "chksum" (GNU tar manual, "Basic Tar Format"): the sum of the 512 header
+    bytes as unsigned 8-bit values, the chksum field (``TAR_CHKSUM``, bytes 148-156) counted as
+    eight spaces whatever it holds. :func:`header_checksums` is the same rule over many blocks.
+
+    Args:
+        block: One header block, 512 bytes.
+
+    Returns:
+        The checksum, ``0 <= value <= 512 * 255``.
+    """
+    return sum(block) - sum(block[TAR_CHKSUM]) + CHKSUM_BLANK
+
+
+def checksum_ok(block: bytes) -> bool:
+    """Return True if a header's stored checksum matches, unsigned (POSIX) or signed (old Sun).
+
+    The stored value is the chksum field (octal or base-256, :func:`parse_number`). It must
+    equal :func:`header_checksum`, or the same sum with every byte >= 128 outside the chksum
+    field taken as ``b - 256`` (historic tars that summed signed chars).
+
+    Args:
+        block: One header block, 512 bytes.
     """
     try:
-        want = parse_number(block[148:156])
+        want = parse_number(block[TAR_CHKSUM])
     except ValueError:
         return False
-    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
+    unsigned = header_checksum(block)
     if want == unsigned:
         return True
-    signed = sum((b - 256 if b > 127 else b) for b in block[:148] + block[156:]) + 8 * 32
-    return want == signed
+    chk = block[TAR_CHKSUM]
+    high = len(block) - len(block.translate(None, _HIGH_BYTES))
+    high -= len(chk) - len(chk.translate(None, _HIGH_BYTES))
+    return want == unsigned - 256 * high
 
 
 def parse_octal_rows(fields: NDArray[np.uint8]) -> NDArray[np.int64]:
@@ -161,21 +203,24 @@ _POW8_6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
 
 
 def header_checksums(rows: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Return ``(computed, stored)`` unsigned header checksums of ``k`` header blocks at once.
+    """Return ``(computed, stored)`` checksums of ``k`` header blocks at once.
+
+    ``computed`` is :func:`header_checksum` of every row (the same rule, vectorised: the
+    unsigned byte sum with the chksum field counted as eight spaces; POSIX ustar "chksum").
 
     Args:
         rows: Shape ``(k, 512)``, uint8: header blocks.
 
     Returns:
-        Two arrays of shape ``(k,)``, int64: the POSIX (unsigned) checksum of each block, the
-        chksum field taken as 8 spaces; and the stored chksum value (``-1`` if it is not a
-        plain octal field). Rows where they differ may still pass the signed variant: check
-        them with :func:`checksum_ok`.
+        Two arrays of shape ``(k,)``, int64: the computed checksum of each block; and the
+        stored chksum value (``-1`` if it is not a plain octal field). Rows where they differ
+        may still pass the signed variant or hold a base-256 field: check them with
+        :func:`checksum_ok`.
     """
     total = np.add.reduce(rows, axis=1, dtype=np.uint32).astype(np.int64)
-    chk = np.ascontiguousarray(rows[:, 148:156])
+    chk = np.ascontiguousarray(rows[:, TAR_CHKSUM])
     total -= chk.astype(np.int64).sum(axis=1)
-    total += 8 * 32
+    total += CHKSUM_BLANK
     # common layout first: 6 octal digits then NUL or space (GNU tar, tarfile, libarchive)
     digits = chk[:, :6].astype(np.int64) - 0x30
     t6 = chk[:, 6]
@@ -232,40 +277,42 @@ def _pax_record(key: bytes, value: bytes) -> bytes:
     return str(n).encode() + body
 
 
-def _octal(value: int, width: int) -> bytes:
-    # width-1 octal digits, then NUL (POSIX ustar numeric field)
-    return b"%0*o\0" % (width - 1, value)
+def _octal(value: int, field: slice) -> bytes:
+    # the field's width - 1 octal digits, then NUL (POSIX ustar numeric field)
+    return b"%0*o\0" % (field.stop - field.start - 1, value)
 
 
 def _ustar_block(
-    name: bytes, size: int, mtime: int, mode: int, typeflag: bytes, prefix: bytes = b""
+    name: bytes, size: int, mtime: int, mode: int, typeflag: int, prefix: bytes = b""
 ) -> bytes:
+    """One POSIX ustar header block; ``name`` <= 100 bytes, ``prefix`` <= 155 (caller checks)."""
     block = bytearray(BLOCK)
-    block[0 : len(name)] = name
-    block[100:108] = _octal(mode, 8)
-    block[108:116] = _octal(0, 8)
-    block[116:124] = _octal(0, 8)
-    block[124:136] = _octal(size, 12)
-    block[136:148] = _octal(mtime, 12)
-    block[148:156] = b" " * 8
-    block[156:157] = typeflag
-    block[257:265] = _USTAR_MAGIC
-    block[329:337] = _octal(0, 8)
-    block[337:345] = _octal(0, 8)
-    block[345 : 345 + len(prefix)] = prefix
-    block[148:156] = b"%06o\0 " % sum(block)
+    block[: len(name)] = name
+    block[TAR_MODE] = _octal(mode, TAR_MODE)
+    block[TAR_UID] = _octal(0, TAR_UID)
+    block[TAR_GID] = _octal(0, TAR_GID)
+    block[TAR_SIZE] = _octal(size, TAR_SIZE)
+    block[TAR_MTIME] = _octal(mtime, TAR_MTIME)
+    block[TAR_TYPEFLAG] = typeflag
+    block[TAR_MAGIC] = USTAR_MAGIC
+    block[TAR_VERSION] = USTAR_VERSION
+    block[TAR_DEVMAJOR] = _octal(0, TAR_DEVMAJOR)
+    block[TAR_DEVMINOR] = _octal(0, TAR_DEVMINOR)
+    block[TAR_PREFIX.start : TAR_PREFIX.start + len(prefix)] = prefix
+    # 6 octal digits, NUL, space: the layout GNU tar and tarfile write
+    block[TAR_CHKSUM] = b"%06o\0 " % header_checksum(block)
     return bytes(block)
 
 
 def _split_prefix(name: bytes) -> tuple[bytes, bytes] | None:
     """Split a long name into ustar (prefix <= 155, name <= 100) at a '/', or None."""
-    if len(name) > 256:
+    if len(name) > _PREFIX_LEN + 1 + _NAME_LEN:
         return None
     # the rightmost '/' such that the name part fits in 100 bytes and the prefix in 155
-    start = max(0, len(name) - 101)
+    start = max(0, len(name) - _NAME_LEN - 1)
     i = name.find(b"/", start)
     while i != -1:
-        if i <= 155 and len(name) - i - 1 <= 100 and i > 0 and i < len(name) - 1:
+        if i <= _PREFIX_LEN and len(name) - i - 1 <= _NAME_LEN and i > 0 and i < len(name) - 1:
             return name[:i], name[i + 1 :]
         i = name.find(b"/", i + 1)
     return None
@@ -290,22 +337,22 @@ def build_member_header(name: bytes, size: int, mtime: int, mode: int = 0o644) -
     """
     pax: list[bytes] = []
     field_name, prefix = name, b""
-    if len(name) > 100:
+    if len(name) > _NAME_LEN:
         split = _split_prefix(name)
         if split is not None:
             prefix, field_name = split
         else:
             pax.append(_pax_record(b"path", name))
             # keep the truncated name decodable on its own (no dangling UTF-8 lead byte)
-            field_name = name[:100].decode("utf-8", "ignore").encode("utf-8")
+            field_name = name[:_NAME_LEN].decode("utf-8", "ignore").encode("utf-8")
     field_size = size
     if size > USTAR_MAX_SIZE:
         pax.append(_pax_record(b"size", str(size).encode()))
         field_size = 0
-    main = _ustar_block(field_name, field_size, mtime, mode, b"0", prefix)
+    main = _ustar_block(field_name, field_size, mtime, mode, REGTYPE, prefix)
     if not pax:
         return main
     body = b"".join(pax)
     pax_name = b"PaxHeaders/" + field_name[:80]
-    head = _ustar_block(pax_name, len(body), mtime, 0o644, b"x")
+    head = _ustar_block(pax_name, len(body), mtime, 0o644, XHDTYPE)
     return head + body + bytes(padded(len(body)) - len(body)) + main
