@@ -39,7 +39,7 @@ _TORCH_NAMES = {
     "TarDataset": "dataset",
     "TarIterableDataset": "iterable",
     "BlockSampler": "sampler",
-    "BatchedSamples": "collate",
+    "BatchedSamples": "batch",
     "collate_batched": "collate",
 }
 

@@ -124,8 +124,11 @@ class MmapSource:
             pass
 
     def close(self) -> None:
-        """Drop the mapping: it is unmapped (and its descriptor closed) when no block read from
-        it is alive any more, at once otherwise. A block handed out stays valid."""
+        """Drop the mapping; a block handed out stays valid.
+
+        The mapping is unmapped (and its descriptor closed) at once, or when the last block
+        read from it is freed.
+        """
         self.mm = None
 
 
@@ -139,6 +142,7 @@ class PreadSource:
 
     Attributes:
         bytes_read: Total bytes read so far (for tests and benchmarks).
+        log: If set to a list, every read appends its ``(offset, size)`` to it.
     """
 
     zero_copy = False
@@ -148,6 +152,7 @@ class PreadSource:
         self.size = size
         self.fd = fd
         self.bytes_read = 0
+        self.log: list[tuple[int, int]] | None = None
 
     def read(self, offset: int, size: int) -> bytes:
         """Return ``size`` bytes at ``offset``.
@@ -161,6 +166,8 @@ class PreadSource:
             raise _past_end(self.path, self.size, offset, end)
         data = os.pread(self.fd, size, offset)
         self.bytes_read += len(data)
+        if self.log is not None:
+            self.log.append((offset, size))
         if len(data) != size:
             raise TruncatedError(
                 f"{self.path}: byte {offset + len(data)}: short read ({len(data)} of {size} "

@@ -32,6 +32,7 @@ import os
 import stat
 import sys
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -91,8 +92,17 @@ inherited from the parent and must drop the parent's readers (cheaper than ``os.
 on every read)."""
 
 
+_live_sets: weakref.WeakSet[ShardSet] = weakref.WeakSet()
+"""Every ShardSet of this process: a forked child closes their inherited readers at once."""
+
+
 def _bump_fork_generation() -> None:
     _fork_generation[0] += 1
+    # The child's copies of the parent's descriptors and mappings count against the child's
+    # descriptor limit even if it never reads those shards (a DataLoader worker forked while
+    # the parent holds open shards): release them now; the parent's stay open.
+    for ss in list(_live_sets):
+        ss._drop_inherited()
 
 
 os.register_at_fork(after_in_child=_bump_fork_generation)
@@ -208,6 +218,33 @@ class Block:
     def index(self) -> NDArray[np.int64]:
         """``int64 (n,)``: global sample indices (``base + samples``)."""
         return self.samples + self.base
+
+    def detach(self) -> Block:
+        """Return this block with its members' bytes copied out of a mapped tar, else itself.
+
+        A block read from a mapping keeps the mapping (and its descriptor) alive after the
+        reader is closed; readers that hold more blocks than shards may be open detach them.
+        """
+        data, offset = self.data, self.offset
+        if not isinstance(data, mmap.mmap) or offset is None:
+            return self
+        ends = offset + self.size
+        buf = b"".join([data[a:b] for a, b in zip(offset.tolist(), ends.tolist(), strict=True)])
+        new = np.zeros(len(offset), np.int64)
+        np.cumsum(self.size[:-1], out=new[1:])
+        return Block(
+            self.path,
+            self.samples,
+            self.keys,
+            self.member_ptr,
+            self.ext_id,
+            self.size,
+            self.tar_offset,
+            new,
+            buf,
+            self.exts,
+            self.base,
+        )
 
     def to_samples(self) -> list[Sample]:
         """The samples as dicts: ``__key__``, ``__shard__``, ``__index__`` and ``ext: bytes``.
@@ -444,8 +481,13 @@ class ShardReader:
             prefetch,
         )
 
-    def gather(self, js: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None, *,
-               data: bool = True) -> Block:
+    def gather(
+        self,
+        js: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields = None,
+        *,
+        data: bool = True,
+    ) -> Block:
         """Read samples ``js`` (any order, repeats allowed) of this shard as one :class:`Block`.
 
         Same guards and sources as :meth:`read_block`; neighbouring members are read together
@@ -530,9 +572,7 @@ class ShardReader:
                 buf, offset = b"", toff
             else:
                 buf, offset = self._read_runs(src, all_off, all_end, keep)
-        return Block(
-            self.tar_path, samples, keys, mp, eid, size, toff, offset, buf, self.exts
-        )
+        return Block(self.tar_path, samples, keys, mp, eid, size, toff, offset, buf, self.exts)
 
     @staticmethod
     def _read_runs(
@@ -588,7 +628,9 @@ class ShardReader:
         if not self._checked[j >> CHUNK_SHIFT]:
             self._check_chunk(j >> CHUNK_SHIFT)
         kp, sp = self._key_ptr, self._sample_ptr
-        out: Sample = {"__key__": str(self._key_blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape")}
+        out: Sample = {
+            "__key__": str(self._key_blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape")
+        }
         exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
         mm = self._mm
         for m in range(sp[j], sp[j + 1]):
@@ -763,6 +805,17 @@ class ShardSet:
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._gen = _fork_generation[0]
         self._bound = 0  # this process's bound, sized on first open
+        _live_sets.add(self)
+
+    def _drop_inherited(self) -> None:
+        readers, self._readers = self._readers, OrderedDict()
+        self._gen = _fork_generation[0]
+        self._bound = 0
+        for r in readers.values():
+            try:
+                r.close()
+            except Exception:
+                pass
 
     def __len__(self) -> int:
         return self._starts_list[-1]
@@ -910,6 +963,9 @@ class ShardSet:
         Raises:
             SampleIndexError: If an index is out of range (negative ones count from the end).
             FormatError, StaleIndexError: As :meth:`ShardReader.gather` and :meth:`reader`.
+
+        When the batch spans more shards than may stay open (:attr:`open_bound`), the blocks
+        are detached (:meth:`Block.detach`) so descriptors stay within the bound.
         """
         n_total = len(self)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -921,13 +977,14 @@ class ShardSet:
         rows = np.argsort(sid, kind="stable")
         ss = sid[rows]
         cuts = np.flatnonzero(np.diff(ss)) + 1
+        detach = len(cuts) + 1 > self.open_bound  # more shards than may stay open
         blocks = []
         for part in np.split(rows, cuts) if len(rows) else []:
             s = int(sid[part[0]])
             b = self.reader(s).gather(idx[part] - self._starts_list[s], fields)
             b.path = self.paths[s]
             b.base = self._starts_list[s]
-            blocks.append(b)
+            blocks.append(b.detach() if detach else b)
         return blocks, rows
 
     def close(self) -> None:
@@ -945,3 +1002,4 @@ class ShardSet:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._gen = _fork_generation[0]
+        _live_sets.add(self)

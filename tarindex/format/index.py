@@ -37,6 +37,7 @@ from ..errors import (
 )
 from .spec import (
     ALIGN,
+    BLOCK,
     END_MAGIC,
     EXT_ID_DTYPE,
     FINGERPRINT_BYTES,
@@ -50,7 +51,6 @@ from .spec import (
     MAX_MEMBERS,
     MAX_SAMPLES,
     OFFSET_DTYPE,
-    BLOCK,
 )
 
 __all__ = [

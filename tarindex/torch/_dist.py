@@ -8,7 +8,6 @@ Rank and world size are resolved in the parent process, never inside DataLoader 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch.utils.data
 

@@ -115,7 +115,7 @@ class BatchedSamples:
         return self.ints("cls")
 
     def ints(self, ext: str) -> torch.Tensor:
-        """An integer field (:data:`tarindex.torch.collate.INT_FIELDS`): ``torch.int64``, ``(B,)``, ``-1`` if missing.
+        """An integer field (``int_fields``): ``torch.int64``, ``(B,)``, ``-1`` if missing.
 
         Raises:
             KeyError: If the field is not an integer field of this batch.

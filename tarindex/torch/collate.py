@@ -157,7 +157,10 @@ def pack_blocks(
     try:
         srt = np.lexsort((off, part))
         for pi, o, sz, d in zip(
-            part[srt].tolist(), off[srt].tolist(), size[srt].tolist(), dest[srt].tolist(),
+            part[srt].tolist(),
+            off[srt].tolist(),
+            size[srt].tolist(),
+            dest[srt].tolist(),
             strict=True,
         ):
             out[d : d + sz] = views[pi][o : o + sz]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch.utils.data
@@ -443,15 +443,14 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         """
         if not (p.shuffle and p.buffer_size > 1):
             for piece in plan_mod.slice_blocks(p.segments, start, p.n_samples).tolist():
-                yield from self._samples(piece, self._read([piece], False)[0])
+                yield from self._samples(piece, self._read1(piece, False))
             return
         w = p.buffer_size
         for k in range(start // w, p.n_windows):
             pieces, perm = p.window(k)
-            pl = pieces.tolist()
             buf: list[Sample | None] = []
-            for piece, blk in zip(pl, self._read(pl, True), strict=True):
-                buf.extend(self._samples(piece, blk))
+            for piece in pieces.tolist():  # each block is unpacked (and freed) at once
+                buf.extend(self._samples(piece, self._read1(piece, True)))
             order = perm.tolist() if perm is not None else range(len(buf))
             skip = start - k * w if start > k * w else 0
             for i in order[skip:]:
@@ -459,25 +458,36 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
     @staticmethod
     def _samples(piece: list[int], blk: Block | None) -> list[Sample | None]:
-        return blk.to_samples() if blk is not None else [None] * (piece[2] - piece[1])
+        if blk is None:
+            return [None] * (piece[2] - piece[1])
+        return cast("list[Sample | None]", blk.to_samples())
 
-    def _read(self, pieces: list[list[int]], prefetch: bool) -> list[Block | None]:
-        """Kernel reads of planned pieces ``(shard, j0, j1)``; ``None`` for a skipped one."""
+    def _read1(self, piece: list[int], prefetch: bool) -> Block | None:
+        """Kernel read of a planned piece ``(shard, j0, j1)``; ``None`` if skipped."""
+        s, j0, j1 = piece
+        try:
+            return self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
+        except Exception as e:
+            if self.on_error != "skip":
+                raise
+            warnings.warn(
+                f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+
+    def _read_window(self, pieces: NDArray[np.int64], prefetch: bool) -> list[Block | None]:
+        """Kernel reads of a window's pieces, held until packed.
+
+        Detached when they span more shards than may stay open, so descriptors stay within
+        the bound.
+        """
+        detach = len(np.unique(pieces[:, 0])) > self.shards.open_bound
         out: list[Block | None] = []
-        for s, j0, j1 in pieces:
-            try:
-                out.append(
-                    self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
-                )
-            except Exception as e:
-                if self.on_error != "skip":
-                    raise
-                warnings.warn(
-                    f"{self.shards.paths[s]}: skipped samples {j0}..{j1} (on_error='skip'): {e}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                out.append(None)
+        for piece in pieces.tolist():
+            b = self._read1(piece, prefetch)
+            out.append(b.detach() if detach and b is not None else b)
         return out
 
     def _generate_batched(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[BatchedSamples]:
@@ -508,7 +518,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                         perm = None
                     cum = np.zeros(len(pieces) + 1, np.int64)
                     np.cumsum(pieces[:, 2] - pieces[:, 1], out=cum[1:])
-                    got = wins[k] = (self._read(pieces.tolist(), mixing), cum, perm)
+                    got = wins[k] = (self._read_window(pieces, mixing), cum, perm)
                 blocks, cum, perm = got
                 a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
                 idx = perm[a:b] if perm is not None else np.arange(a, b, dtype=np.int64)

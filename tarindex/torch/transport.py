@@ -56,11 +56,13 @@ def alloc_buffer(nbytes: int) -> torch.Tensor:
         return torch.empty(max(nbytes, 0), dtype=torch.uint8)
     if by_name_available():
         t = torch.empty(0, dtype=torch.uint8).set_(
-            torch.UntypedStorage._new_using_filename_cpu(nbytes)  # type: ignore[attr-defined]
+            torch.UntypedStorage._new_using_filename_cpu(nbytes)
         )
         _BY_NAME.add(t.untyped_storage().data_ptr())
         return t
-    return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    t.share_memory_()  # type: ignore[no-untyped-call]
+    return t
 
 
 def share_ref(data: torch.Tensor) -> tuple[str, bytes, bytes, int] | None:
@@ -75,8 +77,8 @@ def share_ref(data: torch.Tensor) -> tuple[str, bytes, bytes, int] | None:
     if ptr not in _BY_NAME:
         return None
     _BY_NAME.discard(ptr)
-    manager, handle, size = storage._share_filename_cpu_()  # type: ignore[attr-defined]
-    storage._shared_incref()  # type: ignore[attr-defined]
+    manager, handle, size = storage._share_filename_cpu_()
+    storage._shared_incref()  # type: ignore[no-untyped-call]
     return (_REF_TAG, manager, handle, int(size))
 
 
