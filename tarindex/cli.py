@@ -43,9 +43,8 @@ import numpy as np
 from ._version import __version__
 from .build import build_index
 from .errors import PackError, TarIndexError
-from .format.keys import normalize_name
 from .pack import LAYOUTS, plan_pack, write_pack
-from .reader import ShardReader, ShardSet, is_up_to_date
+from .reader import Block, ShardReader, ShardSet, is_up_to_date
 from .scan import scan_members
 from .sources import expand_source
 
@@ -269,6 +268,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 # -- info, ls, cat ----------------------------------------------------------------------------
+_LS_BLOCK = 1 << 16  # samples per kernel read in info/ls (tables only)
+
+
+def _blocks(r: ShardReader) -> Iterator[Block]:
+    """The shard's samples as kernel blocks of tables (no member bytes read)."""
+    for j0 in range(0, r.n_samples, _LS_BLOCK):
+        yield r.read_block(j0, min(j0 + _LS_BLOCK, r.n_samples), data=False)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """``tarindex info``: shards, samples, members, extensions (counts) and bytes."""
     paths = _expand(args.sources)
@@ -276,13 +284,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     exts: Counter[str] = Counter()
     for p in paths:
         with ShardReader(p) as r:
-            t = r.index
-            n_samples += t.n_samples
-            n_members += t.n_members
-            data_bytes += int(np.asarray(t.size, np.uint64).sum())
+            counts = np.zeros(len(r.exts), np.int64)
+            for blk in _blocks(r):
+                counts += np.bincount(blk.ext_id, minlength=len(r.exts))
+                data_bytes += int(blk.size.sum())
+                n_members += len(blk.ext_id)
+            n_samples += r.n_samples
             tar_bytes += r.tar_size
             index_bytes += os.path.getsize(r.index_path)
-            counts = np.bincount(np.asarray(t.ext_id, np.int64), minlength=len(r.exts))
             for name, c in zip(r.exts, counts.tolist(), strict=True):
                 exts[name] += c
     info = {
@@ -322,36 +331,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
     start = 0
     for p in paths:
         with ShardReader(p) as r:
-            ptr = np.asarray(r.index.sample_ptr).tolist()
-            ext_id = np.asarray(r.index.ext_id).tolist()
-            for j in range(r.n_samples):
-                names = ",".join(r.exts[e] for e in ext_id[ptr[j] : ptr[j + 1]])
-                write(f"{start + j}\t{r.key(j)}\t{names}\n")
+            for blk in _blocks(r):
+                ptr = blk.member_ptr.tolist()
+                names = [r.exts[e] for e in blk.ext_id.tolist()]
+                for b, (j, key) in enumerate(zip(blk.samples.tolist(), blk.keys, strict=True)):
+                    write(f"{start + j}\t{key}\t{','.join(names[ptr[b] : ptr[b + 1]])}\n")
             start += r.n_samples
     return EXIT_OK
-
-
-def _find_key(r: ShardReader, key: str) -> int | None:
-    """Return the sample number of ``key`` in shard ``r``, or None (O(key bytes) search)."""
-    kb = normalize_name(key.encode("utf-8", "surrogateescape"))
-    if not kb:
-        return None
-    blob = bytes(r.index.key_blob)
-    ptr = np.asarray(r.index.key_ptr)
-    pos = blob.find(kb)
-    while pos != -1:
-        j = int(np.searchsorted(ptr, pos))
-        if j < r.n_samples and int(ptr[j]) == pos and int(ptr[j + 1]) == pos + len(kb):
-            return j
-        pos = blob.find(kb, pos + 1)
-    return None
 
 
 def _resolve(ss: ShardSet, which: str, by: str) -> tuple[int, int]:
     """Map a key or a global index to ``(shard, j)``; see the ``cat`` help for the rule."""
     if by in ("auto", "key"):
         for s in range(ss.n_shards):
-            j = _find_key(ss.reader(s), which)
+            j = ss.reader(s).find_key(which)
             if j is not None:
                 return s, j
         if by == "key":
@@ -372,18 +365,16 @@ def cmd_cat(args: argparse.Namespace) -> int:
     try:
         s, j = _resolve(ss, args.sample, args.by)
         r = ss.reader(s)
-        lo, hi = r.member_slice(j)
-        ext_ids = np.asarray(r.index.ext_id[lo:hi]).tolist()
-        names = [r.exts[e] for e in ext_ids]
-        if args.ext not in names:
+        smp = r.sample(j, (args.ext,))
+        if args.ext not in smp:
+            blk = r.read_block(j, j + 1, data=False)
+            names = [r.exts[e] for e in blk.ext_id.tolist()]
             raise NotFoundError(
-                f"sample {ss.starts[s] + j} (key {r.key(j)!r}, {paths[s]}) has no member "
+                f"sample {ss.starts[s] + j} (key {smp['__key__']!r}, {paths[s]}) has no member "
                 f"{args.ext!r}; it has: {', '.join(names)}"
             )
-        k = lo + names.index(args.ext)
-        data = r.read(int(r.index.offset[k]), int(r.index.size[k]))
         out = _stdout_bytes()
-        out.write(data)
+        out.write(smp[args.ext])
         out.flush()
     finally:
         ss.close()

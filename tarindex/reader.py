@@ -50,6 +50,7 @@ from .errors import (
     TruncatedError,
 )
 from .format.index import IndexTables, check_samples, decode_index, fingerprint, read_header
+from .format.keys import normalize_name
 from .format.spec import BLOCK, FINGERPRINT_BYTES, HEADER
 from .indexfile import index_path_for
 from .sources import Source, expand_source
@@ -651,6 +652,29 @@ class ShardReader:
         self._range(j, j + 1)
         kp = self._key_ptr
         return str(self._key_blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape")
+
+    def find_key(self, key: str) -> int | None:
+        """Return the sample number whose key is ``key`` (FORMAT.md §4 normalisation), or None.
+
+        A search of the key blob, O(key bytes); the match is checked through the guards.
+
+        Raises:
+            FormatError: If the index tables of the matching sample's chunk are corrupt.
+        """
+        kb = normalize_name(key.encode("utf-8", "surrogateescape"))
+        if not kb:
+            return None
+        blob = bytes(self.index.key_blob)
+        ptr = self.index.key_ptr
+        pos = blob.find(kb)
+        while pos != -1:
+            j = int(np.searchsorted(ptr, pos))
+            if j < self.n_samples and int(ptr[j]) == pos:
+                self._range(j, j + 1)
+                if int(ptr[j + 1]) == pos + len(kb):
+                    return j
+            pos = blob.find(kb, pos + 1)
+        return None
 
     def member_slice(self, j: int) -> tuple[int, int]:
         """Return the half-open member range ``[lo, hi)`` of sample ``j`` (FORMAT.md §2.2).
