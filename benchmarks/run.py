@@ -738,7 +738,12 @@ class TransportLimitDataset:
         return len(self.sizes)
 
     def __getitems__(self, idx: list[int]) -> Any:
-        from tarindex.torch.collate import BatchedSamples, _alloc
+        from tarindex.torch.collate import BatchedSamples
+
+        try:  # where the read kernel put it; before: tarindex.torch.collate._alloc
+            from tarindex.torch.transport import alloc_buffer as _alloc
+        except ImportError:
+            from tarindex.torch.collate import _alloc  # type: ignore[attr-defined,no-redef]
 
         if self._pool is None:
             self._pool = np.random.default_rng(0).integers(0, 256, 64 * 121_000, np.uint8)
