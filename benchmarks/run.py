@@ -1,15 +1,18 @@
-"""tarindex against its peers, in one run: random access, DataLoader, streaming, index build,
-write, memory, scale, and the machine's physical limits.
+"""tarindex against its peers, in one run: random access (per item, batches of 64, labels only),
+DataLoader, streaming, index build, write, memory, scale, and the machine's physical limits.
 
-    python benchmarks/run.py --quick     # ~2 minutes on 2 cores, 10k samples (~190 MB)
-    python benchmarks/run.py             # full: 100k samples (~1.9 GB per format)
+    python benchmarks/run.py --quick     # ~2-3 minutes on 2 cores, 10k samples (~190 MB)
+    python benchmarks/run.py             # full: 100k samples (~1.9 GB per format), ~12 min
 
-One seeded dataset (see benchmarks/common.py) is written in every contender's format under
-``benchmarks/_data/``. Each measurement runs in its own subprocess (so peak RSS is isolated and
-one contender's failure cannot take the run down); a contender that cannot be imported or
-fails is reported with the reason. Writes ``benchmarks/results/results.json`` and
-``results.png`` and prints the table. Cache state: warm (every format was just written, and
-the machine has far more RAM than the data), so these are page-cache figures, not disk ones.
+Peers: loose files, tarfile, webdataset, wids, MDS, litdata, ratarmountcore, GNU tar, and the
+record formats users pick instead of tar: ArrayRecord, Lance, tfrecord. One seeded dataset
+(see benchmarks/common.py) is written in every contender's format under ``benchmarks/_data/``.
+Each measurement runs in its own subprocess (so peak RSS is isolated and one contender's
+failure cannot take the run down); a contender that cannot be imported or fails is reported
+with the reason. Writes ``benchmarks/results/results-<mode>.{json,md,png}`` and prints the
+table (``--update-readme``: also benchmarks/README.md's results and ``benchmarks/chart.png``).
+Cache state: warm (every format was just written, and the machine has far more RAM than the
+data), so these are page-cache figures, not disk ones.
 """
 
 from __future__ import annotations
