@@ -146,45 +146,81 @@ def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
 
 
 class Block:
-    """Some samples of one shard, as the read kernel returns them: tables plus one buffer.
+    """Some samples of one or more shards, as the read kernel returns them: tables + buffers.
 
-    Made by :meth:`ShardReader.read_block` / :meth:`ShardReader.gather` after the index
-    tables of those samples passed the guards. ``n`` samples, ``m`` selected members; member
-    ``k`` of sample ``b`` is ``member_ptr[b] <= k < member_ptr[b + 1]``, its bytes are
-    ``data[offset[k] : offset[k] + size[k]]`` (``bytes``).
+    Made by :meth:`ShardReader.read_block` / :meth:`ShardReader.gather` (one shard) and
+    :meth:`ShardSet.gather` (a batch across shards) after the index tables of those samples
+    passed the guards. ``n`` samples, ``m`` selected members; the members of sample ``b`` are
+    ``member_ptr[b] <= k < member_ptr[b + 1]``, and member ``k``'s bytes are
+    ``data[src[k]][offset[k] : offset[k] + size[k]]`` (``bytes``).
 
     Attributes:
-        path: The shard (tar) path, as given to the reader.
-        base: Global index of the shard's sample 0 (set by :class:`ShardSet`; ``0`` otherwise).
+        paths: The shards (tar paths) the samples come from.
+        shard: ``int64 (n,)``: each sample's shard, an index into :attr:`paths`.
         samples: ``int64 (n,)``: shard-local sample numbers, in the order asked for.
+        index: ``int64 (n,)``: global sample indices (shard-local for a bare reader).
         keys: The ``n`` sample keys (str, FORMAT.md §2.5).
         member_ptr: ``int64 (n + 1,)``: CSR pointers into the member arrays.
         ext_id: ``int64 (m,)``: extension of each member, an index into :attr:`exts`.
         size: ``int64 (m,)``: member sizes in bytes.
-        tar_offset: ``int64 (m,)``: member data offsets in the tar, in bytes.
-        offset: ``int64 (m,)``: member data offsets in :attr:`data`, or ``None`` if no data
+        tar_offset: ``int64 (m,)``: member data offsets in their tar, in bytes.
+        offset: ``int64 (m,)``: member data offsets in their buffer, or ``None`` if no data
             was read (``data=False``).
-        data: The source buffer (the mapped tar, or bytes read with ``pread``); slices of it
-            are ``bytes``. ``None`` with ``data=False``.
-        exts: The shard's extension names (FORMAT.md §2.4).
+        src: ``int64 (m,)``: each member's buffer, an index into :attr:`data`.
+        data: The source buffers (mapped tars, or bytes read with ``pread``); slices of them
+            are ``bytes``. Empty with ``data=False``.
+        exts: Extension names (FORMAT.md §2.4).
     """
 
     __slots__ = (
-        "path",
-        "base",
+        "paths",
+        "shard",
         "samples",
+        "index",
         "keys",
         "member_ptr",
         "ext_id",
         "size",
         "tar_offset",
         "offset",
+        "src",
         "data",
         "exts",
     )
 
     def __init__(
         self,
+        paths: list[str],
+        shard: NDArray[np.int64],
+        samples: NDArray[np.int64],
+        index: NDArray[np.int64],
+        keys: list[str],
+        member_ptr: NDArray[np.int64],
+        ext_id: NDArray[np.int64],
+        size: NDArray[np.int64],
+        tar_offset: NDArray[np.int64],
+        offset: NDArray[np.int64] | None,
+        src: NDArray[np.int64],
+        data: list[Buffer],
+        exts: list[str],
+    ) -> None:
+        self.paths = paths
+        self.shard = shard
+        self.samples = samples
+        self.index = index
+        self.keys = keys
+        self.member_ptr = member_ptr
+        self.ext_id = ext_id
+        self.size = size
+        self.tar_offset = tar_offset
+        self.offset = offset
+        self.src = src
+        self.data = data
+        self.exts = exts
+
+    @classmethod
+    def of_shard(
+        cls,
         path: str,
         samples: NDArray[np.int64],
         keys: list[str],
@@ -195,56 +231,153 @@ class Block:
         offset: NDArray[np.int64] | None,
         data: Buffer | None,
         exts: list[str],
-        base: int = 0,
-    ) -> None:
-        self.path = path
-        self.base = base
-        self.samples = samples
-        self.keys = keys
-        self.member_ptr = member_ptr
-        self.ext_id = ext_id
-        self.size = size
-        self.tar_offset = tar_offset
-        self.offset = offset
-        self.data = data
-        self.exts = exts
+    ) -> Block:
+        """A block of one shard and (at most) one buffer."""
+        return cls(
+            [path],
+            np.zeros(len(samples), np.int64),
+            samples,
+            samples,
+            keys,
+            member_ptr,
+            ext_id,
+            size,
+            tar_offset,
+            offset,
+            np.zeros(len(size), np.int64),
+            [] if data is None else [data],
+            exts,
+        )
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def __repr__(self) -> str:
-        return f"Block({self.path!r}, {len(self)} samples, {len(self.size)} members)"
+        where = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} shards"
+        return f"Block({where!r}, {len(self)} samples, {len(self.size)} members)"
 
-    @property
-    def index(self) -> NDArray[np.int64]:
-        """``int64 (n,)``: global sample indices (``base + samples``)."""
-        return self.samples + self.base
+    def _need_data(self) -> NDArray[np.int64]:
+        if self.offset is None:
+            raise ValueError(f"{self.paths}: block read with data=False has no member bytes")
+        return self.offset
+
+    @staticmethod
+    def concat(blocks: Sequence[Block]) -> Block:
+        """Return one block holding the samples of ``blocks``, in order (no bytes copied).
+
+        Paths, buffers and extension tables are joined; member arrays are concatenated with
+        their pointers shifted (a handful of array operations whatever the block count).
+
+        Raises:
+            ValueError: If ``blocks`` is empty, or some blocks have data and others do not.
+        """
+        if len(blocks) == 1:
+            return blocks[0]
+        if not blocks:
+            raise ValueError("Block.concat: no blocks")
+        if len({b.offset is None for b in blocks}) > 1:
+            raise ValueError("Block.concat: blocks with and without data")
+        nb = [len(b) for b in blocks]
+        mb = [len(b.size) for b in blocks]
+        code_of: dict[str, int] = {}
+        codes: list[int] = []
+        ebase, sbase, pbase = [], [], []
+        paths: list[str] = []
+        data: list[Buffer] = []
+        keys: list[str] = []
+        for b in blocks:
+            ebase.append(len(codes))
+            codes.extend([code_of.setdefault(e, len(code_of)) for e in b.exts])
+            sbase.append(len(data))
+            data.extend(b.data)
+            pbase.append(len(paths))
+            paths.extend(b.paths)
+            keys.extend(b.keys)
+
+        def cat(xs: list[NDArray[np.int64]]) -> NDArray[np.int64]:
+            return np.concatenate(xs)
+
+        def shift(xs: list[NDArray[np.int64]], base: list[int], counts: list[int]) -> Any:
+            return cat(xs) + np.repeat(np.asarray(base, np.int64), counts)
+
+        mp = np.zeros(sum(nb) + 1, np.int64)
+        mp[1:] = shift([b.member_ptr[1:] for b in blocks], np.cumsum([0, *mb[:-1]]).tolist(), nb)
+        offsets = [b.offset for b in blocks]
+        return Block(
+            paths,
+            shift([b.shard for b in blocks], pbase, nb),
+            cat([b.samples for b in blocks]),
+            cat([b.index for b in blocks]),
+            keys,
+            mp,
+            np.asarray(codes, np.int64)[shift([b.ext_id for b in blocks], ebase, mb)],
+            cat([b.size for b in blocks]),
+            cat([b.tar_offset for b in blocks]),
+            None if offsets[0] is None else cat(offsets),  # type: ignore[arg-type]
+            shift([b.src for b in blocks], sbase, mb),
+            data,
+            list(code_of),
+        )
+
+    def take(self, sel: NDArray[np.int64]) -> Block:
+        """Return the samples at positions ``sel`` (``int64``, any order) of this block.
+
+        The member arrays are gathered; the buffers are shared (no copy).
+        """
+        ms = self.member_ptr[sel]
+        cnt = self.member_ptr[sel + 1] - ms
+        mp = np.zeros(len(sel) + 1, np.int64)
+        np.cumsum(cnt, out=mp[1:])
+        mem = np.repeat(ms - mp[:-1], cnt) + np.arange(int(mp[-1]), dtype=np.int64)
+        keys = self.keys
+        return Block(
+            self.paths,
+            self.shard[sel],
+            self.samples[sel],
+            self.index[sel],
+            [keys[i] for i in sel.tolist()],
+            mp,
+            self.ext_id[mem],
+            self.size[mem],
+            self.tar_offset[mem],
+            None if self.offset is None else self.offset[mem],
+            self.src[mem],
+            self.data,
+            self.exts,
+        )
 
     def detach(self) -> Block:
-        """Return this block with its members' bytes copied out of a mapped tar, else itself.
+        """Return this block with its members' bytes copied out of mapped tars, else itself.
 
         A block read from a mapping keeps the mapping (and its descriptor) alive after the
         reader is closed; readers that hold more blocks than shards may be open detach them.
         """
-        data, offset = self.data, self.offset
-        if not isinstance(data, mmap.mmap) or offset is None:
+        if not any(isinstance(d, mmap.mmap) for d in self.data) or self.offset is None:
             return self
+        data, offset = self.data, self.offset
         ends = offset + self.size
-        buf = b"".join([data[a:b] for a, b in zip(offset.tolist(), ends.tolist(), strict=True)])
+        buf = b"".join(
+            [
+                data[s][a:b]
+                for s, a, b in zip(self.src.tolist(), offset.tolist(), ends.tolist(), strict=True)
+            ]
+        )
         new = np.zeros(len(offset), np.int64)
         np.cumsum(self.size[:-1], out=new[1:])
         return Block(
-            self.path,
+            self.paths,
+            self.shard,
             self.samples,
+            self.index,
             self.keys,
             self.member_ptr,
             self.ext_id,
             self.size,
             self.tar_offset,
             new,
-            buf,
+            np.zeros(len(offset), np.int64),
+            [buf],
             self.exts,
-            self.base,
         )
 
     def to_samples(self) -> list[Sample]:
@@ -253,22 +386,29 @@ class Block:
         Raises:
             ValueError: If the block was read with ``data=False``.
         """
-        data, offset = self.data, self.offset
-        if data is None or offset is None:
-            raise ValueError(f"{self.path}: block read with data=False has no member bytes")
+        offset = self._need_data()
         offs = offset.tolist()
         ends = (offset + self.size).tolist()
         exts = self.exts
         names = [exts[e] for e in self.ext_id.tolist()]
         mp = self.member_ptr.tolist()
-        path = self.path
         idx = self.index.tolist()
         out: list[Sample] = []
         append = out.append
+        if len(self.data) == 1 and len(self.paths) == 1:  # one shard: the common case
+            data, path = self.data[0], self.paths[0]
+            for i, key in enumerate(self.keys):
+                d: Sample = {"__key__": key, "__shard__": path, "__index__": idx[i]}
+                for k in range(mp[i], mp[i + 1]):
+                    d[names[k]] = data[offs[k] : ends[k]]
+                append(d)
+            return out
+        datas, paths = self.data, self.paths
+        src, shard = self.src.tolist(), self.shard.tolist()
         for i, key in enumerate(self.keys):
-            d: Sample = {"__key__": key, "__shard__": path, "__index__": idx[i]}
+            d = {"__key__": key, "__shard__": paths[shard[i]], "__index__": idx[i]}
             for k in range(mp[i], mp[i + 1]):
-                d[names[k]] = data[offs[k] : ends[k]]
+                d[names[k]] = datas[src[k]][offs[k] : ends[k]]
             append(d)
         return out
 
@@ -555,7 +695,7 @@ class ShardReader:
             keep = self._wanted(fields)[eid]
             if keep.all():
                 keep = None
-        all_off, all_end = toff, toff + size
+        all_off, all_size = toff, size
         if keep is not None:
             kc = np.zeros(len(keep) + 1, np.int64)
             np.cumsum(keep, out=kc[1:])
@@ -572,8 +712,10 @@ class ShardReader:
             elif len(toff) == 0:
                 buf, offset = b"", toff
             else:
-                buf, offset = self._read_runs(src, all_off, all_end, keep)
-        return Block(self.tar_path, samples, keys, mp, eid, size, toff, offset, buf, self.exts)
+                buf, offset = self._read_runs(src, all_off, all_off + all_size, keep)
+        return Block.of_shard(
+            self.tar_path, samples, keys, mp, eid, size, toff, offset, buf, self.exts
+        )
 
     @staticmethod
     def _read_runs(
@@ -656,13 +798,16 @@ class ShardReader:
     def find_key(self, key: str) -> int | None:
         """Return the sample number whose key is ``key`` (FORMAT.md §4 normalisation), or None.
 
-        A search of the key blob, O(key bytes); the match is checked through the guards.
+        A search of the key blob, O(key bytes); a match is checked through the guards, and
+        so is the whole key table before answering "not there" (a corrupt table could hide it).
 
         Raises:
-            FormatError: If the index tables of the matching sample's chunk are corrupt.
+            FormatError: If the index tables of the matching sample's chunk (or, when there is
+                no match, of any chunk) are corrupt.
         """
         kb = normalize_name(key.encode("utf-8", "surrogateescape"))
         if not kb:
+            self.validate()
             return None
         blob = bytes(self.index.key_blob)
         ptr = self.index.key_ptr
@@ -674,6 +819,7 @@ class ShardReader:
                 if int(ptr[j + 1]) == pos + len(kb):
                     return j
             pos = blob.find(kb, pos + 1)
+        self.validate()
         return None
 
     def member_slice(self, j: int) -> tuple[int, int]:
@@ -963,53 +1109,190 @@ class ShardSet:
         data: bool = True,
         prefetch: bool = False,
     ) -> Block:
-        """:meth:`ShardReader.read_block` on shard ``s``, with :attr:`Block.base` set.
+        """:meth:`ShardReader.read_block` on shard ``s``, with global indices in the block.
 
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
                 :meth:`ShardReader.read_block` and :meth:`reader`.
         """
         b = self.reader(s).read_block(j0, j1, fields, data=data, prefetch=prefetch)
-        b.path = self.paths[s]
-        b.base = self._starts_list[s]
+        b.paths = [self.paths[s]]
+        b.index = b.samples + self._starts_list[s]
         return b
 
     def gather(
         self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
-    ) -> tuple[list[Block], NDArray[np.int64]]:
-        """Read global samples ``indices`` with one :meth:`ShardReader.gather` per shard.
+    ) -> Block:
+        """Read global samples ``indices`` (a batch, any order, repeats allowed) as one block.
+
+        One pass over the batch with scalar reads of each shard's tables (the per-sample cost
+        of ``ds[i]``, without its dict): every sample's chunk of the tables passes the guards
+        first, as in :meth:`ShardReader.read_block`. With mmap the block's buffers are the
+        mappings; with ``pread`` each shard's selected members are read in runs. When the
+        batch spans more shards than may stay open (:attr:`open_bound`) the members' bytes
+        are copied out at once, so descriptors stay within the bound.
+
+        Args:
+            indices: Global sample indices; negative ones count from the end.
+            fields: Extensions to read (others are not read). Defaults to ``None`` (all).
 
         Returns:
-            ``(blocks, rows)``: the blocks' samples, concatenated in block order, are
-            ``indices[rows]``; that is, ``rows`` (``int64``, shape ``(len(indices),)``) gives
-            each concatenated sample's position in ``indices``.
+            A :class:`Block` of ``len(indices)`` samples in the order of ``indices``.
 
         Raises:
-            SampleIndexError: If an index is out of range (negative ones count from the end).
-            FormatError, StaleIndexError: As :meth:`ShardReader.gather` and :meth:`reader`.
-
-        When the batch spans more shards than may stay open (:attr:`open_bound`), the blocks
-        are detached (:meth:`Block.detach`) so descriptors stay within the bound.
+            SampleIndexError: If an index is out of range.
+            TypeError: If an index is not an integer.
+            FormatError, StaleIndexError: As :meth:`ShardReader.read_block` and :meth:`reader`.
         """
-        n_total = len(self)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        idx = np.where(idx < 0, idx + n_total, idx)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n_total):
-            bad = int(idx[(idx < 0) | (idx >= n_total)][0])
-            raise SampleIndexError(f"sample index {bad} out of range for {n_total} samples")
+        total = len(self)
+        idx = np.asarray(indices).reshape(-1)
+        if idx.dtype.kind not in "iu" and idx.size:  # 1.5 or "3": TypeError, as list indexing
+            idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
+        idx = idx.astype(np.int64, copy=False)
+        idx = np.where(idx < 0, idx + total, idx)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= total):
+            bad = int(idx[(idx < 0) | (idx >= total)][0])
+            raise SampleIndexError(f"sample index {bad} out of range for {total} samples")
         sid = np.searchsorted(self.starts, idx, side="right") - 1
-        rows = np.argsort(sid, kind="stable")
-        ss = sid[rows]
-        cuts = np.flatnonzero(np.diff(ss)) + 1
-        detach = len(cuts) + 1 > self.open_bound  # more shards than may stay open
-        blocks = []
-        for part in np.split(rows, cuts) if len(rows) else []:
-            s = int(sid[part[0]])
-            b = self.reader(s).gather(idx[part] - self._starts_list[s], fields)
-            b.path = self.paths[s]
-            b.base = self._starts_list[s]
-            blocks.append(b.detach() if detach else b)
-        return blocks, rows
+        local = idx - self.starts[sid]
+        sl = sid.tolist()
+        copy = len(set(sl)) > self.open_bound  # more shards than may stay open
+        want = None if fields is None else frozenset(fields)
+        slot_of: dict[int, int] = {}
+        paths: list[str] = []
+        datas: list[Buffer] = []
+        ebase: list[int] = []  # per slot: where its extensions start in codes
+        codes: list[int] = []  # (slot's ebase + local ext id) -> global extension code
+        keep_of: list[list[bool] | None] = []
+        later: list[list[tuple[int, int, int]] | None] = []  # per slot, unless mapped: to read
+        skipped: list[list[tuple[int, int]]] = []  # per slot, pread: left-out (offset, size)
+        ext_code: dict[str, int] = {}
+        shard_col: list[int] = []
+        keys: list[str] = []
+        mp = [0]
+        eid: list[int] = []
+        sz: list[int] = []
+        of: list[int] = []
+        src: list[int] = []
+        readers = self._readers if self._gen == _fork_generation[0] else {}
+        hot: list[tuple[Any, ...]] = []  # per slot: the reader's tables, looked up once
+        for s, j in zip(sl, local.tolist(), strict=True):
+            slot = slot_of.get(s)
+            if slot is None:
+                r = readers.get(s)
+                if r is None:
+                    r = self.reader(s)
+                    readers = self._readers
+                slot = slot_of[s] = len(paths)
+                paths.append(self.paths[s])
+                ebase.append(len(codes))
+                codes.extend([ext_code.setdefault(e, len(ext_code)) for e in r.exts])
+                keep_of.append(None if want is None else [e in want for e in r.exts])
+                mm = None if copy else r._mm
+                datas.append(b"" if mm is None else mm)
+                later.append([] if mm is None else None)  # mapped: the buffer is the mapping
+                skipped.append([])
+                hot.append(
+                    (r, r._key_ptr, r._sample_ptr, r._key_blob, r._ext_id, r._size, r._offset)
+                )
+            elif copy:  # readers come and go: use the open one
+                r = readers.get(s) or self.reader(s)
+                readers = self._readers
+                hot[slot] = (
+                    r,
+                    r._key_ptr,
+                    r._sample_ptr,
+                    r._key_blob,
+                    r._ext_id,
+                    r._size,
+                    r._offset,
+                )
+            r, kp, sp, blob, eids, sizes, offs = hot[slot]
+            if not r._checked[j >> CHUNK_SHIFT]:
+                r._check_chunk(j >> CHUNK_SHIFT)
+            keys.append(str(blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape"))
+            lo, hi = sp[j], sp[j + 1]
+            keep, todo = keep_of[slot], later[slot]
+            if keep is None and todo is None:  # every member, from a mapping: slices of tables
+                eid += eids[lo:hi]
+                sz += sizes[lo:hi]
+                of += offs[lo:hi]
+                src += [slot] * (hi - lo)
+            else:
+                for m in range(lo, hi):
+                    e = eids[m]
+                    if keep is not None and not keep[e]:
+                        if todo is not None:
+                            skipped[slot].append((offs[m], sizes[m]))
+                        continue
+                    if todo is not None:
+                        todo.append((len(of), offs[m], sizes[m]))
+                    eid.append(e)
+                    sz.append(sizes[m])
+                    of.append(offs[m])
+                    src.append(slot)
+            mp.append(len(of))
+            shard_col.append(slot)
+        src_a = np.array(src, np.int64)
+        tar_off = np.array(of, np.int64)
+        offset = tar_off.copy() if any(t for t in later) else tar_off
+        for s, slot in slot_of.items():
+            todo = later[slot]
+            if todo:
+                datas[slot] = self._fetch(s, todo, skipped[slot], offset)
+        ext = np.array(eid, np.int64)
+        if len(paths) > 1 or (ebase and codes != list(range(len(codes)))):
+            ext = np.asarray(codes, np.int64)[ext + np.asarray(ebase, np.int64)[src_a]]
+        return Block(
+            paths,
+            np.array(shard_col, np.int64),
+            local,
+            idx,
+            keys,
+            np.array(mp, np.int64),
+            ext,
+            np.array(sz, np.int64),
+            tar_off,
+            offset,
+            src_a,
+            datas,
+            list(ext_code),
+        )
+
+    def _fetch(
+        self,
+        s: int,
+        todo: list[tuple[int, int, int]],
+        skipped: list[tuple[int, int]],
+        offset: NDArray[np.int64],
+    ) -> Buffer:
+        """Read members ``todo`` (``(position, tar offset, size)``) of shard ``s`` into a buffer.
+
+        Sets their ``offset`` in it; with ``pread`` the reads are runs that skip ``skipped``.
+        """
+        r = self.reader(s)
+        t = np.asarray(todo, np.int64).reshape(-1, 3)
+        pos, toff, size = t[:, 0], t[:, 1], t[:, 2]
+        src = r.source
+        if src.zero_copy:  # mapped, but more shards than may stay open: copy the members out
+            mm = r._mm
+            assert mm is not None
+            parts = [mm[a : a + n] for a, n in zip(toff.tolist(), size.tolist(), strict=True)]
+            at = np.zeros(len(size), np.int64)
+            np.cumsum(size[:-1], out=at[1:])
+            offset[pos] = at
+            return b"".join(parts)
+        if skipped:
+            k = np.asarray(skipped, np.int64).reshape(-1, 2)
+            all_off = np.concatenate([toff, k[:, 0]])
+            all_end = np.concatenate([toff + size, k[:, 0] + k[:, 1]])
+            keep = np.zeros(len(all_off), np.bool_)
+            keep[: len(toff)] = True
+            got = r._read_runs(src, all_off, all_end, keep)
+        else:
+            got = r._read_runs(src, toff, toff + size, None)
+        offset[pos] = got[1]
+        return got[0]
 
     def close(self) -> None:
         """Close every open reader of this process."""

@@ -3,6 +3,7 @@ descriptors stay bounded; the shared-memory transport's public fallback works.""
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -58,15 +59,23 @@ def test_block_gather_sample_agree(
             assert got[k] == want
     for i in rng.integers(0, len(ss), 50).tolist():
         assert ss.get(i, fields) == _project(ref[i], fields)
-    # ShardSet.gather: blocks per shard plus the rows that put them back in order
+    # ShardSet.gather: one block across shards, in the order asked (repeats, negatives)
     order = rng.integers(-len(ss), len(ss), 64)
-    blocks, rows = ss.gather(order, fields)
-    flat = [x for b in blocks for x in b.to_samples()]
-    for k, smp in enumerate(flat):
-        assert smp == _project(ref[int(order[rows[k]]) % len(ss)], fields)
+    g = ss.gather(order, fields)
+    assert len(g.paths) == 2 and len(g.data) == 2
+    assert g.to_samples() == [_project(ref[int(i) % len(ss)], fields) for i in order]
+    assert g.take(np.array([3, 1])).to_samples() == [
+        _project(ref[int(order[k]) % len(ss)], fields) for k in (3, 1)
+    ]
+    # joined blocks, and detached ones (bytes copied out of the mappings) read the same
+    two = tarindex.reader.Block.concat([ss.read_block(1, 5, 9, fields), g])
+    assert two.to_samples() == ss.read_block(1, 5, 9, fields).to_samples() + g.to_samples()
+    assert two.detach().to_samples() == two.to_samples()
     # tables only
     blk = ss.read_block(0, 0, 10, fields, data=False)
-    assert blk.data is None and blk.offset is None and len(blk) == 10
+    assert blk.data == [] and blk.offset is None and len(blk) == 10
+    with pytest.raises(IndexError):
+        ss.gather([len(ss)])
 
 
 def _left_out_read(ss: tarindex.ShardSet, fields: tuple[str, ...]) -> list[str]:
@@ -117,8 +126,8 @@ def test_projection_reads_no_bytes_of_members_left_out(
     # gathers of random samples
     ss = tarindex.ShardSet(paths, use_mmap=False)
     _logging(ss)
-    blocks, _ = ss.gather(np.random.default_rng(0).permutation(len(ss)), fields)
-    assert sum(int(b.size.sum()) for b in blocks) == want
+    g = ss.gather(np.random.default_rng(0).permutation(len(ss)), fields)
+    assert int(g.size.sum()) == want
     assert _left_out_read(ss, fields) == []
     # a single label member per sample: exactly its bytes are read, nothing else
     if fields == ("cls",):
@@ -311,3 +320,18 @@ def test_shared_memory_public_fallback(make_shards: MakeShards, tmp_path: Path) 
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_gather_over_more_shards_than_may_stay_open(
+    make_shards: MakeShards, use_mmap: bool
+) -> None:
+    paths = make_shards([3] * 12)
+    ref = _ref(paths)
+    ss = tarindex.ShardSet(paths, max_open=2, use_mmap=use_mmap)
+    order = np.random.default_rng(2).integers(0, len(ss), 80)
+    for fields in (None, ("txt", "cls")):
+        g = ss.gather(order, fields)
+        assert len(ss._readers) <= 2
+        assert not any(isinstance(d, mmap.mmap) for d in g.data)  # copied out, not held
+        assert g.to_samples() == [_project(ref[int(i)], fields) for i in order]

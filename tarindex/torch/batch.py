@@ -21,32 +21,28 @@ __all__ = ["BatchedSamples", "field_major"]
 
 
 def field_major(
-    field: NDArray[np.int64], row: NDArray[np.int64], size: NDArray[np.int64], n_fields: int, n: int
-) -> tuple[NDArray[np.int64], NDArray[np.bool_], NDArray[np.int64]]:
-    """The field-major layout of a batch of ``n`` samples.
+    lengths: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """The field-major layout of a batch: where each field's member of each sample goes.
 
     Args:
-        field: ``int64 (m,)``: field number of each member, ``0 <= field < n_fields``.
-        row: ``int64 (m,)``: sample (batch row) of each member, ``0 <= row < n``; at most one
-            member per ``(field, row)``.
-        size: ``int64 (m,)``: member sizes in bytes.
-        n_fields: Number of fields.
-        n: Number of samples.
+        lengths: ``int64 (n_fields, n)``: the byte length of field ``f``'s member of sample
+            ``b``, or ``-1`` where sample ``b`` has none.
 
     Returns:
-        ``(offsets, present, dest)``: ``int64 (n_fields, n + 1)`` byte offsets of each field's
-        samples in the buffer (the buffer is ``offsets[-1, -1]`` bytes), ``bool (n_fields, n)``
-        which samples have the field, and ``int64 (m,)`` where each member goes.
+        ``(offsets, present)``: ``int64 (n_fields, n + 1)`` byte offsets of each field's
+        samples in the buffer (field ``f`` of sample ``b`` is
+        ``[offsets[f, b], offsets[f, b + 1])``; the buffer is ``offsets[-1, -1]`` bytes) and
+        ``bool (n_fields, n)``, which samples have the field.
     """
-    lengths = np.zeros((n_fields, n), np.int64)
-    present = np.zeros((n_fields, n), np.bool_)
-    lengths[field, row] = size
-    present[field, row] = True
-    cum = np.zeros(n_fields * n + 1, np.int64)
-    np.cumsum(lengths.ravel(), out=cum[1:])
-    idx = np.arange(n_fields, dtype=np.int64)[:, None] * n + np.arange(n + 1, dtype=np.int64)
-    offsets = cum[idx] if n_fields else np.zeros((0, n + 1), np.int64)
-    return offsets, present, cum[field * n + row]
+    nf, n = lengths.shape
+    present = lengths >= 0
+    cum = np.zeros(nf * n + 1, np.int64)
+    np.cumsum(np.where(present, lengths, 0).ravel(), out=cum[1:])
+    offsets = np.empty((nf, n + 1), np.int64)
+    offsets[:, :n] = cum[:-1].reshape(nf, n)
+    offsets[:, n] = cum[n::n] if n else 0
+    return offsets, present
 
 
 class BatchedSamples:

@@ -52,16 +52,6 @@ INT_FIELDS: tuple[str, ...] = ("cls",)
 """Extensions parsed to ``int64`` (decimal text, as webdataset and tarindex write labels)."""
 
 
-def _parse_int(data: Any, off: int, size: int, blk: Block, k: int, key: str) -> int:
-    try:
-        return int(bytes(data[off : off + size]))
-    except ValueError:
-        raise FormatError(
-            f"{blk.path}: byte {int(blk.tar_offset[k])}: member {key}.{blk.exts[int(blk.ext_id[k])]} "
-            f"is not a decimal integer; pass int_fields=() to keep it as bytes"
-        ) from None
-
-
 def pack_blocks(
     parts: Sequence[tuple[Block, NDArray[np.int64] | None]],
     rows: NDArray[np.int64] | None = None,
@@ -78,52 +68,30 @@ def pack_blocks(
             :data:`INT_FIELDS`.
 
     Returns:
-        The batch (``fields`` in order of first appearance in the parts).
+        The batch (``fields`` in order of first appearance among the byte members).
 
     Raises:
         FormatError: If an integer field does not hold a decimal integer (names the shard,
             the byte offset and the member).
         ValueError: If a block was read with ``data=False``.
     """
-    int_set = frozenset(int_fields)
-    names: list[str] = []
-    code_of: dict[str, int] = {}
-    m_part, m_k, m_code, m_row, m_size, m_off = [], [], [], [], [], []
-    keys: list[str] = []
-    index: list[NDArray[np.int64]] = []
-    shards: list[str | None] = []
-    n = 0
-    for p, (blk, sel) in enumerate(parts):
-        if blk.data is None or blk.offset is None:
-            raise ValueError(f"{blk.path}: block read with data=False has no member bytes")
-        if sel is None:
-            sel = np.arange(len(blk), dtype=np.int64)
-        ms = blk.member_ptr[sel]
-        cnt = blk.member_ptr[sel + 1] - ms
-        tot = int(cnt.sum())
-        first = np.cumsum(cnt) - cnt
-        mem = np.repeat(ms - first, cnt) + np.arange(tot, dtype=np.int64)
-        emap = np.asarray([code_of.setdefault(e, len(code_of)) for e in blk.exts], np.int64)
-        if len(code_of) > len(names):
-            names.extend(list(code_of)[len(names) :])
-        m_part.append(np.full(tot, p, np.int64))
-        m_k.append(mem)
-        m_code.append(emap[blk.ext_id[mem]] if tot else mem)
-        m_row.append(np.repeat(np.arange(n, n + len(sel), dtype=np.int64), cnt))
-        m_size.append(blk.size[mem])
-        m_off.append(blk.offset[mem])
-        ks = blk.keys
-        keys.extend([ks[i] for i in sel.tolist()])
-        index.append(blk.index[sel])
-        shards.extend([blk.path] * len(sel))
-        n += len(sel)
-
-    def cat(xs: list[NDArray[np.int64]]) -> NDArray[np.int64]:
-        return np.concatenate(xs) if xs else np.zeros(0, np.int64)
-
-    part, k, code, row = cat(m_part), cat(m_k), cat(m_code), cat(m_row)
-    size, off = cat(m_size), cat(m_off)
-    idx = cat(index)
+    blocks: list[Block] = []
+    for blk, sel in parts:
+        if blk.offset is None:
+            raise ValueError(f"{blk.paths}: block read with data=False has no member bytes")
+        blocks.append(blk if sel is None else blk.take(sel))
+    whole = Block.concat(blocks) if blocks else None
+    if whole is None or whole.offset is None:
+        return pack_samples([], int_fields)
+    blk, off = whole, whole.offset
+    n = len(blk)
+    names, datas, keys = blk.exts, blk.data, blk.keys
+    paths = blk.paths
+    shards: list[str | None] = (
+        [paths[0]] * n if len(paths) == 1 else [paths[k] for k in blk.shard.tolist()]
+    )
+    code, src, size, tar_off, idx = blk.ext_id, blk.src, blk.size, blk.tar_offset, blk.index
+    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(blk.member_ptr))
     if rows is not None:
         row = rows[row]
         inv = np.empty(n, np.int64)
@@ -132,44 +100,54 @@ def pack_blocks(
         keys = [keys[i] for i in order]
         shards = [shards[i] for i in order]
         idx = idx[inv]
+    int_set = frozenset(int_fields)
     is_int = np.asarray([nm in int_set for nm in names], np.bool_)[code]
     ints: dict[str, NDArray[np.int64]] = {}
     if is_int.any():
-        for m in np.flatnonzero(is_int).tolist():
-            blk = parts[int(part[m])][0]
-            r = int(row[m])
-            col = ints.get(names[int(code[m])])
-            if col is None:
-                col = ints[names[int(code[m])]] = np.full(n, -1, np.int64)
-            col[r] = _parse_int(blk.data, int(off[m]), int(size[m]), blk, int(k[m]), keys[r])
-        keep = ~is_int
-        part, code, row, size, off = part[keep], code[keep], row[keep], size[keep], off[keep]
-    # fields in order of first appearance among the byte members
-    uc, firsts = np.unique(code, return_index=True)
-    used = uc[np.argsort(firsts)]
-    fmap = np.zeros(len(names), np.int64)
-    fmap[used] = np.arange(len(used), dtype=np.int64)
-    offsets, present, dest = field_major(fmap[code], row, size, len(used), n)
-    data = alloc_buffer(int(offsets[-1, -1]) if len(used) else 0)
-    out = memoryview(data.numpy())  # type: ignore[arg-type]
-    # The one copy: source buffer (mapped tar or pread bytes) -> batch buffer, in file order.
-    views = [memoryview(blk.data) for blk, _ in parts]  # type: ignore[arg-type]
-    try:
-        srt = np.lexsort((off, part))
-        for pi, o, sz, d in zip(
-            part[srt].tolist(),
-            off[srt].tolist(),
-            size[srt].tolist(),
-            dest[srt].tolist(),
+        sel = np.flatnonzero(is_int)
+        for m, c, r, sr, o, sz in zip(
+            sel.tolist(),
+            code[sel].tolist(),
+            row[sel].tolist(),
+            src[sel].tolist(),
+            off[sel].tolist(),
+            size[sel].tolist(),
             strict=True,
         ):
-            out[d : d + sz] = views[pi][o : o + sz]
+            col = ints.get(names[c])
+            if col is None:
+                col = ints[names[c]] = np.full(n, -1, np.int64)
+            try:
+                col[r] = int(datas[sr][o : o + sz])
+            except ValueError:
+                raise FormatError(
+                    f"{shards[r]}: byte {int(tar_off[m])}: member {keys[r]}.{names[c]} is not a "
+                    f"decimal integer; pass int_fields=() to keep it as bytes"
+                ) from None
+        keep = ~is_int
+        src, code, row, size, off = src[keep], code[keep], row[keep], size[keep], off[keep]
+    # byte fields in order of first appearance; field-major layout (batch.field_major)
+    used = list(dict.fromkeys(code.tolist()))
+    fmap = np.zeros(len(names), np.int64)
+    fmap[used] = np.arange(len(used), dtype=np.int64)
+    f = fmap[code]
+    lens = np.full((len(used), n), -1, np.int64)
+    lens[f, row] = size
+    offsets, present = field_major(lens)
+    dest = offsets[f, row]
+    data = alloc_buffer(int(offsets[-1, -1]) if used else 0)
+    out = memoryview(data.numpy())  # type: ignore[arg-type]
+    # The one copy: source buffer (mapped tar or pread bytes) -> batch buffer.
+    views = [memoryview(d) for d in datas]
+    try:
+        for sr, o, sz, d in zip(
+            src.tolist(), off.tolist(), size.tolist(), dest.tolist(), strict=True
+        ):
+            out[d : d + sz] = views[sr][o : o + sz]
     finally:
         for v in views:
             v.release()
-    return BatchedSamples(
-        [names[c] for c in used.tolist()], data, offsets, present, keys, idx, ints, shards
-    )
+    return BatchedSamples([names[c] for c in used], data, offsets, present, keys, idx, ints, shards)
 
 
 def fetch_batched(
@@ -180,7 +158,7 @@ def fetch_batched(
 ) -> BatchedSamples:
     """Read samples ``indices`` of ``shards`` straight into one :class:`BatchedSamples`.
 
-    One :meth:`~tarindex.reader.ShardSet.gather` (a kernel read per shard of the batch), then
+    One :meth:`~tarindex.reader.ShardSet.gather` (the kernel's batch read), then
     :func:`pack_blocks`: no per-sample dict and no per-member ``bytes`` object is made.
 
     Args:
@@ -197,8 +175,7 @@ def fetch_batched(
         SampleIndexError: If an index is out of range.
         FormatError: If an index table is corrupt, or an integer field is not a decimal integer.
     """
-    blocks, rows = shards.gather(indices, fields)
-    return pack_blocks([(b, None) for b in blocks], rows, int_fields)
+    return pack_blocks([(shards.gather(indices, fields), None)], None, int_fields)
 
 
 def pack_samples(
@@ -252,13 +229,15 @@ def pack_samples(
             m_field.append(f)
             m_row.append(b)
             values.append(memoryview(v).cast("B"))  # type: ignore[arg-type]
-    sizes = np.asarray([v.nbytes for v in values], np.int64)
-    offsets, present, dest = field_major(
-        np.asarray(m_field, np.int64), np.asarray(m_row, np.int64), sizes, len(fields), n
-    )
+    lens = np.full((len(fields), n), -1, np.int64)
+    for f, b, v in zip(m_field, m_row, values, strict=True):
+        lens[f, b] = v.nbytes
+    offsets, present = field_major(lens)
     data = alloc_buffer(int(offsets[-1, -1]) if fields else 0)
     out = memoryview(data.numpy())  # type: ignore[arg-type]
-    for v, d in zip(values, dest.tolist(), strict=True):
+    at = offsets.tolist()
+    for f, b, v in zip(m_field, m_row, values, strict=True):
+        d = at[f][b]
         out[d : d + v.nbytes] = v
     return BatchedSamples(fields, data, offsets, present, keys, index, ints, shards)
 

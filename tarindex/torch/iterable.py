@@ -501,48 +501,50 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         bsz, n = int(self.batch_size), p.n_samples  # type: ignore[arg-type]
         mixing = p.shuffle and p.buffer_size > 1
         w = p.buffer_size if mixing else bsz  # a window: mixed together (or one batch)
-        wins: dict[int, tuple[list[Block | None], NDArray[np.int64], Any]] = {}
+        # per window: its blocks joined into one, window position -> position in it (-1:
+        # skipped under on_error="skip"), and the yield order
+        wins: dict[int, tuple[Block | None, NDArray[np.int64], Any]] = {}
         pos = start
         while pos < n:
             end = min((pos // bsz + 1) * bsz, n)
-            parts: list[tuple[Block, NDArray[np.int64]]] = []
-            rows: list[NDArray[np.int64]] = []
-            r0 = 0
+            parts: list[tuple[Block, NDArray[np.int64] | None]] = []
             for k in range(pos // w, (end - 1) // w + 1):
                 got = wins.get(k)
                 if got is None:
-                    if mixing:
-                        pieces, perm = p.window(k)
-                    else:
-                        pieces = plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, n))
-                        perm = None
-                    cum = np.zeros(len(pieces) + 1, np.int64)
-                    np.cumsum(pieces[:, 2] - pieces[:, 1], out=cum[1:])
-                    got = wins[k] = (self._read_window(pieces, mixing), cum, perm)
-                blocks, cum, perm = got
+                    got = wins[k] = self._window(p, k, w, mixing)
+                whole, at, perm = got
                 a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
-                idx = perm[a:b] if perm is not None else np.arange(a, b, dtype=np.int64)
-                pc = np.searchsorted(cum, idx, side="right") - 1
-                ok = np.asarray([blk is not None for blk in blocks], np.bool_)[pc]
-                idx, pc = idx[ok], pc[ok]
-                order = np.argsort(pc, kind="stable")
-                ps, li = pc[order], idx[order] - cum[pc[order]]
-                rs = np.arange(r0, r0 + len(idx), dtype=np.int64)[order]
-                if len(ps):
-                    cuts = np.flatnonzero(np.diff(ps)) + 1
-                    heads = np.concatenate([[0], cuts]).tolist()
-                    for h, sel, rr in zip(
-                        heads, np.split(li, cuts), np.split(rs, cuts), strict=True
-                    ):
-                        parts.append((blocks[int(ps[h])], sel))  # type: ignore[arg-type]
-                        rows.append(rr)
-                r0 += len(idx)
+                sel = at[perm[a:b]] if perm is not None else at[a:b]
+                sel = sel[sel >= 0]
+                if whole is not None and len(sel):
+                    parts.append((whole, sel))
             for k in [k for k in wins if (k + 1) * w <= end]:
                 del wins[k]
             pos = end
             self._consumed = pos
-            if r0:
-                yield pack_blocks(parts, np.concatenate(rows), self.int_fields)
+            if parts:
+                yield pack_blocks(parts, None, self.int_fields)
+
+    def _window(
+        self, p: plan_mod.WorkerPlan, k: int, w: int, mixing: bool
+    ) -> tuple[Block | None, NDArray[np.int64], Any]:
+        """Read window ``k`` of the plan (``w`` positions) as one block."""
+        if mixing:
+            pieces, perm = p.window(k)
+        else:
+            pieces = plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, p.n_samples))
+            perm = None
+        blocks = self._read_window(pieces, mixing)
+        lens = (pieces[:, 2] - pieces[:, 1]).tolist()
+        at = np.full(sum(lens), -1, np.int64)
+        pos = done = 0
+        for blk, ln in zip(blocks, lens, strict=True):
+            if blk is not None:
+                at[pos : pos + ln] = np.arange(done, done + ln, dtype=np.int64)
+                done += ln
+            pos += ln
+        ok = [b for b in blocks if b is not None]
+        return (Block.concat(ok) if ok else None), at, perm
 
     def _finish(self, sample: Sample) -> Any:
         if self.decoder is None and self.transform is None:
