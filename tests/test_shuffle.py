@@ -203,3 +203,46 @@ def test_bad_arguments() -> None:
 def test_planner_imports_no_torch() -> None:
     code = "import sys, tarindex.shuffle; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "n,ws,nw,bsz,drop_last",
+    [
+        (100, 2, 3, 8, False),
+        (101, 3, 2, 5, True),
+        (7, 4, 3, 2, False),
+        (64, 1, 4, 64, False),
+        (1000, 3, 5, 7, False),
+        (5, 2, 8, 4, True),
+    ],
+)
+def test_batches_dealt_whole_equal_on_every_rank(
+    n: int, ws: int, nw: int, bsz: int, drop_last: bool
+) -> None:
+    counts = [n // 3, n - 2 * (n // 3), n // 3]
+    per_rank_batches = set()
+    seen: Counter[int] = Counter()
+    for r in range(ws):
+        a0, b0 = S.slot_span(n, r, ws, 0, 1, drop_last)
+        spans = [S.batch_span(n, r, ws, w, nw, bsz, drop_last) for w in range(nw)]
+        # the workers' spans tile the rank's share, in order, and start on the batch grid
+        assert spans[0][0] == a0 and spans[-1][1] == b0
+        assert all(spans[k][1] == spans[k + 1][0] for k in range(nw - 1))
+        assert all((a - a0) % bsz == 0 for a, b in spans if b > a)
+        # only the worker holding the rank's last batch has a short one
+        short = [w for w, (a, b) in enumerate(spans) if b > a and (b - a) % bsz]
+        assert len(short) <= 1 and all(spans[w][1] == b0 for w in short)
+        per_rank_batches.add(sum(-(-(b - a) // bsz) for a, b in spans))
+        for w in range(nw):
+            p = S.plan_worker(
+                counts, 3, 1, 4, r, ws, w, nw, buffer_size=6, drop_last=drop_last, batch_size=bsz
+            )
+            assert p.n_samples == spans[w][1] - spans[w][0]
+            seen.update(p.order(starts_of(counts)).tolist())
+    assert len(per_rank_batches) == 1  # every rank yields the same number of batches
+    if n % ws == 0:
+        assert sorted(seen) == list(range(n)) and set(seen.values()) == {1}
+    with pytest.raises(ValueError):
+        S.batch_span(n, 0, ws, nw, nw, bsz)
+    with pytest.raises(ValueError):
+        S.batch_span(n, 0, ws, 0, nw, 0)
