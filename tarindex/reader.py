@@ -497,6 +497,15 @@ class ShardReader:
         self._ext_id = _fast(t.ext_id)
         self._key_ptr = _fast(t.key_ptr)
         self._key_blob = memoryview(t.key_blob)
+        self._exts_key = tuple(self.exts)
+        self._hot = (  # for ShardSet.gather: its tables, in one lookup (no self: no cycle)
+            self._key_ptr,
+            self._sample_ptr,
+            self._key_blob,
+            self._ext_id,
+            self._size,
+            self._offset,
+        )
 
     @property
     def source(self) -> ByteSource:
@@ -844,6 +853,7 @@ class ShardReader:
             "_key_blob",
             "index",
             "_mm",
+            "_hot",
         ):
             if hasattr(self, attr):
                 setattr(self, attr, None)
@@ -1167,6 +1177,7 @@ class ShardSet:
         later: list[list[tuple[int, int, int]] | None] = []  # per slot, unless mapped: to read
         skipped: list[list[tuple[int, int]]] = []  # per slot, pread: left-out (offset, size)
         ext_code: dict[str, int] = {}
+        ebase_of: dict[tuple[str, ...], int] = {}
         shard_col: list[int] = []
         keys: list[str] = []
         mp = [0]
@@ -1185,28 +1196,21 @@ class ShardSet:
                     readers = self._readers
                 slot = slot_of[s] = len(paths)
                 paths.append(self.paths[s])
-                ebase.append(len(codes))
-                codes.extend([ext_code.setdefault(e, len(ext_code)) for e in r.exts])
+                eb = ebase_of.get(r._exts_key)  # shards with the same extension table share it
+                if eb is None:
+                    eb = ebase_of[r._exts_key] = len(codes)
+                    codes.extend([ext_code.setdefault(e, len(ext_code)) for e in r.exts])
+                ebase.append(eb)
                 keep_of.append(None if want is None else [e in want for e in r.exts])
                 mm = None if copy else r._mm
                 datas.append(b"" if mm is None else mm)
                 later.append([] if mm is None else None)  # mapped: the buffer is the mapping
                 skipped.append([])
-                hot.append(
-                    (r, r._key_ptr, r._sample_ptr, r._key_blob, r._ext_id, r._size, r._offset)
-                )
+                hot.append((r, *r._hot))
             elif copy:  # readers come and go: use the open one
                 r = readers.get(s) or self.reader(s)
                 readers = self._readers
-                hot[slot] = (
-                    r,
-                    r._key_ptr,
-                    r._sample_ptr,
-                    r._key_blob,
-                    r._ext_id,
-                    r._size,
-                    r._offset,
-                )
+                hot[slot] = (r, *r._hot)
             r, kp, sp, blob, eids, sizes, offs = hot[slot]
             if not r._checked[j >> CHUNK_SHIFT]:
                 r._check_chunk(j >> CHUNK_SHIFT)
@@ -1241,7 +1245,7 @@ class ShardSet:
             if todo:
                 datas[slot] = self._fetch(s, todo, skipped[slot], offset)
         ext = np.array(eid, np.int64)
-        if len(paths) > 1 or (ebase and codes != list(range(len(codes)))):
+        if len(ebase_of) > 1:
             ext = np.asarray(codes, np.int64)[ext + np.asarray(ebase, np.int64)[src_a]]
         return Block(
             paths,
