@@ -16,6 +16,7 @@ from .errors import (
     BadMagicError,
     ChecksumError,
     CompressedTarError,
+    DecodeError,
     FormatError,
     IndexMissingError,
     NotATarError,
@@ -68,6 +69,7 @@ __all__ = [
     "SampleIndexError",
     "WriterError",
     "PackError",
+    "DecodeError",
     *_TORCH_NAMES,
 ]
 

@@ -23,6 +23,7 @@ __all__ = [
     "SampleIndexError",
     "WriterError",
     "PackError",
+    "DecodeError",
 ]
 
 
@@ -87,4 +88,13 @@ class PackError(TarIndexError, ValueError):
 
     Raised by :mod:`tarindex.pack` before any shard is written; the message names the path
     and the fix. ``tarindex pack`` reports it as a usage error (exit code 2).
+    """
+
+
+class DecodeError(TarIndexError, ValueError):
+    """A member's bytes cannot be decoded as its extension names, or exceed a decode bound.
+
+    Raised by :mod:`tarindex.codecs` (and so by datasets with ``decode=``). The message names
+    the shard, the sample key and the extension; the decoder's own exception, if any, is
+    chained as ``__cause__``.
     """
