@@ -121,7 +121,7 @@ def _write_shards(
 ) -> list[str]:
     import tarindex
 
-    with tarindex.ShardWriter(pattern, maxcount=maxcount, mtime=0) as sink:
+    with tarindex.ShardWriter(pattern, maxcount=maxcount, mtime=0, seed=0) as sink:
         for key, png, label in zip(keys, pngs, labels, strict=True):
             sink.write({"__key__": key, "png": png, "cls": int(label)})
     return sink.paths

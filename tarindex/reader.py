@@ -46,12 +46,24 @@ from .errors import (
     IndexMissingError,
     SampleIndexError,
     StaleIndexError,
+    TarHeaderError,
     TarIndexError,
     TruncatedError,
 )
 from .format.index import IndexTables, check_samples, decode_index, fingerprint, read_header
 from .format.keys import normalize_name
-from .format.spec import BLOCK, FINGERPRINT_BYTES, HEADER
+from .format.spec import (
+    BLOCK,
+    END_CHECK_BYTES,
+    FINGERPRINT_BYTES,
+    HEADER,
+    HEADER_CHECKS,
+    REGULAR_TYPES,
+    TAR_SIZE,
+    TAR_TYPEFLAG,
+    USTAR_MAX_SIZE,
+)
+from .format.tar import checksum_ok, parse_number
 from .indexfile import index_path_for
 from .sources import Source, expand_source
 
@@ -424,16 +436,22 @@ class ShardReader:
         index_path: Path of its index. Defaults to ``<tar_path>.tidx``.
         use_mmap: Map the tar into memory (fast). ``False`` reads with ``os.pread``: no SIGBUS
             if the file is truncated while open. Defaults to ``True``.
-        full_check: Also verify the index's crc32 footer and check every table entry now,
-            O(n). Defaults to ``False`` (the cheap O(1) checks run at open; the tables of
-            each chunk of samples are checked before its first read).
+        full_check: Also check every table entry now, O(n). Defaults to ``False`` (the
+            tables of each chunk of samples are checked before its first read).
+        check_crc: Check the index's crc32 footer at open (about 1 ms per MB of index).
+            ``False`` skips it for huge indexes that ``verify`` has checked. Defaults to
+            ``True``.
+        verify_data: Check every member read against the crc32 the index records
+            (FORMAT.md §2.8.2); a mismatch raises ``ChecksumError``. Catches bytes changed in
+            place, at the cost of hashing every byte read. Defaults to ``False``.
 
     Raises:
         IndexMissingError: No index file.
         FormatError: The index is truncated or corrupt (its subclasses say how, FORMAT.md
             §2.1, §2.7), or the index or tar is a FIFO, socket or device.
-        StaleIndexError: The tar's size or content fingerprint differs from the index's
-            (FORMAT.md §3).
+        StaleIndexError: The tar does not match the index: size, first/last 4 KiB, bytes after
+            the archive's end, or a re-read member header differ (FORMAT.md §3).
+        ChecksumError: The index's crc32 footer does not match (``check_crc``).
         FileNotFoundError: The tar itself is missing (its index exists).
         IsADirectoryError: The tar or index path is a directory.
         OSError: ``EMFILE`` and other errors of opening or mapping the files.
@@ -446,9 +464,12 @@ class ShardReader:
         *,
         use_mmap: bool = True,
         full_check: bool = False,
+        check_crc: bool = True,
+        verify_data: bool = False,
     ) -> None:
         self.tar_path = tar_path
         self.index_path = index_path or index_path_for(tar_path)
+        self.verify_data = verify_data
         self._imm: mmap.mmap | None = None
         self._src: ByteSource | None = None
         try:
@@ -465,8 +486,14 @@ class ShardReader:
             self._imm = mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self.index: IndexTables = decode_index(
-                memoryview(self._imm), self.index_path, full_check=full_check
+                memoryview(self._imm), self.index_path, full_check=full_check, check_crc=check_crc
             )
+            if verify_data and self.index.member_crc is None:
+                raise FormatError(
+                    f"{self.index_path}: verify_data=True but the index records no data "
+                    f"checksums (FORMAT.md §2.8.2); add them with: tarindex index --force "
+                    f"--checksums {tar_path}"
+                )
             fd = _open_regular(tar_path)
             try:
                 self.tar_size = os.fstat(fd).st_size
@@ -506,6 +533,12 @@ class ShardReader:
             self._size,
             self._offset,
         )
+        try:
+            self._check_end()
+            self._check_headers()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def source(self) -> ByteSource:
@@ -534,6 +567,65 @@ class ShardReader:
                 f"{self.tar_path}: bytes {where}..{where + n} differ from when {self.index_path} "
                 f"was made (the tar was replaced or rewritten); {fix}"
             )
+
+    def _check_end(self) -> None:
+        """Check that the bytes after the archive's data are still zeros (FORMAT.md §3).
+
+        Catches ``tar -r`` and concatenation even when the size did not change.
+        """
+        end = self.index.end
+        if end < 0 or end >= self.tar_size:
+            return
+        n = min(END_CHECK_BYTES, self.tar_size - end)
+        data = self.source.read(end, n)
+        tail = data.lstrip(b"\0")
+        if tail or len(data) != n:
+            at = end + len(data) - len(tail)
+            raise StaleIndexError(
+                f"{self.tar_path}: byte {at}: data after the end of the archive ({end}) that "
+                f"{self.index_path} recorded: members were appended (tar -r, concatenation) or "
+                f"the tar was rewritten; rebuild it with: tarindex index --force {self.tar_path}"
+            )
+
+    def _check_headers(self) -> None:
+        """Re-read a few member headers (first, quartiles, last) (FORMAT.md §3).
+
+        Their checksum, type and size must still match the index.
+        """
+        t = self.index
+        m = t.n_members
+        if not m:
+            return
+        for k in sorted({(m - 1) * q // (HEADER_CHECKS - 1) for q in range(HEADER_CHECKS)}):
+            # the member's sample's tables pass the guards first: a corrupt index is a
+            # FormatError about the index, not a "rewritten tar"
+            j = int(np.searchsorted(t.sample_ptr, np.uint64(k), side="right")) - 1
+            self._range(min(max(j, 0), self.n_samples - 1), min(max(j, 0), self.n_samples - 1) + 1)
+            off, size = int(t.offset[k]), int(t.size[k])
+            block = self.source.read(off - BLOCK, BLOCK)
+            what = None
+            try:
+                stored = parse_number(block[TAR_SIZE]) if block[TAR_SIZE].strip(b" \0") else size
+            except ValueError:
+                raise TarHeaderError(
+                    f"{self.tar_path}: byte {off - BLOCK + TAR_SIZE.start}: the size field of "
+                    f"member {k}'s header ({bytes(block[TAR_SIZE])!r}) is not a number; the tar "
+                    f"is damaged: copy it again, or re-index it (tarindex index --force "
+                    f"{self.tar_path})"
+                ) from None
+            if len(block) < BLOCK or not checksum_ok(block):
+                what = "is no longer a valid tar header (checksum)"
+            elif block[TAR_TYPEFLAG] not in REGULAR_TYPES:
+                what = f"has type {bytes([block[TAR_TYPEFLAG]])!r}, not a regular file"
+            elif size <= USTAR_MAX_SIZE and stored != size:
+                what = f"says size {stored}, the index {size}"
+            if what is not None:
+                raise StaleIndexError(
+                    f"{self.tar_path}: byte {off - BLOCK}: the header of member {k} {what}: the "
+                    f"tar and {self.index_path} do not match (the tar was rewritten since it "
+                    f"was indexed, or the index was damaged); rebuild it with: tarindex index "
+                    f"--force {self.tar_path}"
+                )
 
     # -- guards ---------------------------------------------------------------------------
     def _check_chunk(self, c: int) -> None:

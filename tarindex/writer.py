@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ._version import __version__
 from .codecs import encode_value
@@ -13,9 +17,9 @@ from .errors import WriterError
 from .format.group import group_members
 from .format.index import encode_index, fingerprint
 from .format.keys import check_ext, check_key
-from .format.spec import BLOCK, FINGERPRINT_BYTES, USTAR_MAX_SIZE
-from .format.tar import ZERO_BLOCK, build_member_header, padded
-from .indexfile import index_path_for, write_atomic
+from .format.spec import BLOCK, FINGERPRINT_BYTES, SHARD_ID_BYTES, USTAR_MAX_SIZE
+from .format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
+from .indexfile import index_path_for, temp_path_for, write_atomic
 
 __all__ = ["ShardWriter", "TarShardWriter", "check_pattern"]
 
@@ -33,26 +37,53 @@ def _check_mtime(mtime: int | None) -> int:
     return t
 
 
+SHARD_ID_COMMENT = b"tarindex-shard "
+"""Prefix of the pax ``comment`` record that carries the shard id (FORMAT.md §1)."""
+
+
 class TarShardWriter:
     """Write one shard: a plain ustar tar (pax only where a name or size needs it) + its index.
 
-    Data goes to ``<path>.<pid>.tmp``; :meth:`close` writes the end-of-archive blocks, renames
-    the tar into place, then writes the index atomically. :meth:`abort` deletes the temp file.
-    So a crash or an exception never leaves a tar or index that looks complete (FORMAT.md §1).
+    The tar starts with a pax global header whose ``comment`` record carries a random 16-byte
+    shard id (1 KiB; every tool skips it), so a tar written by another run never matches an
+    older index, even with the same members and mtimes (FORMAT.md §1, §3). Each member's crc32
+    is recorded in the same pass (FORMAT.md §2.8.2).
+
+    Data goes to ``<path>.<pid>.<random>.tmp``. :meth:`close` writes the end-of-archive
+    blocks, fsyncs the tar, removes the old index of ``path`` (if any), renames the tar into
+    place, then writes the new index atomically and fsyncs the directory. A crash at any step
+    leaves either the old pair, or a tar without an index (``IndexMissingError``), or the new
+    pair: never a tar beside an index that does not describe it. :meth:`abort` deletes the
+    temp file.
 
     Args:
         path: Final path of the tar.
         mtime: Modification time stored in every header, integer seconds since the epoch,
             ``0 <= mtime < 8**11``. Defaults to now.
+        durable: ``fsync`` the tar, the index and the directory (FORMAT.md §1). ``False``
+            skips that for scratch data. Defaults to ``True``.
+        shard_id: The 16-byte id to embed. Defaults to ``None`` (random).
 
     Raises:
-        WriterError: If ``mtime`` does not fit the 12-byte ustar mtime field.
+        WriterError: If ``mtime`` does not fit the 12-byte ustar mtime field, or
+            ``shard_id`` is not 16 bytes.
     """
 
-    def __init__(self, path: str, mtime: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        mtime: int | None = None,
+        *,
+        durable: bool = True,
+        shard_id: bytes | None = None,
+    ) -> None:
         self.path = os.fspath(path)
-        self.tmp = f"{self.path}.{os.getpid()}.tmp"
+        self.tmp = temp_path_for(self.path)
         self.mtime = _check_mtime(mtime)
+        self.durable = durable
+        self.shard_id = os.urandom(SHARD_ID_BYTES) if shard_id is None else bytes(shard_id)
+        if len(self.shard_id) != SHARD_ID_BYTES:
+            raise WriterError(f"shard_id must be {SHARD_ID_BYTES} bytes, got {len(self.shard_id)}")
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._f = open(self.tmp, "wb")
         self.pos = 0
@@ -62,6 +93,7 @@ class TarShardWriter:
         self._names: list[bytes] = []
         self._offsets: list[int] = []
         self._sizes: list[int] = []
+        self._crcs: list[int] = []
         self._keys: set[str] = set()
 
     def _write(self, data: bytes) -> None:
@@ -71,12 +103,13 @@ class TarShardWriter:
             self._head += data[: FINGERPRINT_BYTES - len(self._head)]
         self._tail = (self._tail + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
 
-    def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
-        """Append one sample: ``members`` is ``[(ext, data), ...]`` already encoded.
+    def prepare(
+        self, key: str, members: list[tuple[str, bytes]]
+    ) -> tuple[list[tuple[bytes, bytes, bytes]], int]:
+        """Build the headers of one sample: ``([(name, header, data), ...], bytes it adds)``.
 
-        The caller has checked ``key`` and the extensions (:func:`tarindex.format.keys.check_key`,
-        :func:`~tarindex.format.keys.check_ext`); the members are written adjacently, in order
-        (FORMAT.md §1).
+        The byte count includes the shard-id header before the first sample and each
+        member's zero padding, so a caller can keep a shard under a size bound.
 
         Raises:
             WriterError: If ``key`` was already written to this shard, or a member name is
@@ -93,13 +126,39 @@ class TarShardWriter:
             raise WriterError(
                 f"{self.path}: sample {key!r}: name not encodable as UTF-8 ({e})"
             ) from None
+        out = [
+            (name, build_member_header(name, len(data), self.mtime), data) for name, data in named
+        ]
+        n = sum(len(h) + padded(len(d)) for _, h, d in out)
+        if self.pos == 0:
+            n += 2 * BLOCK  # the shard-id header
+        return out, n
+
+    def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        """Append one sample: ``members`` is ``[(ext, data), ...]`` already encoded.
+
+        The caller has checked ``key`` and the extensions (:func:`tarindex.format.keys.check_key`,
+        :func:`~tarindex.format.keys.check_ext`); the members are written adjacently, in order
+        (FORMAT.md §1).
+
+        Raises:
+            WriterError: As :meth:`prepare`.
+        """
+        self.write_prepared(key, self.prepare(key, members)[0])
+
+    def write_prepared(self, key: str, prepared: list[tuple[bytes, bytes, bytes]]) -> None:
+        """Append one sample built by :meth:`prepare` (for the same ``key``)."""
+        if self.pos == 0:
+            sid = SHARD_ID_COMMENT + self.shard_id.hex().encode()
+            self._write(build_global_header([(b"comment", sid)], self.mtime))
         self._keys.add(key)
-        for name, data in named:
+        for name, header, data in prepared:
             size = len(data)
-            self._write(build_member_header(name, size, self.mtime))
+            self._write(header)
             self._names.append(name)
             self._offsets.append(self.pos)
             self._sizes.append(size)
+            self._crcs.append(zlib.crc32(data))
             self._write(data)
             pad = padded(size) - size
             if pad:
@@ -107,32 +166,55 @@ class TarShardWriter:
         self.count += 1
 
     def close(self) -> None:
-        """Finish the tar, rename it into place, then write its index (FORMAT.md §1).
+        """Finish the tar and put the pair in place (see the class docstring for the order).
 
         The tar ends with two 512-byte zero blocks, padded with zeros to a multiple of 10240
-        bytes; the index is written atomically after the rename.
+        bytes.
+
+        Raises:
+            OSError: If writing or renaming fails (``ENOSPC``, ...); the temp file is removed.
         """
-        end = self.pos + 2 * BLOCK
-        self._write(ZERO_BLOCK * 2 + bytes(padded_to(end, _RECORD) - end))
-        self._f.close()
-        size = self.pos
-        # the first and last 4 KiB were kept while writing: no second read of the tar
-        head, tail = fingerprint(
-            lambda off, n: bytes(self._head[:n]) if off == 0 else self._tail[len(self._tail) - n :],
-            size,
-        )
-        res = group_members(
-            self._names,
-            self._offsets,
-            self._sizes,
-            tar_size=size,
-            head_crc=head,
-            tail_crc=tail,
-            meta={"producer": "tarindex.writer", "version": __version__},
-        )
-        index = encode_index(res.tables)
-        os.replace(self.tmp, self.path)
-        write_atomic(index_path_for(self.path), index)
+        try:
+            end = self.pos
+            stop = end + 2 * BLOCK
+            self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, _RECORD) - stop))
+            if self.durable:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            self._f.close()
+            size = self.pos
+            # the first and last 4 KiB were kept while writing: no second read of the tar
+            head, tail = fingerprint(
+                lambda off, n: (
+                    bytes(self._head[:n]) if off == 0 else self._tail[len(self._tail) - n :]
+                ),
+                size,
+            )
+            res = group_members(
+                self._names,
+                self._offsets,
+                self._sizes,
+                tar_size=size,
+                head_crc=head,
+                tail_crc=tail,
+                meta={"producer": "tarindex.writer", "version": __version__},
+            )
+            t = res.tables
+            t.end = end
+            t.shard_id = self.shard_id if self.count else b""
+            crc_at = dict(zip(self._offsets, self._crcs, strict=True))  # index order may differ
+            t.member_crc = np.asarray([crc_at[o] for o in t.offset.tolist()], np.uint32)
+            index = encode_index(t)
+            ipath = index_path_for(self.path)
+            try:  # an old index must never sit beside the new tar, even for a moment
+                os.unlink(ipath)
+            except FileNotFoundError:
+                pass
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        write_atomic(ipath, index, durable=self.durable)
 
     def abort(self) -> None:
         """Discard the shard being written (delete the temp file)."""
@@ -191,27 +273,101 @@ def padded_to(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _finished_size(pos: int) -> int:
+    """Size in bytes of a tar whose members end at ``pos`` once its end blocks are written."""
+    return padded_to(pos + 2 * BLOCK, _RECORD)
+
+
+class _PatternLock:
+    """An exclusive, non-blocking ``flock`` on ``.<pattern name>.lock`` beside the shards.
+
+    The file exists only while a writer holds it: the holder removes it before unlocking,
+    and a writer that locked a file someone removed meanwhile (it checks the inode) tries
+    again, so two writers never both hold a lock. The file holds the holder's pid.
+
+    Raises:
+        WriterError: If another writer (this process or another) holds the lock.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        d, base = os.path.split(os.path.abspath(pattern))
+        os.makedirs(d, exist_ok=True)
+        self.path = os.path.join(d, "." + base.replace("%", "_") + ".lock")
+        self.fd = -1
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): no lock
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise WriterError(
+                    f"{pattern}: another ShardWriter (pid {holder}) is writing this pattern "
+                    f"(lock {self.path} is held); wait for it to finish, or write to another "
+                    f"pattern"
+                ) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed it between our open and our lock: again
+        self.fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Remove the lock file, then unlock (closing the descriptor releases the flock)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+
 class ShardWriter:
     """Write samples into a sequence of tar shards, each with its sidecar index.
 
     A context manager. Shard ``k`` goes to ``pattern % k`` (e.g. ``"out/train-%06d.tar"``). A new
-    shard starts before a sample when the current one holds ``maxcount`` samples or
-    ``maxsize`` bytes. On an exception inside the ``with`` block the shard in progress is
-    deleted; shards already finished stay complete with their indexes.
+    shard starts before a sample when the current one holds ``maxcount`` samples, or when the
+    sample would make the finished tar (headers, padding and end blocks included) larger than
+    ``maxsize`` bytes; a single sample larger than that gets a shard of its own. On an
+    exception inside the ``with`` block the shard in progress is deleted; shards already
+    finished stay complete with their indexes.
+
+    Only one writer at a time may write a pattern: from its first sample to :meth:`close` or
+    :meth:`abort` a writer holds an exclusive lock on ``.<pattern name>.lock`` beside the
+    shards (``fcntl.flock``, where the platform has it; the file is removed on release); a
+    second writer's first :meth:`write` raises ``WriterError``.
 
     Args:
         pattern: printf-style pattern with one integer field, or a plain path if only one
             shard will be written.
         maxcount: Samples per shard at most. Defaults to ``100_000``.
-        maxsize: Bytes per shard at most (a single larger sample still goes in one shard).
-            Defaults to ``3e9``.
+        maxsize: Size bound of each shard file in bytes, padding and end blocks included (a
+            single larger sample still goes in one shard, alone). Defaults to ``3e9``.
         start_shard: Number of the first shard. Defaults to ``0``.
         mtime: Integer mtime for every member header. Defaults to the time of construction.
         encoder: ``(ext, value) -> bytes``. Defaults to :func:`tarindex.codecs.encode_value`.
+        durable: ``fsync`` every tar, index and the directory when a shard is finished, so
+            finished shards survive a power loss. ``False`` for scratch data. Defaults to
+            ``True``.
+        seed: ``None`` (the default) embeds a random shard id in every shard, so a shard
+            written by another run (a crashed or concurrent writer) never matches an older
+            index. An integer makes the ids a function of ``(seed, shard number)``: the same
+            samples give the same bytes (reproducible builds); use it only where rewriting a
+            shard with different samples under the same seed cannot happen.
 
     Raises:
         WriterError: If ``maxcount`` or ``maxsize`` is not a finite number ``>= 1``, ``mtime``
-            does not fit a ustar header, or ``pattern`` fails :func:`check_pattern` (a ``%``
+            does not fit a ustar header, ``pattern`` fails :func:`check_pattern` (a ``%``
             that is not exactly one integer field, the same path for two shards).
 
     Example:
@@ -228,7 +384,10 @@ class ShardWriter:
         start_shard: int = 0,
         mtime: int | None = None,
         encoder: Callable[[str, Any], bytes] = encode_value,
+        durable: bool = True,
+        seed: int | None = None,
     ) -> None:
+        self._lock: _PatternLock | None = None
         self.pattern = os.fspath(pattern)
         try:
             if not (maxcount >= 1 and 1 <= maxsize < float("inf")):  # False for NaN too
@@ -244,6 +403,8 @@ class ShardWriter:
         # a bad pattern fails here, not after the first shard is written
         self._has_field = check_pattern(self.pattern, start_shard)
         self.encoder = encoder
+        self.durable = durable
+        self.seed = seed
         self._first = start_shard
         self.paths: list[str] = []
         self.total = 0
@@ -264,8 +425,9 @@ class ShardWriter:
 
         Raises:
             WriterError: Missing or invalid key (a dot in its basename, see FORMAT.md §4), a key
-                repeated within the shard, a bad extension, a value that cannot be encoded, or
-                a second shard is needed but ``pattern`` has no ``%d`` field.
+                repeated within the shard, a bad extension, a value that cannot be encoded,
+                a second shard is needed but ``pattern`` has no ``%d`` field, or another
+                writer holds the pattern's lock.
         """
         if not isinstance(sample, dict):
             raise WriterError(
@@ -299,12 +461,24 @@ class ShardWriter:
         if not members:
             raise WriterError(f"sample {key!r} has no members (only '__' entries)")
         cur = self._cur
-        if cur is not None and (cur.count >= self.maxcount or cur.pos >= self.maxsize):
-            self._finish()
-            cur = None
+        if cur is not None:
+            prepared, n = cur.prepare(key, members)
+            if cur.count >= self.maxcount or _finished_size(cur.pos + n) > self.maxsize:
+                self._finish()
+                cur = None
         if cur is None:
-            cur = self._cur = TarShardWriter(self._path(self.shard), self.mtime)
-        cur.write(key, members)
+            if self._lock is None:
+                self._lock = _PatternLock(self.pattern)
+            sid = None
+            if self.seed is not None:
+                sid = hashlib.blake2b(
+                    f"tarindex:{self.seed}:{self.shard}".encode(), digest_size=SHARD_ID_BYTES
+                ).digest()
+            cur = self._cur = TarShardWriter(
+                self._path(self.shard), self.mtime, durable=self.durable, shard_id=sid
+            )
+            prepared, _ = cur.prepare(key, members)
+        cur.write_prepared(key, prepared)
         self.total += 1
 
     def _finish(self) -> None:
@@ -315,14 +489,34 @@ class ShardWriter:
             self.shard += 1
 
     def close(self) -> None:
-        """Finish the current shard (end blocks, rename, index); later writes start a new one."""
-        self._finish()
+        """Finish the current shard (end blocks, rename, index) and release the pattern lock.
+
+        Later writes start a new shard (and take the lock again).
+        """
+        try:
+            self._finish()
+        finally:
+            self._release()
 
     def abort(self) -> None:
-        """Discard the shard in progress."""
-        if self._cur is not None:
-            self._cur.abort()
-            self._cur = None
+        """Discard the shard in progress and release the pattern lock."""
+        try:
+            if self._cur is not None:
+                self._cur.abort()
+                self._cur = None
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __del__(self) -> None:
+        try:
+            self._release()
+        except Exception:
+            pass
 
     def __enter__(self) -> ShardWriter:
         return self

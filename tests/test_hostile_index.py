@@ -86,6 +86,8 @@ class Raw:
     ext_ptr: NDArray[np.uint64]
     ext_blob: bytes
     meta: bytes
+    records: bytes = b""
+    """The records of FORMAT.md §2.8 (v1.1: TARX, DCRC), kept as they are."""
 
     def copy(self) -> Raw:
         return replace(
@@ -120,10 +122,10 @@ def parse(buf: bytes) -> Raw:
     ext_id = np.frombuffer(take(4 * nm), "<u4").astype(np.uint32)
     key_ptr, key_blob = u8(ns + 1), take(kb)
     ext_ptr, ext_blob, meta = u8(ne + 1), take(eb), take(mb)
-    assert pos + FOOTER_SIZE == len(buf)
+    records = buf[pos : len(buf) - FOOTER_SIZE]
     return Raw(
         major, minor, flags, tar_size, hc, tc,
-        sample_ptr, offset, size, ext_id, key_ptr, key_blob, ext_ptr, ext_blob, meta,
+        sample_ptr, offset, size, ext_id, key_ptr, key_blob, ext_ptr, ext_blob, meta, records,
     )  # fmt: skip
 
 
@@ -168,6 +170,7 @@ def encode(r: Raw, order: str = "<", extra: int = 0, **header: int) -> bytes:
     out = bytearray(struct.pack(order + HEADER_FMT, MAGIC, *fields.values()))
     for p in parts:
         out += p + bytes(_pad(len(p)))
+    out += r.records
     out += bytes(extra)
     out += struct.pack("<I4s", zlib.crc32(out), END_MAGIC)
     return bytes(out)

@@ -38,6 +38,7 @@ from ..errors import (
 from .spec import (
     ALIGN,
     BLOCK,
+    CRC_DTYPE,
     END_MAGIC,
     EXT_ID_DTYPE,
     FINGERPRINT_BYTES,
@@ -49,8 +50,14 @@ from .spec import (
     MAGIC,
     MAX_BLOB_BYTES,
     MAX_MEMBERS,
+    MAX_META_BYTES,
     MAX_SAMPLES,
     OFFSET_DTYPE,
+    RECORD,
+    SHARD_ID_BYTES,
+    TAG_DATA_CRC,
+    TAG_TAR,
+    TAR_RECORD,
 )
 
 __all__ = [
@@ -173,6 +180,15 @@ class IndexTables:
     sections: dict[str, tuple[int, int]] = field(default_factory=dict)
     """``{section: (start, length)}`` in bytes within the index file, when decoded from one
     (:func:`layout`); used to name the byte of a bad entry. Not part of table equality."""
+    shard_id: bytes = b""
+    """The 16-byte id the writer put into the shard (FORMAT.md §1); empty for other tars."""
+    end: int = -1
+    """Byte offset in the tar where the archive's data ends (the end-of-archive marker, or
+    the end of the last non-zero block); every byte from there to the end of the tar is zero.
+    ``-1`` if unknown (a v1.0 index). FORMAT.md §2.8.1, §3."""
+    member_crc: NDArray[np.uint32] | None = None
+    """Shape ``(n_members,)``, ``<u4``: zlib crc32 of each member's data, or ``None`` if not
+    recorded. FORMAT.md §2.8.2."""
 
     @property
     def n_samples(self) -> int:
@@ -185,13 +201,20 @@ class IndexTables:
         return len(self.offset)
 
     def tables_bytes(self) -> bytes:
-        """The encoded index without its metadata: equal for writer and scan on the same tar."""
-        enc = encode_index(IndexTables(**{**self.__dict__, "meta": {}, "sections": {}}))
+        """The encoded tables without metadata and records: equal for writer and scan."""
+        enc = encode_index(
+            IndexTables(**{**self.__dict__, "meta": {}, "sections": {}}), records=False
+        )
         return enc[: -FOOTER.size]
 
 
-def encode_index(t: IndexTables) -> bytes:
+def encode_index(t: IndexTables, records: bool = True) -> bytes:
     """Serialize ``t`` to the bytes of an index file (FORMAT.md §2).
+
+    Args:
+        t: The tables.
+        records: Write the records of FORMAT.md §2.8 (``TARX`` when ``t.end >= 0`` or a shard
+            id is set, ``DCRC`` when ``t.member_crc`` is set). Defaults to ``True``.
 
     Returns:
         The whole index file, footer included; its length is a multiple of 8 bytes.
@@ -258,8 +281,20 @@ def encode_index(t: IndexTables) -> bytes:
         out += bytes(start - len(out))
         out += parts[name]
     out += bytes(_pad(len(out)) - len(out))
+    if records and (t.end >= 0 or t.shard_id):
+        sid = bytes(t.shard_id).ljust(SHARD_ID_BYTES, b"\0")[:SHARD_ID_BYTES]
+        out += _record(TAG_TAR, TAR_RECORD.pack(sid, t.end if t.end >= 0 else 2**64 - 1, 0))
+    if records and t.member_crc is not None:
+        if len(t.member_crc) != m:
+            raise ValueError("member_crc must have one entry per member")
+        out += _record(TAG_DATA_CRC, np.asarray(t.member_crc, CRC_DTYPE).tobytes())
     out += FOOTER.pack(zlib.crc32(out), END_MAGIC)
     return bytes(out)
+
+
+def _record(tag: bytes, data: bytes) -> bytes:
+    """One record of FORMAT.md §2.8: header, data, zero padding to 8 bytes."""
+    return RECORD.pack(tag, 0, len(data)) + data + bytes(_pad(len(data)) - len(data))
 
 
 def read_header(
@@ -308,7 +343,7 @@ def read_header(
         (32, "n_exts", h.n_exts, min(h.n_members, MAX_MEMBERS) + 1),
         (40, "key_bytes", h.key_bytes, MAX_BLOB_BYTES),
         (48, "ext_bytes", h.ext_bytes, MAX_BLOB_BYTES),
-        (56, "meta_bytes", h.meta_bytes, MAX_BLOB_BYTES),
+        (56, "meta_bytes", h.meta_bytes, MAX_META_BYTES),
     ):
         if value > limit:
             raise FormatError(
@@ -318,7 +353,7 @@ def read_header(
             )
     if file_size is not None:
         expected = index_size(h)
-        if file_size != expected:
+        if file_size < expected or (h.minor == 0 and file_size != expected):
             raise TruncatedError(
                 f"{path}: index is {file_size} bytes, its header's counts (n_samples "
                 f"{h.n_samples}, n_members {h.n_members}) describe {expected} bytes (truncated, "
@@ -329,25 +364,32 @@ def read_header(
 
 
 def index_size(h: IndexHeader) -> int:
-    """Return the size in bytes of the index file that header ``h`` describes (FORMAT.md §2)."""
+    """Return the size in bytes of the index file header ``h`` describes, without records.
+
+    A v1.0 index is exactly this long; from v1.1 on, records (FORMAT.md §2.8) may follow.
+    """
     return layout(h)["footer"][0] + FOOTER.size
 
 
 def decode_index(
-    buf: bytes | memoryview, path: str = "<index>", full_check: bool = False
+    buf: bytes | memoryview,
+    path: str = "<index>",
+    full_check: bool = False,
+    check_crc: bool = False,
 ) -> IndexTables:
     """Decode an index from ``buf`` (bytes or a memoryview of an mmap); arrays are zero-copy views.
 
     Cheap checks always run, O(1) in the sample count: header, total length, end magic,
-    pointer ends. ``full_check`` adds the crc32 footer and O(n) checks that pointers are
-    monotonic, member ranges lie inside ``tar_size``, extension ids are in range and no
-    extension repeats within a sample (used by ``verify``; FORMAT.md §2.7).
+    pointer ends, the records of FORMAT.md §2.8 (unknown ones skipped). ``check_crc`` adds
+    the crc32 footer (about 1 ms per MB of index); ``full_check`` adds the crc32 and the
+    O(n) table checks of :func:`check_samples` (used by ``verify``; FORMAT.md §2.7).
 
     Args:
         buf: The whole index file.
         path: Path of the index, for messages; when it ends in ``.tidx`` the messages name
             the tar to re-index. Defaults to ``"<index>"``.
-        full_check: Also run the O(n) checks above. Defaults to ``False``.
+        full_check: Also run the crc32 and the O(n) checks above. Defaults to ``False``.
+        check_crc: Also check the crc32 footer. Defaults to ``False``.
 
     Returns:
         The tables; the arrays are read-only views into ``buf`` (no copy).
@@ -356,20 +398,21 @@ def decode_index(
         TruncatedError: If ``buf`` is shorter or longer than the header says.
         BadMagicError: On a bad start or end magic.
         UnsupportedVersionError: If the major version is not ``FORMAT_MAJOR``.
-        ChecksumError: With ``full_check``, if the crc32 footer does not match.
+        ChecksumError: With ``check_crc`` or ``full_check``, if the crc32 footer does not match.
         FormatError: If tables are inconsistent (pointer ends, extension table, metadata
             that is not a JSON object; with ``full_check`` the O(n) checks).
     """
     h = read_header(buf, path, file_size=len(buf))
     lay = layout(h)
-    fstart, _ = lay["footer"]
+    rstart, _ = lay["footer"]  # records (§2.8), if any, run from here to the footer
+    fstart = len(buf) - FOOTER.size
     crc, end = FOOTER.unpack_from(buf, fstart)
     if end != END_MAGIC:
         raise BadMagicError(
             f"{path}: byte {fstart + 4}: expected end magic {END_MAGIC!r}, found {bytes(end)!r}; "
             f"rebuild it with: {_fix(path)}"
         )
-    if full_check:
+    if full_check or check_crc:
         got = zlib.crc32(buf[:fstart])
         if got != crc:
             raise ChecksumError(
@@ -433,6 +476,35 @@ def decode_index(
             f"{path}: byte {lay['meta'][0]}: metadata is a JSON {type(meta).__name__}, not an "
             f"object (FORMAT.md §2.6); rebuild it with: {_fix(path)}"
         )
+    records = _records(buf, rstart, fstart, path)
+    shard_id, tar_end, member_crc = b"", -1, None
+    rec = records.get(TAG_TAR)
+    if rec is not None:
+        at, data = rec
+        if len(data) != TAR_RECORD.size:
+            raise FormatError(
+                f"{path}: byte {at}: TARX record is {len(data)} bytes, expected "
+                f"{TAR_RECORD.size} (FORMAT.md §2.8.1); rebuild it with: {_fix(path)}"
+            )
+        sid, tend, _ = TAR_RECORD.unpack(data)
+        shard_id = bytes(sid) if bytes(sid).strip(b"\0") else b""
+        if tend != 2**64 - 1:
+            if tend > h.tar_size:
+                raise FormatError(
+                    f"{path}: byte {at + 16}: TARX end {tend} is past the tar's {h.tar_size} bytes "
+                    f"(FORMAT.md §2.8.1); rebuild it with: {_fix(path)}"
+                )
+            tar_end = int(tend)
+    rec = records.get(TAG_DATA_CRC)
+    if rec is not None:
+        at, data = rec
+        if len(data) != CRC_DTYPE.itemsize * h.n_members:
+            raise FormatError(
+                f"{path}: byte {at}: DCRC record is {len(data)} bytes, expected "
+                f"{CRC_DTYPE.itemsize * h.n_members} (4 per member, FORMAT.md §2.8.2); rebuild "
+                f"it with: {_fix(path)}"
+            )
+        member_crc = np.frombuffer(data, dtype=CRC_DTYPE)
     t = IndexTables(
         sample_ptr=sample_ptr,
         offset=arr("offset", OFFSET_DTYPE, h.n_members),
@@ -446,10 +518,51 @@ def decode_index(
         tail_crc=h.tail_crc,
         meta=meta,
         sections=lay,
+        shard_id=shard_id,
+        end=tar_end,
+        member_crc=member_crc,
     )
     if full_check:
         check_samples(t, 0, t.n_samples, path)
     return t
+
+
+def _records(
+    buf: bytes | memoryview, start: int, stop: int, path: str
+) -> dict[bytes, tuple[int, memoryview]]:
+    """Parse the records between the sections and the footer (FORMAT.md §2.8).
+
+    Returns:
+        ``{tag: (byte offset of the record's data, data)}``; unknown tags are kept too (the
+        caller ignores them), a tag seen twice keeps its first record.
+
+    Raises:
+        FormatError: If a record header or its data runs past the footer.
+    """
+    out: dict[bytes, tuple[int, memoryview]] = {}
+    view = memoryview(buf)
+    pos = start
+    while pos < stop:
+        if pos + RECORD.size > stop:
+            raise FormatError(
+                f"{path}: byte {pos}: {stop - pos} bytes before the footer are not a record "
+                f"(FORMAT.md §2.8); rebuild it with: {_fix(path)}"
+            )
+        tag, _, length = RECORD.unpack_from(buf, pos)
+        data_at = pos + RECORD.size
+        if length > stop - data_at:
+            raise FormatError(
+                f"{path}: byte {pos}: record {bytes(tag)!r} of {length} bytes runs past the "
+                f"footer at byte {stop} (FORMAT.md §2.8); rebuild it with: {_fix(path)}"
+            )
+        out.setdefault(bytes(tag), (data_at, view[data_at : data_at + length]))
+        pos = data_at + _pad(length)
+    if pos != stop:
+        raise FormatError(
+            f"{path}: byte {stop}: the last record's padding runs past the footer "
+            f"(FORMAT.md §2.8); rebuild it with: {_fix(path)}"
+        )
+    return out
 
 
 def check_samples(

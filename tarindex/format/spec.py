@@ -25,6 +25,15 @@ __all__ = [
     "MAX_BLOB_BYTES",
     "FINGERPRINT_BYTES",
     "INDEX_SUFFIX",
+    "MAX_META_BYTES",
+    "RECORD",
+    "TAG_TAR",
+    "TAR_RECORD",
+    "TAG_DATA_CRC",
+    "CRC_DTYPE",
+    "SHARD_ID_BYTES",
+    "END_CHECK_BYTES",
+    "HEADER_CHECKS",
     "BLOCK",
     "USTAR_MAX_SIZE",
     "TAR_NAME",
@@ -74,7 +83,7 @@ __all__ = [
 MAGIC = b"\x89TIDX\r\n\x1a"  # §2.1: non-ASCII first byte and CR/LF/^Z, as PNG does
 END_MAGIC = b"TIDX"  # §2.7: last 4 bytes of every index file
 FORMAT_MAJOR = 1  # §2.1: readers refuse an unknown major version
-FORMAT_MINOR = 0  # §2.1: minor versions only add fields; readers ignore what they do not know
+FORMAT_MINOR = 1  # §2.1: minor versions only add records (§2.8); readers skip unknown ones
 
 # §2.1: magic, major, minor, flags, n_samples, n_members, n_exts, key_bytes, ext_bytes,
 #       meta_bytes, tar_size, head_crc32, tail_crc32
@@ -88,6 +97,15 @@ MAX_MEMBERS = 1 << 42  # §2.1
 MAX_BLOB_BYTES = 1 << 44  # key/ext/meta lengths: a reader limit, not stated in FORMAT.md
 FINGERPRINT_BYTES = 4096  # §3: crc32 of the first and of the last 4096 bytes of the tar
 INDEX_SUFFIX = ".tidx"  # §1: the index of ``x.tar`` is ``x.tar.tidx``
+MAX_META_BYTES = 1 << 20  # §2.6: the JSON metadata is small; checked before it is read
+RECORD = struct.Struct("<4sIQ")  # §2.8: tag, reserved (0), length in bytes; data follows
+TAG_TAR = b"TARX"  # §2.8.1 (1.1): shard id, end of the archive's data
+TAR_RECORD = struct.Struct("<16sQQ")  # §2.8.1: shard_id, end, reserved (0)
+TAG_DATA_CRC = b"DCRC"  # §2.8.2 (1.1): crc32 of every member's data
+CRC_DTYPE = np.dtype("<u4")  # §2.8.2
+SHARD_ID_BYTES = 16  # §1, §2.8.1: random id the writer puts in the shard's first block
+END_CHECK_BYTES = 64 * 1024  # §3: bytes after ``end`` read at open; they must be zeros
+HEADER_CHECKS = 5  # §3: member headers re-read at open (first, quartiles, last)
 
 # --- tar (POSIX.1-1988 ustar, POSIX.1-2001 pax, GNU tar manual) --------------------------------
 # Sources: IEEE Std 1003.1-2017, "pax" utility, "ustar Interchange Format" (the header layout,

@@ -20,6 +20,7 @@ from __future__ import annotations
 __all__ = [
     "ZERO_BLOCK",
     "build_member_header",
+    "build_global_header",
     "parse_number",
     "header_name",
     "header_checksum",
@@ -54,6 +55,7 @@ from .spec import (
     USTAR_MAGIC,
     USTAR_MAX_SIZE,
     USTAR_VERSION,
+    XGLTYPE,
     XHDTYPE,
 )
 
@@ -61,6 +63,7 @@ ZERO_BLOCK = bytes(BLOCK)
 _NAME_LEN = TAR_NAME.stop - TAR_NAME.start  # 100
 _PREFIX_LEN = TAR_PREFIX.stop - TAR_PREFIX.start  # 155
 _HIGH_BYTES = bytes(range(128, 256))  # bytes whose signed value is b - 256
+_NUL_FREE_KEYS = frozenset((b"path", b"linkpath"))  # pax values that are names: no NUL allowed
 
 # Leading bytes of compressed streams (RFC 1952, bzip2, xz, RFC 8878, lz4 frame).
 _COMPRESSION_MAGIC = (
@@ -243,7 +246,11 @@ def parse_pax(data: bytes) -> dict[bytes, bytes]:
         Mapping of keyword to value bytes, later records overriding earlier ones.
 
     Raises:
-        ValueError: If a record's length field or layout is malformed.
+        ValueError: If a record's length field or layout is malformed, a record has no
+            ``=`` or an empty keyword, a keyword contains a NUL byte, or a ``path`` or
+            ``linkpath`` value contains one (Go's archive/tar and bsdtar refuse these; GNU
+            tar reads keywords as C strings and reports "missing equal sign" or cuts the
+            name at the NUL, so the archive means different things to different readers).
     """
     out: dict[bytes, bytes] = {}
     pos = 0
@@ -264,7 +271,16 @@ def parse_pax(data: bytes) -> dict[bytes, bytes]:
         eq = data.find(b"=", sp + 1, end)
         if eq < 0:
             raise ValueError(f"pax record at +{pos}: no '='")
-        out[data[sp + 1 : eq]] = data[eq + 1 : end - 1]
+        key = data[sp + 1 : eq]
+        value = data[eq + 1 : end - 1]
+        if not key or b"\0" in key:
+            raise ValueError(f"pax record at +{pos}: keyword {key[:40]!r} is empty or holds a NUL")
+        if key in _NUL_FREE_KEYS and b"\0" in value:
+            raise ValueError(
+                f"pax record at +{pos}: {key.decode()} value holds a NUL byte at +{value.index(0)} "
+                f"({value[:40]!r}); readers disagree on such a name"
+            )
+        out[key] = value
         pos = end
     return out
 
@@ -356,3 +372,24 @@ def build_member_header(name: bytes, size: int, mtime: int, mode: int = 0o644) -
     pax_name = b"PaxHeaders/" + field_name[:80]
     head = _ustar_block(pax_name, len(body), mtime, 0o644, XHDTYPE)
     return head + body + bytes(padded(len(body)) - len(body)) + main
+
+
+def build_global_header(records: list[tuple[bytes, bytes]], mtime: int) -> bytes:
+    """Return a pax global extended header (typeflag 'g') carrying ``records``.
+
+    POSIX.1-2001 pax: a 'g' header's records apply to every later member; readers skip
+    keywords they do not know. The writer puts its shard id here as a ``comment`` record (as
+    ``git archive`` does with the commit id): GNU tar, bsdtar, Python's tarfile and webdataset
+    list no member for it and print no warning.
+
+    Args:
+        records: ``(keyword, value)`` pairs, e.g. ``[(b"comment", b"tarindex-shard ...")]``.
+        mtime: Modification time for the header, integer seconds since the epoch.
+
+    Returns:
+        The header block and its padded data: ``512 * k`` bytes.
+    """
+    body = b"".join(_pax_record(k, v) for k, v in records)
+    head = _ustar_block(b"pax_global_header", len(body), mtime, 0o666, XGLTYPE)
+    return head + body + bytes(padded(len(body)) - len(body))
+
