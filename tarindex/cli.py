@@ -7,7 +7,7 @@ Subcommands::
     tarindex info SOURCE...                               shards, samples, extensions, bytes
     tarindex ls SOURCE... [--members]                     samples, or tar members
     tarindex cat SOURCE KEY_OR_INDEX EXT                  one member's bytes to stdout
-    tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES]
+    tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES] [--overwrite]
     tarindex demo [--workdir DIR] [--epochs N]            the main job on real data
 
 A ``SOURCE`` is anything :func:`tarindex.expand_source` takes: a path, a directory of ``*.tar``,
@@ -383,10 +383,22 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 # -- pack -------------------------------------------------------------------------------------
 def cmd_pack(args: argparse.Namespace) -> int:
-    """``tarindex pack``: a folder of files into indexed shards (:mod:`tarindex.pack`)."""
-    plan = plan_pack(
-        args.src_dir, args.layout, out_pattern=args.out_pattern, maxcount=args.maxcount
-    )
+    """``tarindex pack``: a folder of files into indexed shards (:mod:`tarindex.pack`).
+
+    A file or folder that cannot be read, and a shard that cannot be written, exit 1 (an
+    OSError of any kind, a vanished file too); the checks before writing (PackError) exit 2.
+    """
+    try:
+        plan = plan_pack(
+            args.src_dir,
+            args.layout,
+            out_pattern=args.out_pattern,
+            maxcount=args.maxcount,
+            overwrite=args.overwrite,
+        )
+    except OSError as e:
+        print(f"tarindex pack: error: {_describe(e)}", file=sys.stderr)
+        return EXIT_FAIL
     for path, why in plan.skipped[:5]:
         print(f"tarindex pack: skipped {path}: {why}", file=sys.stderr)
     if len(plan.skipped) > 5:
@@ -398,14 +410,21 @@ def cmd_pack(args: argparse.Namespace) -> int:
             args.out_pattern,
             maxcount=args.maxcount,
             maxsize=args.maxsize,
+            overwrite=args.overwrite,
             on_sample=lambda: bar.update(1),
         )
+    except OSError as e:
+        bar.close()
+        print(f"tarindex pack: error: {_describe(e)}", file=sys.stderr)
+        return EXIT_FAIL
     except ValueError as e:
         if isinstance(e, TarIndexError):
             raise
         raise UsageError(_describe(e)) from None
     finally:
         bar.close()
+    if res.removed:
+        print(f"removed {len(res.removed)} file(s) of the earlier pack (--overwrite)")
     print(
         f"packed {len(plan.samples)} samples ({res.n_files} files, {plan.layout} layout) into "
         f"{len(res.paths)} shard(s), each with its index:"
@@ -456,7 +475,21 @@ layouts:
            0001.seg.png -> key 0001). Sub-folders become part of the key.
   auto     (default) classes if SRC_DIR's top level holds only folders, else flat.
 Hidden files and folders, and files without an extension, are skipped. Samples are written in
-sorted key order. OUT_PATTERN takes one integer field (out/train-%06d.tar)."""
+sorted key order. OUT_PATTERN takes one integer field (out/train-%06d.tar).
+
+nothing is left out silently:
+  skipped  files without an extension, names that are not valid keys, fifos/sockets/devices:
+           each listed on stderr (the first 5, then a count)
+  symlinks followed when the target (fully resolved) is inside SRC_DIR: the sample gets the
+           link's name and the target's bytes. Refused (exit 2): a link to outside SRC_DIR,
+           a broken link, a link loop, a folder link to one of its own parents
+  exit 1   a file or folder that cannot be read (named; checked before writing), a shard
+           that cannot be written (disk full: the error names the shard)
+  exit 2   a class folder name that is not UTF-8; OUT_PATTERN inside SRC_DIR (symlinks
+           resolved); OUT_PATTERN naming files of an earlier pack, unless --overwrite
+A failed pack deletes the shard in progress and every shard it finished: it never leaves a
+partial dataset. --overwrite first deletes the files OUT_PATTERN names (shard k is
+OUT_PATTERN % k, e.g. out/train-000003.tar, and its .tidx), nothing else in the folder."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -563,6 +596,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes per shard at most, e.g. 1e9, 500M, 1GiB (default: 3G)",
     )
     s.add_argument("--layout", choices=LAYOUTS, default="auto")
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the shards (and .tidx) of an earlier pack with OUT_PATTERN first; "
+        "without it, existing shards are refused (exit 2)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
 

@@ -33,6 +33,7 @@ import stat
 import sys
 import warnings
 import weakref
+import zlib
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from numpy.typing import NDArray
 
 from .bytesource import Buffer, ByteSource, open_source
 from .errors import (
+    ChecksumError,
     FormatError,
     IndexMissingError,
     SampleIndexError,
@@ -63,7 +65,7 @@ from .format.spec import (
     TAR_TYPEFLAG,
     USTAR_MAX_SIZE,
 )
-from .format.tar import checksum_ok, parse_number
+from .format.tar import checksum_ok, header_name, parse_number
 from .indexfile import index_path_for
 from .sources import Source, expand_source
 
@@ -619,6 +621,8 @@ class ShardReader:
                 what = f"has type {bytes([block[TAR_TYPEFLAG]])!r}, not a regular file"
             elif size <= USTAR_MAX_SIZE and stored != size:
                 what = f"says size {stored}, the index {size}"
+            else:
+                what = self._name_mismatch(block, j, int(t.ext_id[k]))
             if what is not None:
                 raise StaleIndexError(
                     f"{self.tar_path}: byte {off - BLOCK}: the header of member {k} {what}: the "
@@ -626,6 +630,23 @@ class ShardReader:
                     f"was indexed, or the index was damaged); rebuild it with: tarindex index "
                     f"--force {self.tar_path}"
                 )
+
+    def _name_mismatch(self, block: bytes, j: int, ext: int) -> str | None:
+        """How the header's name differs from sample ``j``'s key and extension, or None.
+
+        ASCII names only (a pax ``path`` may hold a non-ASCII name the ustar field cannot);
+        a name field cut at 100 bytes (GNU LongName, pax ``path``) need only be a prefix.
+        """
+        t = self.index
+        kp = t.key_ptr
+        want = bytes(t.key_blob[int(kp[j]) : int(kp[j + 1])]) + b"." + t.exts[ext]
+        raw = header_name(block)
+        got = normalize_name(raw)
+        if got == want or not (got.isascii() and want.isascii()):
+            return None
+        if len(raw) >= 99 and want.startswith(got):
+            return None
+        return f"names {got[:120]!r}, the index {want[:120]!r}"
 
     # -- guards ---------------------------------------------------------------------------
     def _check_chunk(self, c: int) -> None:
@@ -721,6 +742,7 @@ class ShardReader:
             fields,
             data,
             prefetch,
+            lo,
         )
 
     def gather(
@@ -776,6 +798,7 @@ class ShardReader:
             fields,
             data,
             False,
+            members,
         )
 
     def _finish(
@@ -789,8 +812,13 @@ class ShardReader:
         fields: Fields,
         data: bool,
         prefetch: bool,
+        members: NDArray[np.int64] | int,
     ) -> Block:
-        """Project onto ``fields`` and fetch the selected members' bytes from the source."""
+        """Project onto ``fields`` and fetch the selected members' bytes from the source.
+
+        ``members`` gives the selected members' numbers in the index (an array, or the first
+        of a contiguous run), for ``verify_data``.
+        """
         keep: NDArray[np.bool_] | None = None
         if fields is not None:
             keep = self._wanted(fields)[eid]
@@ -814,8 +842,52 @@ class ShardReader:
                 buf, offset = b"", toff
             else:
                 buf, offset = self._read_runs(src, all_off, all_off + all_size, keep)
-        return Block.of_shard(
+        blk = Block.of_shard(
             self.tar_path, samples, keys, mp, eid, size, toff, offset, buf, self.exts
+        )
+        if self.verify_data and data and len(toff):
+            mids = (
+                np.arange(members, members + len(all_off)) if isinstance(members, int) else members
+            )
+            self.verify_block(blk, mids if keep is None else mids[keep])
+        return blk
+
+    def verify_block(self, blk: Block, members: NDArray[np.int64]) -> None:
+        """Check the bytes of ``blk``'s members against the crc32s the index records.
+
+        Args:
+            blk: A block of this shard with data (one buffer).
+            members: ``int64 (m,)``: the index member number of each of ``blk``'s members.
+
+        Raises:
+            ChecksumError: Naming the shard, key, extension and byte offset of the first
+                member whose bytes differ (FORMAT.md §2.8.2).
+        """
+        crc = self.index.member_crc
+        if crc is None or blk.offset is None:
+            return
+        want = crc[members].tolist()
+        mp = blk.member_ptr.tolist()
+        for b, (a, e) in enumerate(zip(mp[:-1], mp[1:], strict=True)):
+            for k in range(a, e):
+                o, n = int(blk.offset[k]), int(blk.size[k])
+                with memoryview(blk.data[int(blk.src[k])]) as mv:
+                    got = zlib.crc32(mv[o : o + n])
+                if got != want[k]:
+                    raise self._data_error(
+                        blk.keys[b],
+                        blk.exts[int(blk.ext_id[k])],
+                        int(blk.tar_offset[k]),
+                        got,
+                        want[k],
+                    )
+
+    def _data_error(self, key: str, ext: str, off: int, got: int, want: int) -> ChecksumError:
+        return ChecksumError(
+            f"{self.tar_path}: byte {off}: member {key}.{ext} has crc32 0x{got:08x}, its index "
+            f"{self.index_path} recorded 0x{want:08x}: the bytes changed since it was indexed "
+            f"(in-place rewrite, bad disk or copy); copy the shard again, or re-index it "
+            f"(tarindex index --force --checksums {self.tar_path})"
         )
 
     @staticmethod
@@ -883,6 +955,11 @@ class ShardReader:
                 continue
             off = offs[m]
             out[name] = mm[off : off + sizes[m]] if mm is not None else self.read(off, sizes[m])
+            if self.verify_data:
+                crc = self.index.member_crc
+                got, want = zlib.crc32(out[name]), -1 if crc is None else int(crc[m])
+                if got != want:
+                    raise self._data_error(out["__key__"], name, off, got, want)
         return out
 
     def key(self, j: int) -> str:
@@ -1055,6 +1132,8 @@ class ShardSet:
         max_open: Bound on simultaneously open shards per process (each holds 2 file
             descriptors). Defaults to :data:`DEFAULT_MAX_OPEN` (48).
         use_mmap: See :class:`ShardReader`. Defaults to ``True``.
+        check_crc: See :class:`ShardReader`. Defaults to ``True``.
+        verify_data: See :class:`ShardReader`. Defaults to ``False``.
 
     Raises:
         FileNotFoundError: No shard matches ``source``.
@@ -1064,9 +1143,17 @@ class ShardSet:
     """
 
     def __init__(
-        self, source: Source, *, max_open: int | None = None, use_mmap: bool = True
+        self,
+        source: Source,
+        *,
+        max_open: int | None = None,
+        use_mmap: bool = True,
+        check_crc: bool = True,
+        verify_data: bool = False,
     ) -> None:
         self.paths = expand_source(source)
+        self.check_crc = check_crc
+        self.verify_data = verify_data
         counts = [read_sample_count(p) for p in self.paths]
         self.counts = np.asarray(counts, dtype=np.int64)
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -1123,7 +1210,12 @@ class ShardSet:
     def _open(self, s: int) -> ShardReader:
         while True:
             try:
-                return ShardReader(self.paths[s], use_mmap=self.use_mmap)
+                return ShardReader(
+                    self.paths[s],
+                    use_mmap=self.use_mmap,
+                    check_crc=self.check_crc,
+                    verify_data=self.verify_data,
+                )
             except OSError as e:
                 if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._readers:
                     raise
@@ -1278,7 +1370,10 @@ class ShardSet:
         of: list[int] = []
         src: list[int] = []
         readers = self._readers if self._gen == _fork_generation[0] else {}
+        verify = self.verify_data
         hot: list[tuple[Any, ...]] = []  # per slot: the reader's tables, looked up once
+        crcs: list[Any] = []  # per slot, with verify_data: the recorded member crc32s
+        mid: list[int] = []  # with verify_data: each member's number in its index
         for s, j in zip(sl, local.tolist(), strict=True):
             slot = slot_of.get(s)
             if slot is None:
@@ -1299,6 +1394,7 @@ class ShardSet:
                 later.append([] if mm is None else None)  # mapped: the buffer is the mapping
                 skipped.append([])
                 hot.append((r, *r._hot))
+                crcs.append(r.index.member_crc)
             elif copy:  # readers come and go: use the open one
                 r = readers.get(s) or self.reader(s)
                 readers = self._readers
@@ -1314,6 +1410,8 @@ class ShardSet:
                 sz += sizes[lo:hi]
                 of += offs[lo:hi]
                 src += [slot] * (hi - lo)
+                if verify:
+                    mid += range(lo, hi)
             else:
                 for m in range(lo, hi):
                     e = eids[m]
@@ -1323,6 +1421,8 @@ class ShardSet:
                         continue
                     if todo is not None:
                         todo.append((len(of), offs[m], sizes[m]))
+                    if verify:
+                        mid.append(m)
                     eid.append(e)
                     sz.append(sizes[m])
                     of.append(offs[m])
@@ -1339,6 +1439,10 @@ class ShardSet:
         ext = np.array(eid, np.int64)
         if len(ebase_of) > 1:
             ext = np.asarray(codes, np.int64)[ext + np.asarray(ebase, np.int64)[src_a]]
+        if verify:
+            self._verify_gathered(
+                paths, keys, mp, src, mid, of, sz, offset, datas, crcs, ext, list(ext_code)
+            )
         return Block(
             paths,
             np.array(shard_col, np.int64),
@@ -1354,6 +1458,41 @@ class ShardSet:
             datas,
             list(ext_code),
         )
+
+    @staticmethod
+    def _verify_gathered(
+        paths: list[str],
+        keys: list[str],
+        mp: list[int],
+        src: list[int],
+        mid: list[int],
+        tar_off: list[int],
+        size: list[int],
+        offset: NDArray[np.int64],
+        datas: list[Buffer],
+        crcs: list[Any],
+        ext: NDArray[np.int64],
+        exts: list[str],
+    ) -> None:
+        """``verify_data`` for :meth:`gather`: every member's crc32 against its index's."""
+        at = offset.tolist()
+        sample = 0
+        for k, (sr, m, n) in enumerate(zip(src, mid, size, strict=True)):
+            while mp[sample + 1] <= k:
+                sample += 1
+            table = crcs[sr]
+            if table is None:
+                continue
+            with memoryview(datas[sr]) as mv:
+                got = zlib.crc32(mv[at[k] : at[k] + n])
+            if got != int(table[m]):
+                raise ChecksumError(
+                    f"{paths[sr]}: byte {tar_off[k]}: member {keys[sample]}."
+                    f"{exts[int(ext[k])]} has crc32 0x{got:08x}, its index recorded "
+                    f"0x{int(table[m]):08x}: the bytes changed since it was indexed; copy the "
+                    f"shard again, or re-index it (tarindex index --force --checksums "
+                    f"{paths[sr]})"
+                )
 
     def _fetch(
         self,

@@ -230,7 +230,7 @@ def test_verify_calls_tarindex_verify(
 
     seen: list[str] = []
 
-    def fake(p: str) -> str:
+    def fake(p: str, *, data: bool = False) -> str:
         seen.append(p)
         return "checked"
 

@@ -326,7 +326,9 @@ def test_verify_catches_in_place_header_rewrite_the_fingerprint_misses(tmp_path:
     raw[h : h + 10] = b"s/0099.bin"  # rename a member in place, same size, valid checksum
     fix_checksum(raw, h)
     tar.write_bytes(bytes(raw))
-    tarindex.ShardReader(str(tar)).close()  # the O(1) fingerprint cannot see it
+    # the fingerprint cannot see it; the open re-reads this member's header (FORMAT.md §3)
+    with pytest.raises(StaleIndexError, match=f"byte {h}: the header of member 3 names"):
+        tarindex.ShardReader(str(tar)).close()
     with pytest.raises(StaleIndexError, match=f"byte {h}"):
         verify(tar)
     # a data-only rewrite of the same size in the middle is invisible to both (documented)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -81,13 +82,18 @@ def test_build_index_opens_the_tar_once(
 ) -> None:
     (tar,) = make_shards([7])
     opened: list[str] = []
-    real_open = builtins.open
+    real_open, real_os_open = builtins.open, os.open
 
     def counting_open(file: Any, *a: Any, **k: Any) -> Any:
         opened.append(str(file))
         return real_open(file, *a, **k)
 
-    monkeypatch.setattr(builtins, "open", counting_open)
+    def counting_os_open(file: Any, *a: Any, **k: Any) -> Any:
+        opened.append(str(file))
+        return real_os_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", counting_open)  # either way of opening counts
+    monkeypatch.setattr(os, "open", counting_os_open)
     tables = tarindex.build_index(tar, str(tmp_path / "re.tidx"))
     monkeypatch.undo()
     assert opened.count(tar) == 1

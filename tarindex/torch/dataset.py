@@ -41,6 +41,13 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         max_open: Open shards per process at most, 2 file descriptors each (lowered to fit
             the descriptor limit, see :class:`tarindex.ShardSet`). Defaults to ``48``.
         use_mmap: mmap the tars (``False``: ``os.pread``). Defaults to ``True``.
+        check_crc: Check each index's crc32 when its shard is first opened in a process
+            (about 1 ms per MB of index); ``False`` for huge indexes ``verify`` has checked.
+            Defaults to ``True``.
+        verify_data: Check every member read against the crc32 its index records
+            (``ChecksumError`` naming shard, key, extension and byte offset); needs indexes
+            with checksums (the writer's, or ``tarindex index --checksums``). Defaults to
+            ``False``.
         batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
             :class:`tarindex.BatchedSamples` per batch, read straight into one buffer, instead
             of a list of dicts; use it with ``collate_fn=tarindex.collate_batched``. Raw bytes only: not with
@@ -67,9 +74,17 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         allow_pickle: bool = False,
         max_open: int | None = None,
         use_mmap: bool = True,
+        check_crc: bool = True,
+        verify_data: bool = False,
         batched: bool = False,
     ) -> None:
-        self.shards = ShardSet(source, max_open=max_open, use_mmap=use_mmap)
+        self.shards = ShardSet(
+            source,
+            max_open=max_open,
+            use_mmap=use_mmap,
+            check_crc=check_crc,
+            verify_data=verify_data,
+        )
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
