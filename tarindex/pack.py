@@ -114,8 +114,15 @@ class PackResult:
 
 
 def _display(path: str) -> str:
-    r"""``path`` for a message: bytes that are not UTF-8 shown as ``\xNN``."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    r"""``path`` for a one-line message, escaped.
+
+    Bytes that are not UTF-8 are shown as ``\xNN``, control characters (a newline in a file
+    name) as ``\n``, ``\x1b``, ...
+    """
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -425,7 +432,7 @@ def _failed(e: OSError, path: str, doing: str, n_done: int) -> OSError:
         e.errno,
         f"{e.strerror or e}, {doing}; removed the temp file and the {n_done} shard(s) this "
         f"run had finished: nothing of this pack was kept",
-        path,
+        _display(path),
     )
 
 
