@@ -599,16 +599,22 @@ class ShardReader:
         if not m:
             return
         for k in sorted({(m - 1) * q // (HEADER_CHECKS - 1) for q in range(HEADER_CHECKS)}):
-            # the member's sample's tables pass the guards first: a corrupt index is a
-            # FormatError about the index, not a "rewritten tar"
-            j = int(np.searchsorted(t.sample_ptr, np.uint64(k), side="right")) - 1
-            self._range(min(max(j, 0), self.n_samples - 1), min(max(j, 0), self.n_samples - 1) + 1)
             off, size = int(t.offset[k]), int(t.size[k])
+            if (
+                off < BLOCK
+                or off % BLOCK
+                or off + size > self.tar_size
+                or t.ext_id[k] >= len(t.exts)
+            ):
+                continue  # a corrupt entry: the table guards refuse it before any read
+            j = int(np.searchsorted(t.sample_ptr, np.uint64(k), side="right")) - 1
+            j = min(max(j, 0), self.n_samples - 1)
             block = self.source.read(off - BLOCK, BLOCK)
             what = None
             try:
                 stored = parse_number(block[TAR_SIZE]) if block[TAR_SIZE].strip(b" \0") else size
             except ValueError:
+                self._range(j, j + 1)
                 raise TarHeaderError(
                     f"{self.tar_path}: byte {off - BLOCK + TAR_SIZE.start}: the size field of "
                     f"member {k}'s header ({bytes(block[TAR_SIZE])!r}) is not a number; the tar "
@@ -624,6 +630,9 @@ class ShardReader:
             else:
                 what = self._name_mismatch(block, j, int(t.ext_id[k]))
             if what is not None:
+                # a corrupt index is a FormatError about the index, not a "rewritten tar":
+                # the guards of this sample's chunk decide (they run only on a mismatch)
+                self._range(j, j + 1)
                 raise StaleIndexError(
                     f"{self.tar_path}: byte {off - BLOCK}: the header of member {k} {what}: the "
                     f"tar and {self.index_path} do not match (the tar was rewritten since it "
