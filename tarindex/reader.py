@@ -844,6 +844,8 @@ class ShardReader:
         if data:
             src = self.source
             if src.zero_copy:
+                if self._mm is not None and self._mm.size() < self.tar_size:
+                    raise self._cut(self._mm.size())
                 buf, offset = src.read_ranges(toff, toff + size)
                 if prefetch and len(toff):
                     src.prefetch(int(toff.min()), int((toff + size).max()))
@@ -890,6 +892,14 @@ class ShardReader:
                         got,
                         want[k],
                     )
+
+    def _cut(self, now: int) -> TruncatedError:
+        return TruncatedError(
+            f"{self.tar_path}: byte {now}: the tar was cut to {now} bytes while open (it had "
+            f"{self.tar_size}); reading it mapped would kill the process (SIGBUS): re-open it "
+            f"once it is complete, or copy it again and re-index it (tarindex index --force "
+            f"{self.tar_path})"
+        )
 
     def _data_error(self, key: str, ext: str, off: int, got: int, want: int) -> ChecksumError:
         return ChecksumError(
@@ -958,6 +968,8 @@ class ShardReader:
         }
         exts, offs, sizes, eids = self.exts, self._offset, self._size, self._ext_id
         mm = self._mm
+        if mm is not None and mm.size() < self.tar_size:  # cut while mapped: SIGBUS otherwise
+            raise self._cut(mm.size())
         for m in range(sp[j], sp[j + 1]):
             name = exts[eids[m]]
             if fields is not None and name not in fields:
@@ -1399,6 +1411,8 @@ class ShardSet:
                 ebase.append(eb)
                 keep_of.append(None if want is None else [e in want for e in r.exts])
                 mm = None if copy else r._mm
+                if r._mm is not None and r._mm.size() < r.tar_size:
+                    raise r._cut(r._mm.size())
                 datas.append(b"" if mm is None else mm)
                 later.append([] if mm is None else None)  # mapped: the buffer is the mapping
                 skipped.append([])

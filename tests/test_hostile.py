@@ -446,30 +446,34 @@ _CHILD = textwrap.dedent(
     """
     import os, sys, tarindex
     tar = sys.argv[1]
-    r = tarindex.ShardReader(tar, use_mmap=True)
+    ss = tarindex.ShardSet(tar)
+    r = ss.reader(0)
     os.truncate(tar, 1024)
-    try:
-        s = r.sample(4)
-    except Exception as e:
-        print("raised", type(e).__name__, e)
-    else:
-        print("returned", {k: len(v) for k, v in s.items() if k != "__key__"})
+    for read in (lambda: r.sample(4), lambda: r.read_block(0, 5), lambda: ss.gather([1, 4])):
+        try:
+            read()
+        except Exception as e:
+            print("raised", type(e).__name__, e)
+        else:
+            print("returned")
     """
 )
 
 
 @pytest.mark.timeout(60)
 def test_tar_cut_while_mmapped_in_a_child(tmp_path: Path) -> None:
-    """With mmap, touching pages past the new end of a cut file is SIGBUS; documented by
-    use_mmap=False. Run it in a child so the signal cannot kill pytest; record what happens."""
+    """With mmap, touching pages past the new end of a cut file is SIGBUS: every read checks
+    the mapping's size first, so a cut shard raises TruncatedError naming it instead. Run it in
+    a child so a SIGBUS could not kill pytest."""
     tar, _ = _golden(tmp_path)
     p = subprocess.run(
         [sys.executable, "-c", _CHILD, str(tar)], capture_output=True, text=True, timeout=50
     )
-    # either the child died of SIGBUS (-7) or something caught it; it never hangs or lies
-    assert p.returncode in (-7, 0), p
-    if p.returncode == 0:
-        assert "raised" in p.stdout, p.stdout
+    assert p.returncode == 0, p  # not -7 (SIGBUS)
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3 and all(
+        ln.startswith(f"raised TruncatedError {tar}: byte 1024: the tar was cut") for ln in lines
+    ), p.stdout
 
 
 # --- writer ------------------------------------------------------------------------------------

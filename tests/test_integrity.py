@@ -329,3 +329,21 @@ def test_a_second_writer_on_one_pattern_is_refused(tmp_path: Path) -> None:
     _write(pattern, 2, 0)
     time.sleep(0)
     assert sorted(os.listdir(tmp_path)) == ["hold.py", "s-000.tar", "s-000.tar.tidx"]
+
+
+def _keys(batch: list[dict[str, Any]]) -> list[str]:
+    return [s["__key__"] for s in batch]
+
+
+def test_a_dataloader_worker_reading_a_cut_shard_names_it(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    tar = tmp_path / "s.tar"
+    _write(str(tar), 400, 0, size=3000)
+    ds = tarindex.TarDataset(str(tar))
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=_keys)
+    it = iter(loader)
+    next(it)  # both workers have the shard open (mapped) by now
+    os.truncate(tar, 4096)
+    with pytest.raises((tarindex.TruncatedError, StaleIndexError), match=str(tar)):
+        for _ in it:
+            pass
