@@ -58,6 +58,11 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         IndexMissingError: A shard has no index (the message says how to build it).
         StaleIndexError: On first read of a shard whose tar changed since it was indexed.
         FormatError: On first read of a shard whose index is truncated or corrupt.
+        ChecksumError: An index whose crc32 fails (at first read), or with ``verify_data`` a
+            member whose bytes changed.
+        TruncatedError: A tar cut while open.
+        DecodeError: A member that cannot be decoded or exceeds a decode bound (names the
+            shard, key and extension; see :class:`tarindex.codecs.ExtDecoder` for the bounds).
         IndexError: ``ds[i]`` with ``i`` outside ``[-len(ds), len(ds))``
             (:class:`tarindex.SampleIndexError`).
         ValueError: ``batched=True`` together with ``decode`` or ``transform``, or an unknown

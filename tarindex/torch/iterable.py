@@ -143,6 +143,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         ValueError: Bad ``block_size``, ``seed``, ``on_error``, ``rank``/``world_size``;
             ``batched=True`` with ``decode``/``transform`` or without a ``batch_size >= 1``;
             ``batch_size`` without ``batched=True``.
+        FormatError, StaleIndexError, ChecksumError, TruncatedError: While iterating, as for
+            :class:`TarDataset` (``on_error="skip"`` warns and skips the block instead).
+        DecodeError: While iterating, a member that cannot be decoded or exceeds a decode
+            bound (``on_error="skip"`` warns and skips the sample).
         RuntimeError: From ``len()`` or ``__iter__``: ``WORLD_SIZE > 1`` in the environment but
             no rank could be resolved (see :func:`tarindex.torch._dist.require_rank`).
     """
