@@ -13,6 +13,7 @@ import warnings
 from ._version import __version__
 from .format.group import group_members
 from .format.index import IndexTables, encode_index
+from .format.keys import NO_SAMPLE, no_sample_reason
 from .indexfile import index_path_for, write_atomic
 from .scan import Members, scan_members
 
@@ -22,8 +23,11 @@ __all__ = ["build_index", "index_tables_for"]
 def index_tables_for(members: Members, producer: str = "tarindex.scan") -> IndexTables:
     """Group a scanned member list into index tables (FORMAT.md §2, grouping §4).
 
-    Warns (``UserWarning``) when some sample's members are not adjacent, or a member name
-    appears more than once (the last copy is indexed).
+    Warns (``UserWarning``, at most one warning of each kind per shard) when regular files
+    belong to no sample under the key rule (``README``, ``.hidden``, ``name.``, a ``__``
+    extension: FORMAT.md §4; they are listed in ``members.skipped``), when some sample's
+    members are not adjacent, or when a member name appears more than once (the last copy is
+    indexed).
 
     Args:
         members: The tar's regular-file members and fingerprint, from :func:`scan_members`.
@@ -43,6 +47,16 @@ def index_tables_for(members: Members, producer: str = "tarindex.scan") -> Index
         tail_crc=members.tail_crc,
         meta={"producer": producer, "version": __version__},
     )
+    if res.skipped_no_ext:
+        n = len(res.skipped_no_ext)
+        first = res.skipped_no_ext[0]
+        why = (no_sample_reason(first) or NO_SAMPLE).removeprefix(NO_SAMPLE + ": ")
+        warnings.warn(
+            f"{members.path}: {n} regular file(s) belong to no sample under the key rule "
+            f"(FORMAT.md §4) and are not indexed, e.g. {first!r} ({why}); list them with: "
+            f"tarindex ls --members --skipped {members.path}",
+            stacklevel=2,
+        )
     if res.interleaved:
         warnings.warn(
             f"{members.path}: the members of some samples are not adjacent in the tar; grouped "
@@ -58,15 +72,25 @@ def index_tables_for(members: Members, producer: str = "tarindex.scan") -> Index
     return res.tables
 
 
-def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None) -> IndexTables:
+def build_index(
+    tar_path: str | os.PathLike[str],
+    index_path: str | None = None,
+    *,
+    require_end: bool = True,
+) -> IndexTables:
     """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
 
-    The tar is opened and mapped once: the header walk also takes the fingerprint.
+    The tar is opened and mapped once: the header walk also takes the fingerprint. Warnings
+    as :func:`index_tables_for` and :func:`tarindex.scan.scan_members`.
 
     Args:
         tar_path: A plain tar made by any common tool (GNU tar, bsdtar, Python tarfile,
             webdataset, tarindex); the dialects are in docs/TAR_DIALECTS.md.
         index_path: Where to write. Defaults to ``<tar_path>.tidx`` (FORMAT.md §1).
+        require_end: Refuse a tar that ends without the end-of-archive zero blocks (a copy
+            cut at a member boundary looks the same: ``TruncatedError``). ``False`` indexes
+            it with a warning (``tarindex index --no-require-end``). Defaults to ``True``.
+            docs/TAR_DIALECTS.md, "End of archive".
 
     Returns:
         The tables written (FORMAT.md §2).
@@ -78,6 +102,6 @@ def build_index(tar_path: str | os.PathLike[str], index_path: str | None = None)
         OSError: The tar cannot be read or the index cannot be written.
     """
     tar_path = os.fspath(tar_path)
-    tables = index_tables_for(scan_members(tar_path))
+    tables = index_tables_for(scan_members(tar_path, require_end=require_end))
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables

@@ -43,6 +43,7 @@ import numpy as np
 from ._version import __version__
 from .build import build_index
 from .errors import PackError, TarIndexError
+from .format.keys import escape_name
 from .pack import LAYOUTS, plan_pack, write_pack
 from .reader import Block, ShardReader, ShardSet, is_up_to_date
 from .scan import scan_members
@@ -176,12 +177,12 @@ class _Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def _index_one(path: str) -> _Outcome:
+def _index_one(path: str, require_end: bool = True) -> _Outcome:
     """Build one shard's index; never raises (runs in a worker process)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            tables = build_index(path)
+            tables = build_index(path, require_end=require_end)
             status, msg = "built", f"{tables.n_samples} samples"
         except Exception as e:  # a bad shard must not stop the others
             status = "failed"
@@ -191,11 +192,11 @@ def _index_one(path: str) -> _Outcome:
     return _Outcome(path, status, msg, [str(w.message) for w in caught])
 
 
-def _run_jobs(paths: list[str], jobs: int) -> Iterator[_Outcome]:
+def _run_jobs(paths: list[str], jobs: int, require_end: bool = True) -> Iterator[_Outcome]:
     """Yield the outcome of every shard, in completion order (in-process when ``jobs == 1``)."""
     if jobs <= 1 or len(paths) <= 1:
         for p in paths:
-            yield _index_one(p)
+            yield _index_one(p, require_end)
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -207,7 +208,7 @@ def _run_jobs(paths: list[str], jobs: int) -> Iterator[_Outcome]:
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as pool:
-        futures = {pool.submit(_index_one, p): p for p in paths}
+        futures = {pool.submit(_index_one, p, require_end): p for p in paths}
         for fut in as_completed(futures):
             try:
                 yield fut.result()
@@ -225,7 +226,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     failed: list[_Outcome] = []
     bar = _progress(len(todo), "shard", args.quiet, "indexing")
     try:
-        for out in _run_jobs(todo, args.jobs or _default_jobs()):
+        for out in _run_jobs(todo, args.jobs or _default_jobs(), args.require_end):
             for w in out.warnings:
                 bar.write(f"tarindex index: warning: {' '.join(w.split())}", file=sys.stderr)
             if out.status == "failed":
@@ -317,25 +318,36 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """``tarindex ls``: one line per sample (index, key, extensions) or per tar member."""
+    """``tarindex ls``: one line per sample (index, key, extensions) or per tar member.
+
+    Names, keys, extensions and reasons are printed through
+    :func:`tarindex.format.keys.escape_name` (control characters as backslash escapes), so
+    one line is always one item.
+    """
     paths = _expand(args.sources)
     write = sys.stdout.write
-    if args.members:
+    esc = escape_name
+    if args.members or args.skipped:
         for s, p in enumerate(paths):
             m = scan_members(p)
             if len(paths) > 1:
-                write(("\n" if s else "") + f"==> {p} <==\n")
+                write(("\n" if s else "") + f"==> {esc(p)} <==\n")
+            if args.skipped:
+                for name, why in m.skipped:
+                    write(f"{esc(name)}\t{esc(why)}\n")
+                continue
             for name, off, size in zip(m.names, m.offset.tolist(), m.size.tolist(), strict=True):
-                write(f"{name}\t{off}\t{size}\n")
+                write(f"{esc(name)}\t{off}\t{size}\n")
         return EXIT_OK
     start = 0
     for p in paths:
         with ShardReader(p) as r:
+            exts = [esc(e) for e in r.exts]
             for blk in _blocks(r):
                 ptr = blk.member_ptr.tolist()
-                names = [r.exts[e] for e in blk.ext_id.tolist()]
+                names = [exts[e] for e in blk.ext_id.tolist()]
                 for b, (j, key) in enumerate(zip(blk.samples.tolist(), blk.keys, strict=True)):
-                    write(f"{start + j}\t{key}\t{','.join(names[ptr[b] : ptr[b + 1]])}\n")
+                    write(f"{start + j}\t{esc(key)}\t{','.join(names[ptr[b] : ptr[b + 1]])}\n")
             start += r.n_samples
     return EXIT_OK
 
@@ -492,6 +504,14 @@ partial dataset. --overwrite first deletes the files OUT_PATTERN names (shard k 
 OUT_PATTERN % k, e.g. out/train-000003.tar, and its .tidx), nothing else in the folder."""
 
 
+_LS_HELP = """\
+Names, keys and extensions are printed escaped so that one line is one item: backslash as
+\\\\, newline \\n, tab \\t, carriage return \\r, other control characters (C0, DEL) and
+bytes that are not UTF-8 as \\xNN (the byte), C1 controls and U+2028/U+2029 as \\uNNNN (the
+character); everything else as itself. Members that are in no sample are counted in one
+warning per shard by `tarindex index`; `ls --skipped` names them."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``tarindex`` command."""
     p = argparse.ArgumentParser(
@@ -523,6 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes (default: the number of usable cores)",
     )
     s.add_argument("-f", "--force", action="store_true", help="rebuild up-to-date indexes too")
+    s.add_argument(
+        "--no-require-end",
+        dest="require_end",
+        action="store_false",
+        help="index a tar that ends without the end-of-archive zero blocks, with a warning "
+        "(by default it is refused: a copy cut at a member boundary looks the same)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_index)
 
@@ -544,11 +571,21 @@ def build_parser() -> argparse.ArgumentParser:
         "ls",
         help="list samples (index, key, extensions) or tar members",
         description="One tab-separated line per sample: global index, key, "
-        "extensions; with --members, per tar member: name, data offset, size "
-        "(bytes), read from the tar headers (no index needed).",
+        "extensions; with --members, per regular file in the tar: name, data offset, size "
+        "(bytes), read from the tar headers (no index needed); with --skipped, per entry "
+        "that is in no sample: name, reason.",
+        epilog=_LS_HELP,
     )
     s.add_argument("sources", nargs="+", metavar="SOURCE")
     s.add_argument("-m", "--members", action="store_true", help="list tar members instead")
+    s.add_argument(
+        "-s",
+        "--skipped",
+        action="store_true",
+        help="list what is in no sample instead (implies --members): directories, links, "
+        "devices, sparse files, and regular files the key rule leaves out (README, .hidden, "
+        "name., a __ extension), one line each: name, reason",
+    )
     s.set_defaults(func=cmd_ls)
 
     s = sub.add_parser(

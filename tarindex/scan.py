@@ -27,9 +27,11 @@ Tar field offsets and typeflags are the named constants of :mod:`tarindex.format
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass, field
 
@@ -46,6 +48,7 @@ from .errors import (
     TruncatedError,
 )
 from .format.index import fingerprint
+from .format.keys import NO_SAMPLE, no_sample_members, no_sample_reason
 from .format.spec import (
     AREGTYPE,
     BLKTYPE,
@@ -110,6 +113,7 @@ _FIX = ": re-copy or re-create the tar"
 # symlink, chr, blk, dir, fifo: no data blocks follow (POSIX ustar "typeflag")
 _NO_DATA = frozenset((SYMTYPE, CHRTYPE, BLKTYPE, DIRTYPE, FIFOTYPE))
 _PAX_TYPES = frozenset((XHDTYPE, SOLARIS_XHDTYPE, XGLTYPE))  # pax 'size' never applies to these
+_MAX_SIZE_DIGITS = 18  # a pax size of 19+ significant digits is >= 10**18 bytes: refused
 # Header offsets the fast paths index directly (relative to the header's first byte): the
 # size field's 11 octal digits end where its terminator byte (NUL or space) sits.
 _TF = TAR_TYPEFLAG
@@ -143,8 +147,34 @@ class Members:
     """crc32 of the tar's first ``min(4096, tar_size)`` bytes (the fingerprint, FORMAT.md §3)."""
     tail_crc: int
     """crc32 of the tar's last ``min(4096, tar_size)`` bytes (FORMAT.md §3)."""
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    """``(name, reason)`` for non-regular members that were skipped, in archive order."""
+    special: list[tuple[int, str, str]] = field(default_factory=list)
+    """``(header offset, name, kind)`` of every entry that is not a regular-file member, in
+    archive order: directories, links (``"symlink to <target>"``, ``"hard link to
+    <target>"``), devices, fifos, volume labels, sparse files, unknown types, ..."""
+    _skipped: list[tuple[str, str]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        """``(name, reason)`` for every entry that is in no sample, in archive order.
+
+        The :attr:`special` entries (reason = their kind), and each regular file the key
+        rule leaves out (FORMAT.md §4; reason ``"in no sample: no extension"``, ``"in no
+        sample: hidden name (starts with '.')"``, ...); those regular files are also in
+        ``raw_names``. Worked out on first use (a few numpy passes over the names), so a scan
+        that only builds an index does not pay for it.
+        """
+        if self._skipped is None:
+            names = self.raw_names
+            entries = list(self.special)
+            hdr = (self.offset.astype(np.int64) - BLOCK).tolist()
+            for i in no_sample_members(names).tolist():
+                n = names[i].decode("utf-8", "surrogateescape")
+                entries.append((hdr[i], n, no_sample_reason(names[i]) or NO_SAMPLE))
+            entries.sort(key=_first)
+            self._skipped = [(n, why) for _, n, why in entries]
+        return self._skipped
 
     @property
     def names(self) -> list[str]:
@@ -165,11 +195,52 @@ def _fail_head(path: str, head: bytes) -> None:
         )
 
 
-def scan_members(path: str | os.PathLike[str]) -> Members:
+def _open_tar(path: str) -> int:
+    """``os.open`` the tar read-only without blocking; refuse anything but a regular file.
+
+    A FIFO would block a plain ``open`` until a writer appears, and a device would be read
+    forever; ``O_NONBLOCK`` makes the open return at once, then ``fstat`` decides (the same
+    check as ``tarindex.reader``'s, which opens shards and indexes).
+
+    Raises:
+        NotATarError: ``path`` is a FIFO, socket or character or block device.
+        IsADirectoryError: ``path`` is a directory.
+        OSError: As ``os.open`` (``FileNotFoundError``, ``PermissionError``, ...).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return fd
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a tar", path)
+    kind = (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    raise NotATarError(
+        f"{path}: byte 0: {kind} (mode 0o{mode:o}), expected a tar file; tarindex maps the tar "
+        f"and reads its headers out of order, so it needs a regular file: save the stream to "
+        f"a file and index that"
+    )
+
+
+def scan_members(path: str | os.PathLike[str], *, require_end: bool = True) -> Members:
     """Walk the tar's headers and return its regular-file members (see module docs).
 
     Args:
-        path: Path of a plain (uncompressed) tar.
+        path: Path of a plain (uncompressed) tar (a regular file: a FIFO or device is
+            refused at once, never read).
+        require_end: Refuse a file that ends right after a member's data or padding without
+            the end-of-archive zero blocks (``TruncatedError``): a copy cut at a member
+            boundary looks exactly like that. ``False`` accepts such a file with a warning
+            (every member listed is complete; a cut inside a header or a member's data is
+            still an error). Defaults to ``True``. docs/TAR_DIALECTS.md, "End of archive".
 
     Returns:
         :class:`Members` in archive order, with the tar's fingerprint (FORMAT.md §3) taken
@@ -181,19 +252,23 @@ def scan_members(path: str | os.PathLike[str]) -> Members:
         ChecksumError: A header block's checksum is wrong (offset given).
         TarHeaderError: A numeric field is not a number, a pax record is malformed, or a pax
             or long-name record is not followed by a member.
-        TruncatedError: The file ends inside a header or a member's data, or before the
-            end-of-archive marker.
+        TruncatedError: The file ends inside a header or a member's data, or (unless
+            ``require_end=False``) before the end-of-archive marker.
         TrailingGarbageError: Non-zero bytes that are not a header follow the end marker.
-        OSError: The file cannot be opened (``FileNotFoundError``, ...).
+        NotATarError: Also when ``path`` is a FIFO, socket or device.
+        OSError: The file cannot be opened (``FileNotFoundError``, ``IsADirectoryError``, ...).
     """
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    fd = _open_tar(path)
+    try:
+        size = os.fstat(fd).st_size
         if size == 0:
             raise NotATarError(f"{path}: byte 0: empty file (0 bytes), expected a tar header")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
     try:
-        return _Walk(path, mm, size).run()
+        return _Walk(path, mm, size, require_end).run()
     finally:
         try:
             mm.close()
@@ -201,13 +276,22 @@ def scan_members(path: str | os.PathLike[str]) -> Members:
             pass
 
 
+class _Rewind(Exception):
+    """The fast loop jumped over the data of member ``k``, a v7 directory: resume after it."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.k = k
+
+
 class _Walk:
     """One header walk over a mapped tar (state for the slow path; the fast loop is in run)."""
 
-    def __init__(self, path: str, mm: mmap.mmap, size: int) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, size: int, require_end: bool = True) -> None:
         self.path = path
         self.mm = mm
         self.size = size
+        self.require_end = require_end
         nb = size // BLOCK
         self.blocks = np.frombuffer(mm, np.uint8, count=nb * BLOCK).reshape(nb, BLOCK)
         self.mpos: list[int] = []  # header offset of every member (archive order)
@@ -215,10 +299,11 @@ class _Walk:
         self.names: dict[int, bytes] = {}  # member number -> name resolved by the slow path
         self.deferred: list[int] = []  # slow-path header offsets whose checksum is not checked yet
         self.checked = 0  # members mpos[:checked] have had their checksum verified
-        self.skipped: list[tuple[str, str]] = []
+        self.skipped: list[tuple[int, str, str]] = []  # (header offset, name, reason)
         self.pax: dict[bytes, bytes] = {}
         self.gpax: dict[bytes, bytes] = {}
         self.longname: bytes | None = None
+        self.longlink: bytes | None = None  # GNU 'K' record: the next link member's target
         self.pending_at = -1  # offset of a pax/long-name record still waiting for its member
         self.volume_label: bytes | None = None
         self.fast_names: list[bytes] = []  # names of mpos[:checked], from the name/prefix fields
@@ -230,24 +315,74 @@ class _Walk:
 
         Also extracts the names of the members the fast path recorded since the last flush,
         while their header blocks are still in the CPU cache.
+
+        Raises ``_Rewind`` when one of these members is a v7 directory whose size field is
+        not zero and whose header is good: the fast loop jumped over its "data", which is the
+        next header (a directory has no data; libarchive, Go and tarfile read it so).
         """
         lo = self.checked
         fast = np.array(self.mpos[lo:], np.int64)
-        self.checked = len(self.mpos)
         bad_at = -1
+        rows = self.blocks[fast >> 9]
         if len(fast):
-            rows = self.blocks[fast >> 9]
             bad_at = self._first_bad(rows, fast)
-            if bad_at < 0:
-                self._names_of(rows, fast, lo)
         if self.deferred:
             slow = np.array(self.deferred, np.int64)
-            self.deferred = []
             b = self._first_bad(self.blocks[slow >> 9], slow)
             if b >= 0 and (bad_at < 0 or b < bad_at):
                 bad_at = b
+        self.deferred = []
+        cut = self._v7_dir_with_size(rows, fast, lo, bad_at) if len(fast) else -1
+        if cut >= 0:  # every header before it is good; the walk after it was misaligned
+            self.checked = lo + cut + 1
+            self._names_of(rows[: cut + 1], fast[: cut + 1], lo)
+            raise _Rewind(lo + cut)
+        self.checked = len(self.mpos)
         if bad_at >= 0:
             self._raise_checksum(bad_at)
+        if len(fast):
+            self._names_of(rows, fast, lo)
+
+    def _v7_dir_with_size(
+        self, rows: NDArray[np.uint8], pos: NDArray[np.int64], lo: int, bad_at: int
+    ) -> int:
+        """Return the first row that is a v7 directory with a non-zero size field, or -1.
+
+        v7 directory: typeflag NUL, header name ending in ``/`` (and no pax or long name
+        replacing it). Only rows before the first bad header (``bad_at``) count.
+        """
+        nul = np.flatnonzero(rows[:, _TF] == 0)  # old archives only: '0' is what tools write
+        if len(nul) == 0:
+            return -1
+        sub = rows[nul]
+        fields = np.zeros((len(nul), _NAME_LEN + 1), np.uint8)
+        fields[:, :_NAME_LEN] = sub[:, TAR_NAME]
+        la = (fields == 0).argmax(axis=1)
+        last = fields[np.arange(len(nul)), np.maximum(la - 1, 0)]
+        sizes = np.array(self.msize[lo:], np.int64)[nul]
+        for i in nul[(last == _SLASH) & (sizes > 0)].tolist():
+            if 0 <= bad_at <= int(pos[i]):
+                return -1
+            if lo + i not in self.names:
+                return int(i)
+        return -1
+
+    def _rewind(self, k: int) -> int:
+        """Forget everything after member ``k`` (a v7 directory); return where to resume.
+
+        The fast loop records a member only with no pax, long-name or global record
+        pending, so that is the state to resume in.
+        """
+        p = self.mpos[k]
+        del self.mpos[k + 1 :], self.msize[k + 1 :], self.fast_names[k + 1 :]
+        self.msize[k] = 0
+        self.names = {i: n for i, n in self.names.items() if i <= k}
+        self.dirs = [i for i in self.dirs if i <= k]
+        self.skipped = [e for e in self.skipped if e[0] < p]
+        self.pax, self.gpax = {}, {}
+        self.longname = self.longlink = None
+        self.pending_at = -1
+        return p + BLOCK
 
     def _first_bad(self, rows: NDArray[np.uint8], pos: NDArray[np.int64]) -> int:
         computed, stored = header_checksums(rows)
@@ -309,6 +444,18 @@ class _Walk:
             )
         if not checksum_ok(mm[:BLOCK]) and mm[:BLOCK] != ZERO_BLOCK:
             self._raise_checksum(0)
+        pos = 0
+        while True:
+            try:
+                self.walk(pos)
+                self.flush()
+                return self.finish()
+            except _Rewind as r:  # a v7 directory with a size field (rare): resume after it
+                pos = self._rewind(r.k)
+
+    def walk(self, pos: int) -> None:
+        """The header loop from ``pos`` to the end of the file (the fast path inline)."""
+        mm, size = self.mm, self.size
         mpos, msize = self.mpos, self.msize
         mapp, sapp = mpos.append, msize.append
         slow = self.slow
@@ -316,7 +463,6 @@ class _Walk:
         o_tf, o_size, o_term, reg, areg, xhd = _TF, _SIZE_AT, _SIZE_TERM, REGTYPE, AREGTYPE, XHDTYPE
         mask = BLOCK - 1
         pending = False
-        pos = 0
         limit = size - BLOCK
         while pos <= limit:
             tf = mm[pos + o_tf]
@@ -350,8 +496,6 @@ class _Walk:
             pending = self.pending_at >= 0 or bool(self.gpax)
         else:
             self.at_eof(pos)
-        self.flush()
-        return self.finish()
 
     def fast_pax(self, pos: int) -> int:
         """Record a pax 'x' header at ``pos`` and the plain regular member it describes.
@@ -373,9 +517,8 @@ class _Walk:
             if not 0 < plen <= BLOCK:  # records in exactly one block: header at pos + 1024
                 return -1
             h = 2 * BLOCK  # the member's own header, within b
-            tf = b[h + _TF]
-            if not (tf == REGTYPE or (tf == AREGTYPE and b[h])):
-                return -1
+            if b[h + _TF] != REGTYPE:
+                return -1  # NUL typeflag (a v7 directory?) or not a file: the slow path
             if b[h + _SIZE_TERM] not in (0, 0x20):
                 return -1
             f = b[h + _SIZE_AT : h + _SIZE_TERM]
@@ -390,6 +533,8 @@ class _Walk:
                 if end > stop or end <= sp or b[end - 1] != 0x0A:  # record ends with "\n"
                     return -1
                 eq = b.index(b"=", sp + 1, end)
+                if eq == sp + 1:
+                    return -1  # empty keyword: the slow path refuses it
                 key = b[sp + 1 : eq]
                 if key == b"path":
                     path = b[eq + 1 : end - 1]
@@ -397,8 +542,8 @@ class _Walk:
                     psize = b[eq + 1 : end - 1]
                     if not psize.isdigit():
                         return -1
-                elif key.startswith(b"GNU.sparse.") or key == b"linkpath":
-                    return -1
+                elif key.startswith(b"GNU.sparse.") or key == b"linkpath" or 0 in key:
+                    return -1  # sparse, a link, or a NUL in a keyword: the slow path
                 p = end
             ms = int(psize) if psize is not None else int(f, 8)
         except ValueError:
@@ -406,8 +551,8 @@ class _Walk:
         hdr = pos + h
         if hdr + BLOCK + ms > size:
             return -1  # cut short: the slow path names the member
-        if path is not None and (not path or path.endswith(b"/")):
-            return -1  # empty pax path (header name applies) or a v7-style directory
+        if path is not None and (not path or path.endswith(b"/") or 0 in path):
+            return -1  # empty pax path (header name applies), a directory, or a NUL in it
         return self._fast_pax_commit(pos, hdr, ms, path)
 
     def _fast_pax_commit(self, pos: int, hdr: int, ms: int, path: bytes | None) -> int:
@@ -419,20 +564,46 @@ class _Walk:
         return hdr + BLOCK + ms + (-ms & (BLOCK - 1))
 
     def at_eof(self, pos: int) -> None:
-        """The walk reached ``pos`` >= size - 511 without an end-of-archive marker: raise."""
+        """The walk reached ``pos`` >= size - 511 without an end-of-archive marker.
+
+        Raises ``TruncatedError``; with ``require_end=False``, a file that ends right after
+        a member's data or inside its zero padding is accepted with a warning instead.
+        """
         path, size = self.path, self.size
+        if pos >= size and not self.require_end and self.pending_at >= 0:
+            raise self.fail(
+                TruncatedError(
+                    f"{path}: byte {size}: file ends without the end-of-archive marker right after "
+                    f"the pax or GNU long-name record at byte {self.pending_at}, before the member "
+                    f"it describes; it was cut short: copy it again"
+                )
+            )
+        if pos >= size and not self.require_end:
+            self.flush()  # never warn about a file whose headers are garbage
+            where = "after the last member" if pos == size else "inside its zero padding"
+            warnings.warn(
+                f"{path}: byte {size}: file ends {where}, without the end-of-archive marker (two "
+                f"zero blocks); indexed anyway (require_end=False): every member listed is "
+                f"complete, but a copy cut at a member boundary looks the same, so members after "
+                f"byte {size} may be missing",
+                stacklevel=5,
+            )
+            return
         if pos == size:
             raise self.fail(
                 TruncatedError(
                     f"{path}: byte {pos}: file ends without the end-of-archive marker (two zero "
-                    f"blocks) after the last member; it was probably cut short: copy it again"
+                    f"blocks) after the last member; it was probably cut short: copy it again "
+                    f"(or, if the tool that wrote it omits the marker, index it with "
+                    f"`tarindex index --no-require-end`)"
                 )
             )
         if pos > size:
             raise self.fail(
                 TruncatedError(
                     f"{path}: byte {size}: file ends inside the zero padding of the last member "
-                    f"(its padded data runs to byte {pos}); it was cut short: copy it again"
+                    f"(its padded data runs to byte {pos}); it was cut short: copy it again (or "
+                    f"index it with `tarindex index --no-require-end`)"
                 )
             )
         raise self.fail(
@@ -476,11 +647,12 @@ class _Walk:
         msize = hsize
         if tf not in _PAX_TYPES and pax.get(b"size"):
             sv = pax[b"size"]
-            if not sv.isdigit():
+            if not sv.isdigit() or len(sv.lstrip(b"0")) > _MAX_SIZE_DIGITS:
                 raise self.fail(
                     TarHeaderError(
-                        f"{path}: byte {pos}: pax size {sv!r} is not a decimal number (POSIX pax "
-                        f"'size' keyword); the pax header is corrupt{_FIX}"
+                        f"{path}: byte {pos}: pax size {sv[:40]!r} ({len(sv)} bytes) is not a "
+                        f"decimal number below 10**18 (POSIX pax 'size' keyword); the pax header "
+                        f"is corrupt{_FIX}"
                     )
                 )
             msize = int(sv)
@@ -491,9 +663,19 @@ class _Walk:
                     f"size >= 0; the header is corrupt{_FIX}"
                 )
             )
+        if tf in _PAX_TYPES and hsize == 0:
+            raise self.fail(
+                TarHeaderError(
+                    f"{path}: byte {pos}: empty pax {'global ' if tf == XGLTYPE else ''}extended "
+                    f"header (size 0, no records); a pax header carries at least one record "
+                    f"(bsdtar refuses it too); the archive is damaged{_FIX}"
+                )
+            )
         data = pos + BLOCK
         if tf in _NO_DATA:
             has_data = False
+        elif tf == AREGTYPE and self._name(block, pax).endswith(b"/"):
+            has_data = False  # v7 directory: its size field is not the length of any data
         elif tf == LNKTYPE:  # hard link: data only in pax, or when no header follows (libarchive)
             has_data = msize > 0 and (bool(self.pax) or not self._header_at(data))
         else:
@@ -509,9 +691,11 @@ class _Walk:
             self.longname = mm[data:end].split(b"\0", 1)[0]
             self.pending_at = pos
         elif tf == GNUTYPE_LONGLINK:  # 'K' GNU LongLink (target of the next link member)
+            self.longlink = mm[data:end].split(b"\0", 1)[0]
             self.pending_at = pos
         elif tf == XHDTYPE or tf == SOLARIS_XHDTYPE:  # 'x' pax extended header ('X': Solaris)
-            self.pax.update(self._pax(data, end, "pax extended header"))
+            # several in a row: the last one applies, whole (GNU tar, Go, bsdtar)
+            self.pax = self._pax(data, end, "pax extended header")
             self.pending_at = pos
         elif tf == XGLTYPE:  # 'g' pax global header: applies to every later member of this archive
             for k, v in self._pax(data, end, "pax global header").items():
@@ -523,7 +707,7 @@ class _Walk:
         else:
             self.member(pos, block, tf, pax, msize, data)
             self.pax = {}
-            self.longname = None
+            self.longname = self.longlink = None
             self.pending_at = -1
         return nxt
 
@@ -563,7 +747,7 @@ class _Walk:
         if tf in REGULAR_TYPES:
             # v7 directory: a regular-file header whose name ends in '/'
             if name.endswith(b"/") and tf != CONTTYPE:
-                self.skipped.append((name.decode("utf-8", "surrogateescape"), "directory"))
+                self._skip(pos, name, "directory")
             elif any(k.startswith(b"GNU.sparse.") for k in pax):
                 self._warn_skip(pos, pax.get(b"GNU.sparse.name", name), "pax sparse file")
             else:
@@ -580,24 +764,29 @@ class _Walk:
         elif tf == GNUTYPE_VOLHDR:
             if pos == 0:
                 self.volume_label = name
-            self.skipped.append((name.decode("utf-8", "surrogateescape"), _KIND[tf]))
+            self._skip(pos, name, _KIND[tf])
         elif tf in _KIND:
             kind = _KIND[tf]
             if tf == LNKTYPE or tf == SYMTYPE:
-                target = pax.get(b"linkpath") or block[TAR_LINKNAME].split(b"\0", 1)[0]
+                # pax linkpath, else a GNU LongLink ('K') record, else the 100-byte field
+                target = pax.get(b"linkpath") or self.longlink
+                if target is None:
+                    target = block[TAR_LINKNAME].split(b"\0", 1)[0]
                 kind += " to " + target.decode("utf-8", "surrogateescape")
-            self.skipped.append((name.decode("utf-8", "surrogateescape"), kind))
+            self._skip(pos, name, kind)
         else:
             self._warn_skip(pos, name, f"member of unknown type {chr(tf)!r}")
 
+    def _skip(self, pos: int, name: bytes, why: str) -> None:
+        self.skipped.append((pos, name.decode("utf-8", "surrogateescape"), why))
+
     def _warn_skip(self, pos: int, name: bytes, what: str) -> None:
         self.flush()  # never warn about a header that is really garbage
-        n = name.decode("utf-8", "surrogateescape")
-        self.skipped.append((n, what))
+        self._skip(pos, name, what)
         warnings.warn(
-            f"{self.path}: byte {pos}: member {n!r} is a {what}, not stored as contiguous bytes; "
-            f"skipped (extract and re-pack it to include it)",
-            stacklevel=5,
+            f"{self.path}: byte {pos}: member {self.skipped[-1][1]!r} is a {what}, not stored as "
+            f"contiguous bytes; skipped (extract and re-pack it to include it)",
+            stacklevel=6,
         )
 
     def _name(self, block: bytes, pax: dict[bytes, bytes]) -> bytes:
@@ -668,11 +857,13 @@ class _Walk:
         if dirs:
             keep = np.ones(len(names), bool)
             keep[dirs] = False
-            skipped = skipped + [
-                (names[i].decode("utf-8", "surrogateescape"), "directory") for i in dirs
-            ]
+            for i in dirs:
+                skipped.append(
+                    (self.mpos[i], names[i].decode("utf-8", "surrogateescape"), "directory")
+                )
             names = [n for i, n in enumerate(names) if keep[i]]
             offset, size = offset[keep], size[keep]
+        skipped.sort(key=_first)  # v7 directories found in batches go in their place
         self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
         mm = self.mm
         head, tail = fingerprint(lambda off, n: mm[off : off + n], self.size)
@@ -684,18 +875,22 @@ class _Walk:
             tar_size=self.size,
             head_crc=head,
             tail_crc=tail,
-            skipped=skipped,
+            special=skipped,
         )
 
 
-def scan(path: str | os.PathLike[str]) -> Members:
+def _first(entry: tuple[int, str, str]) -> int:
+    return entry[0]
+
+
+def scan(path: str | os.PathLike[str], *, require_end: bool = True) -> Members:
     """List the regular-file members of a tar: names, data offsets (bytes) and sizes (bytes).
 
     Returns:
         :class:`Members`: ``raw_names`` (list of ``m`` bytes), ``offset`` and ``size`` (shape
         ``(m,)``, dtype ``<u8``, bytes from the start of the tar), in archive order.
 
-    Same as :func:`scan_members`.
+    Same as :func:`scan_members` (``require_end`` as there).
 
     Raises:
         FormatError: As :func:`scan_members` (:class:`~tarindex.NotATarError`,
@@ -703,4 +898,4 @@ def scan(path: str | os.PathLike[str]) -> Members:
             :class:`~tarindex.TarHeaderError`, :class:`~tarindex.TruncatedError`,
             :class:`~tarindex.TrailingGarbageError`).
     """
-    return scan_members(path)
+    return scan_members(path, require_end=require_end)

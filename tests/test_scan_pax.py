@@ -65,7 +65,6 @@ def _pax_block(records: bytes) -> bytes:
 @pytest.mark.parametrize(
     "records, name, size",
     [
-        (b"", b"plain.bin", 5),  # empty pax header: the member header follows at +512
         (b"16 path=a/b.bin\n", b"a/b.bin", 5),
         (b"10 size=3\n", b"plain.bin", 3),  # pax size overrides the header's 5
         (b"8 path=\n", b"plain.bin", 5),  # empty path: the header's name applies
@@ -79,6 +78,15 @@ def test_pax_records_variants(tmp_path: Path, records: bytes, name: bytes, size:
     got = tarindex.scan(p)
     assert got.raw_names == [name] and got.size.tolist() == [size]
     assert got.offset.tolist() == [len(_pax_block(records)) + 512]
+
+
+def test_empty_pax_header_is_refused(tmp_path: Path) -> None:
+    # no records at all (size 0): refused, as bsdtar does (docs/TAR_DIALECTS.md, "Empty pax")
+    p = tmp_path / "v.tar"
+    member = build_member_header(b"plain.bin", 5, 0)
+    p.write_bytes(_pax_block(b"") + member + b"hello" + bytes(507) + bytes(1024))
+    with pytest.raises(tarindex.TarHeaderError, match=rf"{p}: byte 0: empty pax"):
+        tarindex.scan(p)
 
 
 def test_bad_pax_record_still_reported(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Rules (FORMAT.md §4):
 
 * key and extension come from :func:`tarindex.format.keys.split_key`;
-* members without an extension belong to no sample and are counted as skipped;
+* members the key rule gives no key (no extension, a hidden name, an empty or a ``__``
+  extension) belong to no sample and are returned as skipped;
 * samples are numbered in order of the first appearance of their key in the tar;
   a sample's members keep the order in which their extensions first appear;
 * a member name seen again (``tar -r``) replaces the earlier copy in place: the last copy
@@ -34,7 +35,7 @@ class GroupResult:
     tables: IndexTables
     """The index tables (meta left empty)."""
     skipped_no_ext: list[bytes]
-    """Names of members with no extension (not in any sample)."""
+    """Names of members the key rule gives no key (``split_key`` is None: not in any sample)."""
     duplicates: list[bytes]
     """Names that appeared more than once; the last copy was kept."""
     interleaved: bool

@@ -13,7 +13,25 @@ directory names do not count. Leading ``./`` and ``/`` components are removed fi
 
 from __future__ import annotations
 
-__all__ = ["split_key", "normalize_name", "check_key", "check_ext"]
+__all__ = [
+    "split_key",
+    "normalize_name",
+    "check_key",
+    "check_ext",
+    "no_sample_members",
+    "no_sample_reason",
+    "escape_name",
+]
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+_SLASH, _DOT, _UNDERSCORE = ord("/"), ord("."), ord("_")
+NO_SAMPLE = "in no sample"
+"""Start of the ``Members.skipped`` reason of a regular file the key rule leaves out."""
 
 
 def normalize_name(name: bytes) -> bytes:
@@ -114,3 +132,108 @@ def check_ext(ext: str) -> None:
             f"or end with '.'"
         )
     _check_utf8("extension", ext)
+
+
+def no_sample_reason(name: bytes) -> str | None:
+    """Say why the member ``name`` belongs to no sample, or return None if it has a key.
+
+    The same rule as :func:`split_key` (``split_key(name) is None`` exactly when this returns
+    a reason); the reason is what ``Members.skipped`` and ``tarindex ls --members --skipped``
+    show (FORMAT.md §4, rule 3).
+
+    Returns:
+        ``"in no sample: ..."`` naming the rule: no extension, a hidden name (starts with a
+        dot), an empty extension (ends with a dot), or a reserved ``__`` extension.
+    """
+    if split_key(name) is not None:
+        return None
+    base = name.rsplit(b"/", 1)[-1]
+    dot = base.find(b".")
+    if dot == 0:
+        why = "hidden name (starts with '.')"
+    elif dot < 0:
+        why = "no extension"
+    elif dot == len(base) - 1:
+        why = "empty extension (name ends with '.')"
+    else:
+        why = "reserved extension (starts with '__')"
+    return f"{NO_SAMPLE}: {why}"
+
+
+def no_sample_members(names: Sequence[bytes]) -> NDArray[np.intp]:
+    """Return the positions of the names that belong to no sample (``split_key`` is None).
+
+    The vectorised form of :func:`split_key`'s rule 3 (FORMAT.md §4) for a scan's whole
+    member list: a member belongs to no sample when its basename (after the last ``/``; the
+    leading ``./`` and ``/`` that rule 1 strips never change it) has no dot, starts with
+    one, ends with one, or has ``__`` right after its first dot. A few numpy passes over the
+    joined names instead of a Python call per member (``benchmarks/bench_scan.py``).
+
+    Args:
+        names: Raw member names, length ``m``.
+
+    Returns:
+        Shape ``(k,)``, ascending indices into ``names``.
+    """
+    m = len(names)
+    if m == 0:
+        return np.zeros(0, np.intp)
+    blob = b"\0".join(names) + b"\0\0\0"  # NUL ends each name; two more pad the '__' look-ahead
+    if blob.count(0) != m + 2:  # a NUL inside a name (no scan makes one): the plain rule
+        return np.array([i for i, n in enumerate(names) if split_key(n) is None], np.intp)
+    a = np.frombuffer(blob, np.uint8)
+    ends = np.flatnonzero(a == 0)[:m]
+    starts = np.empty(m, np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    # basename start: one past the last '/' before the name's end (or the name's start)
+    slashes = np.flatnonzero(a == _SLASH)
+    base = starts
+    if len(slashes):
+        j = np.searchsorted(slashes, ends) - 1
+        base = np.maximum(np.where(j >= 0, slashes[np.maximum(j, 0)] + 1, 0), starts)
+    # first dot at or after the basename start, if it lies before the name's end
+    dots = np.flatnonzero(a == _DOT)
+    if len(dots) == 0:
+        return np.arange(m, dtype=np.intp)
+    k = np.searchsorted(dots, base)
+    dot = dots[np.minimum(k, len(dots) - 1)]
+    has = (k < len(dots)) & (dot < ends)
+    bad = (
+        ~has
+        | (dot == base)
+        | (dot == ends - 1)
+        | ((a[dot + 1] == _UNDERSCORE) & (a[dot + 2] == _UNDERSCORE))
+    )
+    return np.flatnonzero(bad)
+
+
+# C0 controls, DEL, C1 controls, the backslash itself, Unicode line/paragraph separators
+# (str.splitlines breaks there), and surrogate escapes (bytes that are not UTF-8)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\\\u2028\u2029\udc80-\udcff]")
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape_one(m: re.Match[str]) -> str:
+    c = m.group()
+    e = _ESCAPES.get(c)
+    if e is not None:
+        return e
+    o = ord(c)
+    if 0xDC80 <= o <= 0xDCFF:  # a raw byte kept by surrogateescape
+        return f"\\x{o - 0xDC00:02x}"
+    return f"\\x{o:02x}" if o < 0x80 else f"\\u{o:04x}"
+
+
+def escape_name(name: str) -> str:
+    r"""Return ``name`` printable on one line: control characters as backslash escapes.
+
+    What ``tarindex ls`` prints for member names, keys, extensions and skip reasons, so one
+    output line is one item. Escaped, as in Python string literals: backslash as ``\\``,
+    newline ``\n``, tab ``\t``, carriage return ``\r``; every other C0 control and DEL as
+    ``\xNN``; C1 controls and U+2028/U+2029 (line breaks to ``str.splitlines``) as
+    ``\uNNNN``; a byte that is not UTF-8 (kept as a surrogate escape, FORMAT.md §2.5) as
+    ``\xNN`` of that byte. So ``\xNN`` is always one raw byte of the name, ``\uNNNN`` one
+    character (its UTF-8 bytes), and everything else prints as itself.
+    """
+    return _UNSAFE.sub(_escape_one, name) if _UNSAFE.search(name) else name
