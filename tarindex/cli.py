@@ -257,7 +257,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     failed = 0
     for p in paths:
         try:
-            report = verify(p)
+            report = verify(p, data=args.data)
         except (TarIndexError, OSError) as e:
             failed += 1
             msg = _describe(e)  # messages already start with the file's path
@@ -560,6 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
         "compare. Exit 1 if any shard fails.",
     )
     s.add_argument("paths", nargs="+", metavar="SOURCE")
+    s.add_argument(
+        "--data",
+        action="store_true",
+        help="also check every member's bytes against the crc32s the index records (reads all "
+        "the data; indexes from the writer or `tarindex index --checksums`)",
+    )
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("info", help="shards, samples, members, extensions, bytes")
