@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import warnings
 
+import numpy as np
+
 from ._version import __version__
 from .format.group import group_members
 from .format.index import IndexTables, encode_index
@@ -47,6 +49,11 @@ def index_tables_for(members: Members, producer: str = "tarindex.scan") -> Index
         tail_crc=members.tail_crc,
         meta={"producer": producer, "version": __version__},
     )
+    t = res.tables
+    t.end = members.end
+    if members.member_crc is not None:  # into index order (grouping may reorder members)
+        crc_at = dict(zip(members.offset.tolist(), members.member_crc.tolist(), strict=True))
+        t.member_crc = np.asarray([crc_at[o] for o in t.offset.tolist()], np.uint32)
     if res.skipped_no_ext:
         n = len(res.skipped_no_ext)
         first = res.skipped_no_ext[0]
@@ -77,6 +84,7 @@ def build_index(
     index_path: str | None = None,
     *,
     require_end: bool = True,
+    checksums: bool = False,
 ) -> IndexTables:
     """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
 
@@ -91,6 +99,9 @@ def build_index(
             cut at a member boundary looks the same: ``TruncatedError``). ``False`` indexes
             it with a warning (``tarindex index --no-require-end``). Defaults to ``True``.
             docs/TAR_DIALECTS.md, "End of archive".
+        checksums: Also record each member's crc32 (FORMAT.md §2.8.2; reads all the data,
+            so ``tarindex verify --data`` and ``verify_data=True`` can check them). Defaults
+            to ``False``.
 
     Returns:
         The tables written (FORMAT.md §2).
@@ -102,6 +113,8 @@ def build_index(
         OSError: The tar cannot be read or the index cannot be written.
     """
     tar_path = os.fspath(tar_path)
-    tables = index_tables_for(scan_members(tar_path, require_end=require_end))
+    tables = index_tables_for(scan_members(tar_path, require_end=require_end, checksums=checksums))
+    if not require_end:
+        tables.meta["require_end"] = False  # verify rescans it the same way
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables

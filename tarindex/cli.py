@@ -177,12 +177,12 @@ class _Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def _index_one(path: str, require_end: bool = True) -> _Outcome:
+def _index_one(path: str, require_end: bool = True, checksums: bool = False) -> _Outcome:
     """Build one shard's index; never raises (runs in a worker process)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            tables = build_index(path, require_end=require_end)
+            tables = build_index(path, require_end=require_end, checksums=checksums)
             status, msg = "built", f"{tables.n_samples} samples"
         except Exception as e:  # a bad shard must not stop the others
             status = "failed"
@@ -192,11 +192,13 @@ def _index_one(path: str, require_end: bool = True) -> _Outcome:
     return _Outcome(path, status, msg, [str(w.message) for w in caught])
 
 
-def _run_jobs(paths: list[str], jobs: int, require_end: bool = True) -> Iterator[_Outcome]:
+def _run_jobs(
+    paths: list[str], jobs: int, require_end: bool = True, checksums: bool = False
+) -> Iterator[_Outcome]:
     """Yield the outcome of every shard, in completion order (in-process when ``jobs == 1``)."""
     if jobs <= 1 or len(paths) <= 1:
         for p in paths:
-            yield _index_one(p, require_end)
+            yield _index_one(p, require_end, checksums)
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -208,7 +210,7 @@ def _run_jobs(paths: list[str], jobs: int, require_end: bool = True) -> Iterator
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as pool:
-        futures = {pool.submit(_index_one, p, require_end): p for p in paths}
+        futures = {pool.submit(_index_one, p, require_end, checksums): p for p in paths}
         for fut in as_completed(futures):
             try:
                 yield fut.result()
@@ -226,7 +228,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     failed: list[_Outcome] = []
     bar = _progress(len(todo), "shard", args.quiet, "indexing")
     try:
-        for out in _run_jobs(todo, args.jobs or _default_jobs(), args.require_end):
+        jobs = args.jobs or _default_jobs()
+        for out in _run_jobs(todo, jobs, args.require_end, args.checksums):
             for w in out.warnings:
                 bar.write(f"tarindex index: warning: {' '.join(w.split())}", file=sys.stderr)
             if out.status == "failed":
@@ -549,6 +552,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="index a tar that ends without the end-of-archive zero blocks, with a warning "
         "(by default it is refused: a copy cut at a member boundary looks the same)",
+    )
+    s.add_argument(
+        "--checksums",
+        action="store_true",
+        help="also record each member's crc32 (reads all the data), for `tarindex verify "
+        "--data` and reads with verify_data=True",
     )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_index)

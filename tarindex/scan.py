@@ -33,6 +33,7 @@ import os
 import re
 import stat
 import warnings
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,6 +149,11 @@ class Members:
     tail_crc: int
     """crc32 of the tar's last ``min(4096, tar_size)`` bytes (FORMAT.md §3)."""
     special: list[tuple[int, str, str]] = field(default_factory=list)
+    end: int = -1
+    """Byte offset where the tar's data ends: every byte from there on is zero (the end of
+    the last non-zero 512-byte block; FORMAT.md §2.8.1)."""
+    member_crc: NDArray[np.uint32] | None = None
+    """Shape ``(m,)``: zlib crc32 of each member's data, with ``checksums=True``."""
     """``(header offset, name, kind)`` of every entry that is not a regular-file member, in
     archive order: directories, links (``"symlink to <target>"``, ``"hard link to
     <target>"``), devices, fifos, volume labels, sparse files, unknown types, ..."""
@@ -230,7 +236,9 @@ def _open_tar(path: str) -> int:
     )
 
 
-def scan_members(path: str | os.PathLike[str], *, require_end: bool = True) -> Members:
+def scan_members(
+    path: str | os.PathLike[str], *, require_end: bool = True, checksums: bool = False
+) -> Members:
     """Walk the tar's headers and return its regular-file members (see module docs).
 
     Args:
@@ -241,6 +249,8 @@ def scan_members(path: str | os.PathLike[str], *, require_end: bool = True) -> M
             boundary looks exactly like that. ``False`` accepts such a file with a warning
             (every member listed is complete; a cut inside a header or a member's data is
             still an error). Defaults to ``True``. docs/TAR_DIALECTS.md, "End of archive".
+        checksums: Also compute each member's crc32 (reads all the data; FORMAT.md
+            §2.8.2). Defaults to ``False``.
 
     Returns:
         :class:`Members` in archive order, with the tar's fingerprint (FORMAT.md §3) taken
@@ -268,12 +278,32 @@ def scan_members(path: str | os.PathLike[str], *, require_end: bool = True) -> M
     finally:
         os.close(fd)
     try:
-        return _Walk(path, mm, size, require_end).run()
+        return _Walk(path, mm, size, require_end, checksums).run()
     finally:
         try:
             mm.close()
         except BufferError:  # a numpy view is still referenced by a traceback: GC closes it
             pass
+
+
+def _data_end(mm: mmap.mmap, size: int) -> int:
+    """Return the end of the last 512-byte block holding a non-zero byte.
+
+    ``size`` if the file does not end in whole zero blocks. Read backwards from the end,
+    32 KiB at a time (the zero tail is a few records at most).
+    """
+    end = size - size % BLOCK
+    if end != size and mm[end:size].strip(b"\0"):
+        return size
+    step = 64 * BLOCK
+    while end > 0:
+        lo = max(0, end - step)
+        chunk = np.frombuffer(mm, np.uint8, count=end - lo, offset=lo).reshape(-1, BLOCK)
+        nz = np.flatnonzero(chunk.any(axis=1))
+        if len(nz):
+            return lo + (int(nz[-1]) + 1) * BLOCK
+        end = lo
+    return 0
 
 
 class _Rewind(Exception):
@@ -287,11 +317,19 @@ class _Rewind(Exception):
 class _Walk:
     """One header walk over a mapped tar (state for the slow path; the fast loop is in run)."""
 
-    def __init__(self, path: str, mm: mmap.mmap, size: int, require_end: bool = True) -> None:
+    def __init__(
+        self,
+        path: str,
+        mm: mmap.mmap,
+        size: int,
+        require_end: bool = True,
+        checksums: bool = False,
+    ) -> None:
         self.path = path
         self.mm = mm
         self.size = size
         self.require_end = require_end
+        self.checksums = checksums
         nb = size // BLOCK
         self.blocks = np.frombuffer(mm, np.uint8, count=nb * BLOCK).reshape(nb, BLOCK)
         self.mpos: list[int] = []  # header offset of every member (archive order)
@@ -867,6 +905,16 @@ class _Walk:
         self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
         mm = self.mm
         head, tail = fingerprint(lambda off, n: mm[off : off + n], self.size)
+        crc = None
+        if self.checksums:  # opt-in: reads every member's data
+            with memoryview(mm) as mv:
+                crc = np.array(
+                    [
+                        zlib.crc32(mv[o : o + n])
+                        for o, n in zip(offset.tolist(), size.tolist(), strict=True)
+                    ],
+                    np.uint32,
+                )
         return Members(
             path=self.path,
             raw_names=names,
@@ -876,6 +924,8 @@ class _Walk:
             head_crc=head,
             tail_crc=tail,
             special=skipped,
+            end=_data_end(mm, self.size),
+            member_crc=crc,
         )
 
 

@@ -110,7 +110,9 @@ def verify(
         stored = r.index
         ipath = r.index_path
         long_names = _check_headers(tar, ipath, stored)
-        members = scan_members(tar)  # the walk also takes the fingerprint: no second mapping
+        # the walk also takes the fingerprint; a tar indexed with --no-require-end is
+        # rescanned the same way (its index's metadata says so)
+        members = scan_members(tar, require_end=bool(stored.meta.get("require_end", True)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # interleaving/duplicates were reported by `index`
             fresh = index_tables_for(members)

@@ -343,7 +343,74 @@ def test_a_dataloader_worker_reading_a_cut_shard_names_it(tmp_path: Path) -> Non
     loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=_keys)
     it = iter(loader)
     next(it)  # both workers have the shard open (mapped) by now
+    time.sleep(1.0)  # and are idle, their prefetched batches done: the cut falls between reads
     os.truncate(tar, 4096)
     with pytest.raises((tarindex.TruncatedError, StaleIndexError), match=str(tar)):
         for _ in it:
             pass
+
+
+def _gnu_tar(tmp_path: Path, sizes: list[int]) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for i, n in enumerate(sizes):
+        (src / f"{i:04d}.bin").write_bytes(rng.integers(1, 256, n, np.uint8).tobytes())
+        (src / f"{i:04d}.cls").write_bytes(str(i).encode())
+    tar = tmp_path / "gnu.tar"
+    subprocess.run(
+        ["tar", "--sort=name", "--format=gnu", "-cf", str(tar), "-C", str(src), "."], check=True
+    )
+    return tar
+
+
+def test_tar_r_on_a_gnu_tar_shard_is_detected(tmp_path: Path) -> None:
+    if shutil.which("tar") is None:
+        pytest.skip("GNU tar is not installed")
+    tar = _gnu_tar(tmp_path, [100, 100])
+    tarindex.build_index(str(tar))
+    t = decode_index(Path(str(tar) + ".tidx").read_bytes())
+    size = tar.stat().st_size
+    assert 0 < t.end < size - 4096  # room in the record padding, away from the last 4 KiB
+    (tmp_path / "9999.txt").write_bytes(b"appended")
+    subprocess.run(["tar", "-rf", str(tar), "-C", str(tmp_path), "9999.txt"], check=True)
+    assert tar.stat().st_size == size
+    with pytest.raises(StaleIndexError, match=f"byte {t.end}: data after the end"):
+        tarindex.ShardReader(str(tar))
+
+
+def test_index_checksums_for_an_existing_tar(tmp_path: Path) -> None:
+    if shutil.which("tar") is None:
+        pytest.skip("GNU tar is not installed")
+    from tarindex.cli import main
+
+    tar = _gnu_tar(tmp_path, [6000] * 8)
+    assert main(["index", "--quiet", str(tar)]) == 0
+    assert decode_index(Path(str(tar) + ".tidx").read_bytes()).member_crc is None
+    assert main(["verify", "--data", str(tar)]) == 1  # no checksums recorded: says how
+    assert main(["index", "--quiet", "--force", "--checksums", str(tar)]) == 0
+    t = decode_index(Path(str(tar) + ".tidx").read_bytes())
+    assert t.member_crc is not None
+    assert main(["verify", "--data", str(tar)]) == 0
+    raw = bytearray(tar.read_bytes())
+    m = 6  # sample 3's bin: not a re-read header, not in the first or last 4 KiB
+    raw[int(t.offset[m]) + 10] ^= 1
+    tar.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumError, match=r"\./0003\.bin|0003\.bin"):
+        tarindex.verify.verify(str(tar), data=True)
+    with pytest.raises(ChecksumError, match="member 0003.bin"):
+        tarindex.TarDataset(str(tar), verify_data=True)[3]
+
+
+def test_verify_a_tar_indexed_without_end_blocks(tmp_path: Path) -> None:
+    tar = tmp_path / "a.tar"
+    _write(str(tar), 2, 0)
+    end = decode_index(Path(str(tar) + ".tidx").read_bytes()).end
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(tar.read_bytes()[:end])  # a tool that omits the end-of-archive blocks
+    with pytest.raises(tarindex.TruncatedError):
+        tarindex.build_index(str(cut))
+    with pytest.warns(UserWarning):
+        tarindex.build_index(str(cut), require_end=False)
+    assert tarindex.verify.verify(str(cut)).ok  # rescanned the way it was indexed
+    assert [s["__key__"] for s in _read(cut)] == ["0000", "0001"]

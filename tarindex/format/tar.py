@@ -392,4 +392,3 @@ def build_global_header(records: list[tuple[bytes, bytes]], mtime: int) -> bytes
     body = b"".join(_pax_record(k, v) for k, v in records)
     head = _ustar_block(b"pax_global_header", len(body), mtime, 0o666, XGLTYPE)
     return head + body + bytes(padded(len(body)) - len(body))
-
