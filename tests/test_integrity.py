@@ -414,3 +414,31 @@ def test_verify_a_tar_indexed_without_end_blocks(tmp_path: Path) -> None:
         tarindex.build_index(str(cut), require_end=False)
     assert tarindex.verify.verify(str(cut)).ok  # rescanned the way it was indexed
     assert [s["__key__"] for s in _read(cut)] == ["0000", "0001"]
+
+
+def test_verify_with_names_over_1_mib(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    tar = tmp_path / "big.tar"
+    name = "d/" + "x" * (1 << 20)
+    with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as tf:
+        for n, data in ((name + ".bin", b"abc"), ("k2.bin", b"zz")):
+            ti = tarfile.TarInfo(n)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    tarindex.build_index(str(tar))
+    assert tarindex.verify.verify(str(tar)).long_names == 1
+    with tarindex.ShardReader(str(tar)) as r:
+        assert r.key(0) == name and r.sample(0)["bin"] == b"abc"
+    # damage the cut name field of that member: the message stays short
+    t = decode_index(Path(str(tar) + ".tidx").read_bytes())
+    h = int(t.offset[0]) - 512
+    raw = bytearray(tar.read_bytes())
+    raw[h : h + 2] = b"e/"
+    raw[h + 148 : h + 156] = b" " * 8
+    raw[h + 148 : h + 156] = b"%06o\0 " % sum(raw[h : h + 512])
+    tar.write_bytes(bytes(raw))
+    with pytest.raises(TarIndexError) as e:
+        tarindex.verify.verify(str(tar))
+    assert len(str(e.value)) < 1000
