@@ -97,7 +97,12 @@ class TarShardWriter:
         self._keys: set[str] = set()
 
     def _write(self, data: bytes) -> None:
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except OSError as e:  # ENOSPC, EFBIG, EIO: name the shard (the caller aborts it)
+            raise OSError(
+                e.errno, f"{self.path}: byte {self.pos}: writing the shard failed: {e.strerror}"
+            ) from e
         self.pos += len(data)
         if len(self._head) < FINGERPRINT_BYTES:
             self._head += data[: FINGERPRINT_BYTES - len(self._head)]

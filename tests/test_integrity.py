@@ -442,3 +442,34 @@ def test_verify_with_names_over_1_mib(tmp_path: Path) -> None:
     with pytest.raises(TarIndexError) as e:
         tarindex.verify.verify(str(tar))
     assert len(str(e.value)) < 1000
+
+
+_FULL = textwrap.dedent(
+    """
+    import os, resource, signal, sys
+    import tarindex
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then write() fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+    try:
+        with tarindex.ShardWriter(sys.argv[1], maxcount=1000) as w:
+            for i in range(100):
+                w.write({"__key__": f"{i:04d}", "bin": os.urandom(10_000)})
+    except OSError as e:
+        print(e)
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE")
+def test_a_full_disk_names_the_shard_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, "-c", _FULL, str(out / "s-%03d.tar")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=60,
+    )
+    assert f"{out}/s-000.tar: byte " in p.stdout and "writing the shard failed" in p.stdout, p
+    assert os.listdir(out) == []  # the temp file is gone, no lock file left
