@@ -13,16 +13,18 @@ descriptor it maps; the original is closed).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import TruncatedError
+from .errors import FormatError, TruncatedError
 
-__all__ = ["Buffer", "ByteSource", "MmapSource", "PreadSource", "open_source"]
+__all__ = ["Buffer", "ByteSource", "MmapSource", "PreadSource", "open_source", "open_regular"]
 
 Buffer = bytes | mmap.mmap
 """What :meth:`ByteSource.read_ranges` returns: a buffer whose slices are ``bytes``."""
@@ -58,6 +60,51 @@ class ByteSource(Protocol):
     def close(self) -> None:
         """Release the descriptor or mapping (idempotent)."""
         ...
+
+
+def open_regular(path: str, what: str = "a tar", error: type[FormatError] = FormatError) -> int:
+    """``os.open`` read-only without blocking; refuse anything but a regular file.
+
+    A FIFO would block a plain ``open`` until a writer appears and a device would be read
+    forever; ``O_NONBLOCK`` makes the open return at once, then ``fstat`` decides. The one
+    rule for the scanner (tars) and the reader (tars and indexes).
+
+    Args:
+        path: The file.
+        what: What the file should be, for messages. Defaults to ``"a tar"``.
+        error: The error class for a FIFO, socket or device. Defaults to ``FormatError``.
+
+    Returns:
+        The open descriptor (the caller closes it).
+
+    Raises:
+        FormatError: (``error``) ``path`` is a FIFO, socket, or character or block device.
+        IsADirectoryError: ``path`` is a directory.
+        OSError: As ``os.open`` (``FileNotFoundError``, ``PermissionError``, ...).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return fd
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, f"is a directory, not {what} file", path)
+    kind = (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a special file"
+    )
+    raise error(
+        f"{path}: byte 0: {kind} (mode 0o{mode:o}), not a regular file; expected {what} file: "
+        f"tarindex maps files and reads them out of order, so it needs a regular file: save "
+        f"the stream to a file and use that"
+    )
 
 
 def _past_end(path: str, size: int, offset: int, end: int) -> TruncatedError:

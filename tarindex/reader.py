@@ -29,7 +29,6 @@ import errno
 import mmap
 import operator
 import os
-import stat
 import sys
 import warnings
 import weakref
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .bytesource import Buffer, ByteSource, open_source
+from .bytesource import Buffer, ByteSource, open_regular, open_source
 from .errors import (
     ChecksumError,
     FormatError,
@@ -130,24 +129,7 @@ def _missing(tar_path: str, index_path: str) -> IndexMissingError:
 
 
 def _open_regular(path: str) -> int:
-    """``os.open`` read-only without blocking (a FIFO would hang ``open``); regular files only.
-
-    Raises:
-        FileNotFoundError, PermissionError, ...: As ``os.open``.
-        IsADirectoryError: ``path`` is a directory.
-        FormatError: ``path`` is a FIFO, socket or device.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISREG(mode):
-        return fd
-    os.close(fd)
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not a shard or index file", path)
-    raise FormatError(
-        f"{path}: byte 0: not a regular file (mode 0o{mode:o}); expected a tar or index file: "
-        f"pass the path of a regular file"
-    )
+    return open_regular(path, "a tar or index")
 
 
 def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:

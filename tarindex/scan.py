@@ -27,11 +27,9 @@ Tar field offsets and typeflags are the named constants of :mod:`tarindex.format
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import re
-import stat
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from .bytesource import open_regular
 from .errors import (
     ChecksumError,
     CompressedTarError,
@@ -201,41 +200,6 @@ def _fail_head(path: str, head: bytes) -> None:
         )
 
 
-def _open_tar(path: str) -> int:
-    """``os.open`` the tar read-only without blocking; refuse anything but a regular file.
-
-    A FIFO would block a plain ``open`` until a writer appears, and a device would be read
-    forever; ``O_NONBLOCK`` makes the open return at once, then ``fstat`` decides (the same
-    check as ``tarindex.reader``'s, which opens shards and indexes).
-
-    Raises:
-        NotATarError: ``path`` is a FIFO, socket or character or block device.
-        IsADirectoryError: ``path`` is a directory.
-        OSError: As ``os.open`` (``FileNotFoundError``, ``PermissionError``, ...).
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISREG(mode):
-        return fd
-    os.close(fd)
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not a tar", path)
-    kind = (
-        "a FIFO"
-        if stat.S_ISFIFO(mode)
-        else "a character device"
-        if stat.S_ISCHR(mode)
-        else "a block device"
-        if stat.S_ISBLK(mode)
-        else "not a regular file"
-    )
-    raise NotATarError(
-        f"{path}: byte 0: {kind} (mode 0o{mode:o}), expected a tar file; tarindex maps the tar "
-        f"and reads its headers out of order, so it needs a regular file: save the stream to "
-        f"a file and index that"
-    )
-
-
 def scan_members(
     path: str | os.PathLike[str], *, require_end: bool = True, checksums: bool = False
 ) -> Members:
@@ -269,7 +233,7 @@ def scan_members(
         OSError: The file cannot be opened (``FileNotFoundError``, ``IsADirectoryError``, ...).
     """
     path = os.fspath(path)
-    fd = _open_tar(path)
+    fd = open_regular(path, "a tar", NotATarError)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
