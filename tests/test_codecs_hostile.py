@@ -453,11 +453,16 @@ def test_npz_entries_count_against_the_budget() -> None:
 
 @pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
 def test_npy_header_declaring_more_than_the_member_is_refused(version: tuple[int, int]) -> None:
-    fmt: Any = np.lib.format
-    buf = io.BytesIO()
-    header = {"descr": "<f8", "fortran_order": False, "shape": (1 << 40,)}
-    fmt._write_array_header(buf, header, version)
-    data = buf.getvalue() + bytes(64)
+    # the header written by hand, as the NPY format spec lays it out (numpy's own writer is
+    # private and moved between versions): magic, version, header length (u2 for 1.0, u4
+    # after), the dict literal padded with spaces and a newline to a multiple of 64 bytes
+    text = repr({"descr": "<f8", "fortran_order": False, "shape": (1 << 40,)}).encode("latin1")
+    lenfmt = "<H" if version[0] == 1 else "<I"
+    fixed = 6 + 2 + struct.calcsize(lenfmt)
+    pad = -(fixed + len(text) + 1) % 64
+    body = text + b" " * pad + b"\n"
+    head = b"\x93NUMPY" + bytes(version) + struct.pack(lenfmt, len(body))
+    data = head + body + bytes(64)
     with pytest.raises(DecodeError) as ei:
         ExtDecoder()(_sample(npy=data))
     assert str(ei.value).startswith(
