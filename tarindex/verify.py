@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .build import index_tables_for
 from .errors import ChecksumError, StaleIndexError, TarHeaderError
@@ -178,7 +179,9 @@ def _check_headers(tar: str, ipath: str, t: IndexTables) -> int:
     off = np.asarray(t.offset, np.int64)
     size = np.asarray(t.size, np.int64)
     ext_id = np.asarray(t.ext_id, np.int64)
-    sample_of = np.repeat(np.arange(t.n_samples), np.diff(np.asarray(t.sample_ptr, np.int64)))
+    sp = np.asarray(t.sample_ptr, np.int64)
+    counts: NDArray[np.int64] = sp[1:] - sp[:-1]
+    sample_of = np.repeat(np.arange(t.n_samples), counts)
     bad = np.flatnonzero((off < BLOCK) | (off % BLOCK != 0))
     if len(bad):
         i = int(bad[0])

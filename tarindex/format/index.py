@@ -646,7 +646,8 @@ def check_samples(
             f"boundary after its header)",
         )
     # one extension at most once per sample, else a dict of the sample would drop a member
-    counts = np.diff(t.sample_ptr[j0 : j1 + 1].astype(np.int64))
+    sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
+    counts: NDArray[np.int64] = sp[1:] - sp[:-1]
     local = np.repeat(np.arange(j1 - j0, dtype=np.int64), counts)
     code = local * n_exts + eid.astype(np.int64)
     if len(code) > 1:
