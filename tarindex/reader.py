@@ -34,7 +34,7 @@ import warnings
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,8 @@ __all__ = [
     "is_up_to_date",
     "CHUNK",
     "DEFAULT_MAX_OPEN",
+    "crc_mismatches",
+    "data_error",
 ]
 
 Sample = dict[str, Any]
@@ -139,6 +141,67 @@ def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
         text = blob.decode("ascii")
         return [text[ptr[i] : ptr[i + 1]] for i in range(n)]
     return [blob[ptr[i] : ptr[i + 1]].decode("utf-8", "surrogateescape") for i in range(n)]
+
+
+def _joined(parts: list[bytes]) -> tuple[bytes, NDArray[np.int64]]:
+    """Concatenate member bytes into one buffer; return it and each part's offset in it."""
+    at = np.zeros(len(parts), np.int64)
+    if parts:
+        np.cumsum([len(x) for x in parts[:-1]], out=at[1:])
+    return b"".join(parts), at
+
+
+def crc_mismatches(
+    blk: Block, members: Sequence[int] | NDArray[np.int64], tables: Sequence[Any]
+) -> Iterator[tuple[int, int, int, int]]:
+    """Yield the members of ``blk`` whose bytes differ from their recorded crc32.
+
+    The one data-checksum check (FORMAT.md §2.8.2), for reads with ``verify_data`` and for
+    ``verify --data``.
+
+    Args:
+        blk: A block with data.
+        members: Index member number of each of ``blk``'s members, shape ``(m,)``.
+        tables: Per buffer of ``blk`` (``blk.src``), the index's ``member_crc`` (``<u4``) or
+            ``None`` (not recorded: not checked).
+
+    Yields:
+        ``(b, k, got, want)``: sample position, member position, crc32 of the bytes, crc32
+        recorded.
+    """
+    if blk.offset is None:
+        return
+    mp = blk.member_ptr.tolist()
+    off, size, src = blk.offset.tolist(), blk.size.tolist(), blk.src.tolist()
+    mids = members.tolist() if isinstance(members, np.ndarray) else list(members)
+    views = [memoryview(d) for d in blk.data]
+    try:
+        for b in range(len(mp) - 1):
+            for k in range(mp[b], mp[b + 1]):
+                table = tables[src[k]]
+                if table is None:
+                    continue
+                got, want = (
+                    zlib.crc32(views[src[k]][off[k] : off[k] + size[k]]),
+                    int(table[mids[k]]),
+                )
+                if got != want:
+                    yield b, k, got, want
+    finally:
+        for v in views:
+            v.release()
+
+
+def data_error(
+    tar_path: str, index_path: str, key: str, ext: str, off: int, got: int, want: int
+) -> ChecksumError:
+    """The ``ChecksumError`` for one member whose bytes differ from its recorded crc32."""
+    return ChecksumError(
+        f"{tar_path}: byte {off}: member {key}.{ext} has crc32 0x{got:08x}, its index "
+        f"{index_path} recorded 0x{want:08x}: the bytes changed since it was indexed "
+        f"(in-place rewrite, bad disk or copy); copy the shard again, or re-index it "
+        f"(tarindex index --force --checksums {tar_path})"
+    )
 
 
 class Block:
@@ -352,14 +415,12 @@ class Block:
             return self
         data, offset = self.data, self.offset
         ends = offset + self.size
-        buf = b"".join(
+        buf, new = _joined(
             [
                 data[s][a:b]
                 for s, a, b in zip(self.src.tolist(), offset.tolist(), ends.tolist(), strict=True)
             ]
         )
-        new = np.zeros(len(offset), np.int64)
-        np.cumsum(self.size[:-1], out=new[1:])
         return Block(
             self.paths,
             self.shard,
@@ -856,24 +917,10 @@ class ShardReader:
             ChecksumError: Naming the shard, key, extension and byte offset of the first
                 member whose bytes differ (FORMAT.md §2.8.2).
         """
-        crc = self.index.member_crc
-        if crc is None or blk.offset is None:
-            return
-        want = crc[members].tolist()
-        mp = blk.member_ptr.tolist()
-        for b, (a, e) in enumerate(zip(mp[:-1], mp[1:], strict=True)):
-            for k in range(a, e):
-                o, n = int(blk.offset[k]), int(blk.size[k])
-                with memoryview(blk.data[int(blk.src[k])]) as mv:
-                    got = zlib.crc32(mv[o : o + n])
-                if got != want[k]:
-                    raise self._data_error(
-                        blk.keys[b],
-                        blk.exts[int(blk.ext_id[k])],
-                        int(blk.tar_offset[k]),
-                        got,
-                        want[k],
-                    )
+        for b, k, got, want in crc_mismatches(blk, members, [self.index.member_crc]):
+            raise self._data_error(
+                blk.keys[b], blk.exts[int(blk.ext_id[k])], int(blk.tar_offset[k]), got, want
+            )
 
     def _cut(self, now: int) -> TruncatedError:
         return TruncatedError(
@@ -884,12 +931,7 @@ class ShardReader:
         )
 
     def _data_error(self, key: str, ext: str, off: int, got: int, want: int) -> ChecksumError:
-        return ChecksumError(
-            f"{self.tar_path}: byte {off}: member {key}.{ext} has crc32 0x{got:08x}, its index "
-            f"{self.index_path} recorded 0x{want:08x}: the bytes changed since it was indexed "
-            f"(in-place rewrite, bad disk or copy); copy the shard again, or re-index it "
-            f"(tarindex index --force --checksums {self.tar_path})"
-        )
+        return data_error(self.tar_path, self.index_path, key, ext, off, got, want)
 
     @staticmethod
     def _read_runs(
@@ -952,13 +994,14 @@ class ShardReader:
         mm = self._mm
         if mm is not None and mm.size() < self.tar_size:  # cut while mapped: SIGBUS otherwise
             raise self._cut(mm.size())
+        verify = self.verify_data
         for m in range(sp[j], sp[j + 1]):
             name = exts[eids[m]]
             if fields is not None and name not in fields:
                 continue
             off = offs[m]
             out[name] = mm[off : off + sizes[m]] if mm is not None else self.read(off, sizes[m])
-            if self.verify_data:
+            if verify:
                 crc = self.index.member_crc
                 got, want = zlib.crc32(out[name]), -1 if crc is None else int(crc[m])
                 if got != want:
@@ -1444,11 +1487,7 @@ class ShardSet:
         ext = np.array(eid, np.int64)
         if len(ebase_of) > 1:
             ext = np.asarray(codes, np.int64)[ext + np.asarray(ebase, np.int64)[src_a]]
-        if verify:
-            self._verify_gathered(
-                paths, keys, mp, src, mid, of, sz, offset, datas, crcs, ext, list(ext_code)
-            )
-        return Block(
+        blk = Block(
             paths,
             np.array(shard_col, np.int64),
             local,
@@ -1463,41 +1502,13 @@ class ShardSet:
             datas,
             list(ext_code),
         )
-
-    @staticmethod
-    def _verify_gathered(
-        paths: list[str],
-        keys: list[str],
-        mp: list[int],
-        src: list[int],
-        mid: list[int],
-        tar_off: list[int],
-        size: list[int],
-        offset: NDArray[np.int64],
-        datas: list[Buffer],
-        crcs: list[Any],
-        ext: NDArray[np.int64],
-        exts: list[str],
-    ) -> None:
-        """``verify_data`` for :meth:`gather`: every member's crc32 against its index's."""
-        at = offset.tolist()
-        sample = 0
-        for k, (sr, m, n) in enumerate(zip(src, mid, size, strict=True)):
-            while mp[sample + 1] <= k:
-                sample += 1
-            table = crcs[sr]
-            if table is None:
-                continue
-            with memoryview(datas[sr]) as mv:
-                got = zlib.crc32(mv[at[k] : at[k] + n])
-            if got != int(table[m]):
-                raise ChecksumError(
-                    f"{paths[sr]}: byte {tar_off[k]}: member {keys[sample]}."
-                    f"{exts[int(ext[k])]} has crc32 0x{got:08x}, its index recorded "
-                    f"0x{int(table[m]):08x}: the bytes changed since it was indexed; copy the "
-                    f"shard again, or re-index it (tarindex index --force --checksums "
-                    f"{paths[sr]})"
+        if verify:
+            for b, k, got, recorded in crc_mismatches(blk, mid, crcs):
+                path = paths[src[k]]
+                raise data_error(
+                    path, index_path_for(path), keys[b], blk.exts[int(ext[k])], of[k], got, recorded
                 )
+        return blk
 
     def _fetch(
         self,
@@ -1517,11 +1528,10 @@ class ShardSet:
         if src.zero_copy:  # mapped, but more shards than may stay open: copy the members out
             mm = r._mm
             assert mm is not None
-            parts = [mm[a : a + n] for a, n in zip(toff.tolist(), size.tolist(), strict=True)]
-            at = np.zeros(len(size), np.int64)
-            np.cumsum(size[:-1], out=at[1:])
-            offset[pos] = at
-            return b"".join(parts)
+            buf, offset[pos] = _joined(
+                [mm[a : a + n] for a, n in zip(toff.tolist(), size.tolist(), strict=True)]
+            )
+            return buf
         if skipped:
             k = np.asarray(skipped, np.int64).reshape(-1, 2)
             all_off = np.concatenate([toff, k[:, 0]])

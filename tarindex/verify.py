@@ -11,7 +11,6 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +30,7 @@ from .format.spec import (
     XHDTYPE,
 )
 from .format.tar import checksum_ok, header_checksums, header_name, parse_number
-from .reader import ShardReader
+from .reader import ShardReader, crc_mismatches
 from .scan import scan_members
 
 __all__ = ["VerifyReport", "verify"]
@@ -145,22 +144,14 @@ def _check_data(r: ShardReader) -> None:
     step = 4096
     for j0 in range(0, r.n_samples, step):
         blk = r.read_block(j0, min(j0 + step, r.n_samples))
-        assert blk.offset is not None
         lo = int(r.index.sample_ptr[j0])
-        want = crc[lo : lo + len(blk.size)].tolist()
-        mp = blk.member_ptr.tolist()
-        with memoryview(blk.data[0]) as mv:
-            for b, (a, e) in enumerate(zip(mp[:-1], mp[1:], strict=True)):
-                for k in range(a, e):
-                    o, n = int(blk.offset[k]), int(blk.size[k])
-                    got = zlib.crc32(mv[o : o + n])
-                    if got != want[k]:
-                        n_bad += 1
-                        if len(bad) < _SHOWN:
-                            bad.append(
-                                f"byte {int(blk.tar_offset[k])}: {blk.keys[b]}.{r.exts[int(blk.ext_id[k])]} "
-                                f"crc32 0x{got:08x} != 0x{want[k]:08x}"
-                            )
+        for b, k, got, want in crc_mismatches(blk, range(lo, lo + len(blk.size)), [crc]):
+            n_bad += 1
+            if len(bad) < _SHOWN:
+                bad.append(
+                    f"byte {int(blk.tar_offset[k])}: {blk.keys[b]}.{r.exts[int(blk.ext_id[k])]} "
+                    f"crc32 0x{got:08x} != 0x{want:08x}"
+                )
     if n_bad:
         more = f" (and {n_bad - len(bad)} more)" if n_bad > len(bad) else ""
         raise ChecksumError(
