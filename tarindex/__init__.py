@@ -2,7 +2,7 @@
 
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
-    ShardWriter, build_index, scan, ShardReader, ShardSet,
+    ShardWriter, TarWriter, build_index, scan, ShardReader, ShardSet,
     TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched (need torch)
 """
 
@@ -34,7 +34,7 @@ from .indexfile import index_path_for
 from .reader import ShardReader, ShardSet
 from .scan import Members, scan
 from .sources import expand_source
-from .writer import ShardWriter
+from .writer import ShardWriter, TarWriter
 
 _TORCH_NAMES = {
     "TarDataset": "dataset",
@@ -47,6 +47,7 @@ _TORCH_NAMES = {
 __all__ = [
     "__version__",
     "ShardWriter",
+    "TarWriter",
     "build_index",
     "index_path_for",
     "scan",

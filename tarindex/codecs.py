@@ -1,4 +1,4 @@
-"""Encode values to member bytes (writer) and decode member bytes to values (readers), by extension.
+"""Decode member bytes to values (readers), by extension; encoding is :mod:`tarindex.encode`.
 
 The codec is chosen by the *last* dot-component of the extension (``"seg.png"`` -> ``png``),
 as webdataset does; a trailing ``.zst`` means zstandard-compressed bytes of the inner
@@ -55,7 +55,6 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "ZSTD_MAX_OUTPUT",
     "DecodeError",
-    "encode_value",
     "decode_value",
     "Decoder",
     "ExtDecoder",
@@ -113,55 +112,6 @@ def _last(ext: str) -> str:
     return ext.rsplit(".", 1)[-1].lower()
 
 
-def encode_value(ext: str, value: Any) -> bytes:
-    """Encode one sample value for extension ``ext`` (writer side).
-
-    bytes-like as is; ``str`` as UTF-8; ``int`` as decimal text; ``dict``/``list`` as JSON for
-    json extensions; numpy arrays as ``.npy`` (``np.save``, no pickle); PIL images encoded by
-    Pillow in the format the extension names (:data:`IMAGE_FORMATS`). A ``.zst`` suffix
-    compresses the encoded bytes.
-
-    Raises:
-        TypeError: If ``value`` has no encoding for ``ext`` (the message names both).
-    """
-    if ext.endswith(".zst") and ext.count(".") >= 1:
-        import zstandard
-
-        return zstandard.ZstdCompressor(level=3).compress(encode_value(ext[:-4], value))
-    last = _last(ext)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"extension {ext!r}: bool is ambiguous; pass int(value) or str(value)")
-    if isinstance(value, (int, np.integer)):
-        return str(int(value)).encode()
-    if last in _JSON_EXTS and isinstance(value, (dict, list, tuple, int, float)):
-        return json.dumps(value, ensure_ascii=False).encode("utf-8")
-    if isinstance(value, np.ndarray):
-        if last not in ("npy",):
-            raise TypeError(f"extension {ext!r}: numpy arrays are written as .npy; use ext 'npy'")
-        if value.dtype.hasobject:
-            raise TypeError(
-                f"extension {ext!r}: object arrays need pickle; convert the array first"
-            )
-        buf = io.BytesIO()
-        np.save(buf, value, allow_pickle=False)
-        return buf.getvalue()
-    if last in IMAGE_EXTS:
-        from PIL import Image
-
-        if isinstance(value, Image.Image):
-            buf = io.BytesIO()
-            value.save(buf, format=IMAGE_FORMATS[last])
-            return buf.getvalue()
-    raise TypeError(
-        f"extension {ext!r}: cannot encode a {type(value).__name__}; pass bytes, str, int, a "
-        f"dict/list for json, a numpy array for npy, or a PIL image for an image extension"
-    )
-
-
 # -- decoding -------------------------------------------------------------------------------
 
 
@@ -216,9 +166,16 @@ def _zstd_decode_error() -> type[DecodeError]:
 
 
 def __getattr__(name: str) -> Any:
-    """Resolve ``ZstdDecodeError`` lazily (it subclasses ``zstandard.ZstdError``)."""
+    """Resolve ``ZstdDecodeError`` lazily (it subclasses ``zstandard.ZstdError``).
+
+    ``encode_value`` is :func:`tarindex.encode.encode_value` (moved there; imported on use).
+    """
     if name == "ZstdDecodeError":
         return _zstd_decode_error()
+    if name == "encode_value":
+        from .encode import encode_value
+
+        return encode_value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import time
 import zlib
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._version import __version__
-from .codecs import encode_value
+from .encode import encode_value
 from .errors import WriterError
 from .format.group import group_members
 from .format.index import encode_index, fingerprint
@@ -21,9 +22,22 @@ from .format.spec import BLOCK, FINGERPRINT_BYTES, SHARD_ID_BYTES, USTAR_MAX_SIZ
 from .format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
 from .indexfile import index_path_for, temp_path_for, write_atomic
 
-__all__ = ["ShardWriter", "TarShardWriter", "check_pattern"]
+__all__ = ["ShardWriter", "TarWriter", "TarShardWriter", "check_pattern"]
 
 _RECORD = 20 * BLOCK  # GNU tar and Python tarfile pad archives to 10240-byte records
+
+
+# what an encoder raises for a value it cannot encode (json nested too deep: RecursionError;
+# pickle of a lambda: PicklingError; of a local object: AttributeError; pth/msgpack/cbor
+# without their package: ImportError)
+_ENCODE_ERRORS = (
+    TypeError,
+    ValueError,
+    RecursionError,
+    ImportError,
+    AttributeError,
+    pickle.PicklingError,
+)
 
 
 def _check_mtime(mtime: int | None) -> int:
@@ -360,7 +374,7 @@ class ShardWriter:
             single larger sample still goes in one shard, alone). Defaults to ``3e9``.
         start_shard: Number of the first shard. Defaults to ``0``.
         mtime: Integer mtime for every member header. Defaults to the time of construction.
-        encoder: ``(ext, value) -> bytes``. Defaults to :func:`tarindex.codecs.encode_value`.
+        encoder: ``(ext, value) -> bytes``. Defaults to :func:`tarindex.encode.encode_value`.
         durable: ``fsync`` every tar, index and the directory when a shard is finished, so
             finished shards survive a power loss. ``False`` for scratch data. Defaults to
             ``True``.
@@ -379,6 +393,8 @@ class ShardWriter:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
         ...     sink.write({"__key__": "00000001", "png": png_bytes, "cls": 3})
     """
+
+    _single_file = False  # TarWriter: the pattern is a path, '%' included
 
     def __init__(
         self,
@@ -406,7 +422,7 @@ class ShardWriter:
         self.shard = start_shard
         self.mtime = _check_mtime(mtime)
         # a bad pattern fails here, not after the first shard is written
-        self._has_field = check_pattern(self.pattern, start_shard)
+        self._has_field = False if self._single_file else check_pattern(self.pattern, start_shard)
         self.encoder = encoder
         self.durable = durable
         self.seed = seed
@@ -456,8 +472,8 @@ class ShardWriter:
             try:
                 check_ext(ext)
                 data = self.encoder(ext, value)
-            except (TypeError, ValueError, RecursionError) as e:  # deep json nests: RecursionError
-                raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from None
+            except _ENCODE_ERRORS as e:
+                raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from e
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise WriterError(
                     f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, not bytes"
@@ -531,3 +547,27 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+_UNBOUNDED = 1 << 62
+
+
+class TarWriter(ShardWriter):
+    """Write one tar and its index: webdataset's ``TarWriter("mnist.tar")``, with no numbering.
+
+    A :class:`ShardWriter` whose pattern is the path itself (a ``%`` in it is a literal
+    character) and whose shard never fills: every sample goes into ``path``. Same
+    :meth:`write`, atomic close and pattern lock; the keyword arguments are
+    :class:`ShardWriter`'s (``encoder``, ``mtime``, ``durable``, ``seed``, ``compress``, ...).
+    Unlike webdataset's, it takes a path, not an open stream (the index and the atomic rename
+    need one).
+
+    Example:
+        >>> with TarWriter("mnist.tar") as sink:  # doctest: +SKIP
+        ...     sink.write({"__key__": "sample000000", "input.pyd": image, "output.pyd": 5})
+    """
+
+    _single_file = True
+
+    def __init__(self, path: str | os.PathLike[str], **kw: Any) -> None:
+        super().__init__(path, maxcount=_UNBOUNDED, maxsize=float(_UNBOUNDED), **kw)

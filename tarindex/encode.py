@@ -1,0 +1,265 @@
+"""Encode sample values to member bytes by extension: the writer's side of :mod:`tarindex.codecs`.
+
+The encoder is chosen by the *last* dot-component of the extension (``"seg.png"`` -> ``png``),
+symmetric with the decoders of :mod:`tarindex.codecs` and with webdataset's writer
+(``webdataset/writer.py``, ``make_handlers``), so ``decode(encode(x))`` gives ``x`` back:
+
+=====================================  ====================================================
+extension (last component)             value -> bytes
+=====================================  ====================================================
+any                                    ``bytes``/``bytearray``/``memoryview``: as they are
+``pyd`` ``pickle`` ``pkl``             anything else: ``pickle.dumps`` (reading it back is
+                                       opt-in: ``allow_pickle=True``)
+``pth``                                anything else: ``torch.save`` (needs torch)
+``msgpack`` ``mp`` ``msg``             anything else: ``msgpack.packb`` (needs msgpack)
+``cbor``                               anything else: ``cbor2.dumps`` (needs cbor2)
+``json`` ``jsn``                       ``dict``/``list``/``tuple``/numbers/``bool``/``None``:
+                                       ``json.dumps`` (UTF-8, ``ensure_ascii=False``)
+``npy``                                a numpy array or scalar: ``np.save`` (no pickle)
+``npz``                                a ``dict`` of arrays: ``np.savez_compressed``
+image extensions (:data:`IMAGE_FORMATS`)  a PIL image, or a ``uint8`` array ``(H, W)``,
+                                       ``(H, W, 1|3|4)`` (float arrays in ``[0, 1]`` are
+                                       scaled to ``uint8`` as webdataset does), saved by
+                                       Pillow in the format the extension names
+any other                              ``str``: UTF-8; ``int``: decimal text (``cls``)
+=====================================  ====================================================
+
+A trailing ``.zst`` (``"json.zst"``) zstd-compresses the encoded bytes of the inner extension
+(:func:`zstd_compress`); :class:`tarindex.ShardWriter` does that itself, with the shard's
+trained dictionary when it has one (docs/FORMAT.md §7).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from typing import Any
+
+import numpy as np
+
+from .codecs import IMAGE_FORMATS
+
+__all__ = [
+    "JPEG_QUALITY",
+    "PICKLE_EXTS",
+    "SERIALIZER_EXTS",
+    "encode_value",
+    "zstd_compress",
+    "image_from_array",
+]
+
+JPEG_QUALITY = 95
+"""Default JPEG/WebP quality (Pillow's 1-100 scale). webdataset's writer uses 100 for JPEG;
+Pillow's own default is 75. Pass ``encode_value(..., quality=N)`` (e.g. through
+``functools.partial`` as a writer's ``encoder``) for another."""
+
+PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl"})
+_TORCH_EXTS = frozenset({"pth"})
+_MSGPACK_EXTS = frozenset({"msgpack", "mp", "msg"})
+_CBOR_EXTS = frozenset({"cbor"})
+SERIALIZER_EXTS = PICKLE_EXTS | _TORCH_EXTS | _MSGPACK_EXTS | _CBOR_EXTS
+"""Extensions whose encoder serializes any value (``str`` and ``int`` too); bytes stay as is."""
+_JSON_EXTS = frozenset({"json", "jsn"})
+
+
+def _last(ext: str) -> str:
+    return ext.rsplit(".", 1)[-1].lower()
+
+
+def _need(package: str, ext: str, pip: str | None = None) -> Any:
+    """Import ``package`` for extension ``ext``, or say which package to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"extension {ext!r} is encoded with the {package!r} package, which is not "
+            f"installed: pip install {pip or package}",
+            name=package,
+        ) from e
+
+
+def zstd_compress(data: bytes, level: int = 3, zstd_dict: Any = None) -> bytes:
+    """Compress ``data`` into one zstd frame that records its content size.
+
+    Args:
+        data: The encoded member.
+        level: zstd level (1-22; negative levels are faster). Defaults to ``3``.
+        zstd_dict: A ``zstandard.ZstdCompressionDict`` (the shard's trained dictionary,
+            docs/FORMAT.md §7), or ``None``. Defaults to ``None``.
+
+    Returns:
+        The frame; its header holds the decompressed size (so a reader charges it to the
+        sample's decompression budget before allocating) and the dictionary's id.
+    """
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=level, dict_data=zstd_dict, write_content_size=True)
+    return cctx.compress(data)
+
+
+def image_from_array(ext: str, value: np.ndarray[Any, Any]) -> Any:
+    """A ``PIL.Image`` from a ``uint8`` array ``(H, W)`` or ``(H, W, C)``, ``C`` in 1, 3, 4.
+
+    ``float32``/``float64`` arrays with values in ``[0, 1]`` are scaled by 255 and truncated
+    to ``uint8``, as webdataset's ``imageencoder`` does.
+
+    Raises:
+        TypeError: Another dtype or shape, or floats outside ``[0, 1]`` (the message names
+            ``ext`` and what was given).
+    """
+    from PIL import Image
+
+    a = value
+    if a.dtype in (np.float32, np.float64):
+        if a.size and (float(np.amin(a)) <= -0.001 or float(np.amax(a)) >= 1.001):
+            raise TypeError(
+                f"extension {ext!r}: float image values must lie in [0, 1], got "
+                f"[{float(np.amin(a))}, {float(np.amax(a))}]; pass uint8 pixels instead"
+            )
+        a = (np.clip(a, 0.0, 1.0) * 255.0).astype(np.uint8)
+    if a.dtype != np.uint8:
+        raise TypeError(
+            f"extension {ext!r}: image arrays must be uint8 (or float in [0, 1]), got "
+            f"{a.dtype}; convert with arr.astype(np.uint8) after scaling to 0..255"
+        )
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] in (3, 4))):
+        raise TypeError(
+            f"extension {ext!r}: image arrays are (H, W) or (H, W, C) with C in 1, 3, 4, got "
+            f"shape {a.shape}; a CHW tensor becomes HWC with .permute(1, 2, 0)"
+        )
+    mode = "L" if a.ndim == 2 else ("RGB" if a.shape[2] == 3 else "RGBA")
+    return Image.fromarray(np.ascontiguousarray(a), mode)
+
+
+def _encode_image(ext: str, last: str, value: Any, quality: int) -> bytes | None:
+    from PIL import Image
+
+    if isinstance(value, np.ndarray):
+        img = image_from_array(ext, value)
+    elif isinstance(value, Image.Image):
+        img = value
+    else:
+        return None
+    fmt = IMAGE_FORMATS[last]
+    opts: dict[str, Any] = {}
+    if fmt in ("JPEG", "WEBP"):
+        opts["quality"] = quality
+        if img.mode not in ("RGB", "L", "CMYK") and fmt == "JPEG":
+            raise TypeError(
+                f"extension {ext!r}: JPEG cannot store a {img.mode} image; convert it first "
+                f"(img.convert('RGB')) or use png/webp"
+            )
+    elif fmt == "PPM" and img.mode not in ("1", "L", "RGB", "I"):
+        raise TypeError(
+            f"extension {ext!r}: PPM/PGM cannot store a {img.mode} image; convert it first "
+            f"(img.convert('RGB') or 'L') or use png"
+        )
+    buf = io.BytesIO()
+    try:
+        img.save(buf, format=fmt, **opts)
+    except OSError as e:  # "cannot write mode RGBA as JPEG" and the like
+        raise TypeError(f"extension {ext!r}: Pillow cannot save this image as {fmt}: {e}") from e
+    return buf.getvalue()
+
+
+def _encode_npy(ext: str, value: Any) -> bytes:
+    a = np.asarray(value)
+    if a.dtype.hasobject:
+        raise TypeError(
+            f"extension {ext!r}: object arrays need pickle (readers load .npy without it); "
+            f"convert the array, or store it under 'pyd'"
+        )
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _encode_npz(ext: str, value: Any) -> bytes:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError(
+            f"extension {ext!r}: .npz takes a dict of str -> numpy array, got a "
+            f"{type(value).__name__}"
+        )
+    arrays = {k: np.asarray(v) for k, v in value.items()}
+    for k, a in arrays.items():
+        if a.dtype.hasobject:
+            raise TypeError(f"extension {ext!r}: entry {k!r} is an object array (needs pickle)")
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def _serialize(ext: str, last: str, value: Any) -> bytes:
+    if last in PICKLE_EXTS:
+        return pickle.dumps(value)
+    if last in _TORCH_EXTS:
+        torch = _need("torch", ext)
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        return buf.getvalue()
+    if last in _MSGPACK_EXTS:
+        out: bytes = _need("msgpack", ext).packb(value, use_bin_type=True)
+        return out
+    cbor: bytes = _need("cbor2", ext).dumps(value)
+    return cbor
+
+
+def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
+    """Encode one sample value for extension ``ext`` (writer side); see the module table.
+
+    Args:
+        ext: The member's extension (``"png"``, ``"input.pyd"``, ``"json.zst"`` ...).
+        value: The value.
+        quality: JPEG/WebP quality, 1-100. Defaults to :data:`JPEG_QUALITY` (95).
+
+    Returns:
+        The member's bytes.
+
+    Raises:
+        TypeError: ``value`` has no encoding for ``ext`` (the message names both and what to
+            pass), e.g. a ``bool`` outside json/serializer extensions (ambiguous), an object
+            array for ``npy``, a CHW or ``int64`` array for an image extension.
+        ModuleNotFoundError: ``pth``, ``msgpack`` or ``cbor`` without torch, msgpack or cbor2
+            installed (the message names the package to install).
+    """
+    if ext.endswith(".zst") and len(ext) > 4:
+        return zstd_compress(encode_value(ext[:-4], value, quality=quality))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    last = _last(ext)
+    if last in SERIALIZER_EXTS:
+        return _serialize(ext, last, value)
+    if last in _JSON_EXTS and not isinstance(value, str):
+        if isinstance(value, (dict, list, tuple, int, float, bool, type(None))):
+            return json.dumps(value, ensure_ascii=False).encode("utf-8")
+        if isinstance(value, np.generic):
+            return json.dumps(value.item(), ensure_ascii=False).encode("utf-8")
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"extension {ext!r}: bool is ambiguous; pass int(value) or str(value)")
+    if isinstance(value, (int, np.integer)):
+        return str(int(value)).encode()
+    if last == "npy" and isinstance(value, (np.ndarray, np.generic)):
+        return _encode_npy(ext, value)
+    if last == "npz":
+        return _encode_npz(ext, value)
+    if last in IMAGE_FORMATS:
+        data = _encode_image(ext, last, value, quality)
+        if data is not None:
+            return data
+    if isinstance(value, np.ndarray):
+        raise TypeError(
+            f"extension {ext!r}: numpy arrays are written as npy, npz (a dict of arrays), an "
+            f"image extension (uint8 (H, W[, C])) or pyd; use one of those"
+        )
+    raise TypeError(
+        f"extension {ext!r}: cannot encode a {type(value).__name__}; pass bytes, str, int, a "
+        f"dict/list for json, a numpy array for npy, a PIL image or uint8 array for an image "
+        f"extension, or any object for pyd/pickle/pth/msgpack/cbor"
+    )
