@@ -5,6 +5,13 @@ as webdataset does; a trailing ``.zst`` means zstandard-compressed bytes of the 
 extension (``"npy.zst"``). Images go through Pillow. Unpickling (``pickle``, ``pyd``) happens
 only with ``allow_pickle=True``: pickle runs arbitrary code.
 
+**Decoding the webdataset way** (docs/DECODING.md): ``decode=`` takes webdataset's image
+specs (:data:`IMAGE_SPECS`: ``"rgb8"``, ``"rgb"``, ``"torchrgb8"``, ``"pil"``, ...), handlers
+``f(key, data)`` called with ``key = "." + extension`` (``None``: not mine, try the next), dicts
+``{extension: f(data)}`` and lists of those, tried in order before the built-in decoders of
+:func:`decode_value`; see :func:`make_decoder`. torch is imported only when a ``torch*`` spec
+or a ``.pth`` member is decoded, so ``import tarindex`` works without it.
+
 **Hostile members.** Member bytes are untrusted, and decoding stays bounded:
 
 - An image member is opened only as the Pillow format its extension names
@@ -52,12 +59,17 @@ __all__ = [
     "IMAGE_EXTS",
     "IMAGE_FORMATS",
     "IMAGE_MODES",
+    "IMAGE_SPECS",
     "MAX_IMAGE_PIXELS",
     "ZSTD_MAX_OUTPUT",
     "DecodeError",
     "decode_value",
     "Decoder",
+    "DecodeSpec",
     "ExtDecoder",
+    "ExtTable",
+    "Handler",
+    "is_handler",
     "make_decoder",
 ]
 
@@ -79,11 +91,42 @@ IMAGE_FORMATS: Mapping[str, str] = MappingProxyType(
 )
 """Image extension -> the one Pillow format a member with it is written and opened as."""
 IMAGE_EXTS = frozenset(IMAGE_FORMATS)
-_INT_EXTS = frozenset({"cls", "cls2", "index", "idx", "id", "label"})
-_TEXT_EXTS = frozenset({"txt", "text", "caption"})
+_INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id", "idx", "label"})
+_TEXT_EXTS = frozenset({"txt", "text", "transcript", "caption"})
 _JSON_EXTS = frozenset({"json", "jsn"})
 _PICKLE_EXTS = frozenset({"pickle", "pyd", "pkl"})
-IMAGE_MODES = ("pil", "rgb8", "l8")
+_MSGPACK_EXTS = frozenset({"mp", "msg", "msgpack"})
+_CBOR_EXTS = frozenset({"cbor"})
+IMAGE_SPECS: Mapping[str, tuple[str, str, str]] = MappingProxyType(
+    {
+        "l8": ("numpy", "uint8", "L"),
+        "rgb8": ("numpy", "uint8", "RGB"),
+        "rgba8": ("numpy", "uint8", "RGBA"),
+        "l": ("numpy", "float32", "L"),
+        "rgb": ("numpy", "float32", "RGB"),
+        "rgba": ("numpy", "float32", "RGBA"),
+        "torchl8": ("torch", "uint8", "L"),
+        "torchrgb8": ("torch", "uint8", "RGB"),
+        "torchrgba8": ("torch", "uint8", "RGBA"),
+        "torchl": ("torch", "float32", "L"),
+        "torchrgb": ("torch", "float32", "RGB"),
+        "torch": ("torch", "float32", "RGB"),
+        "torchrgba": ("torch", "float32", "RGBA"),
+        "pill": ("pil", "", "L"),
+        "pil": ("pil", "", "RGB"),
+        "pilrgb": ("pil", "", "RGB"),
+        "pilrgba": ("pil", "", "RGBA"),
+    }
+)
+"""webdataset's image specs (``webdataset.autodecode.imagespecs``): spec -> (kind, dtype, mode).
+
+The image is converted to ``mode`` with Pillow (``L``: ITU-R 601-2 luma), then: ``numpy``
+gives an array ``(H, W)`` for ``L`` or ``(H, W, C)``; ``torch`` a tensor ``(H, W)`` for
+``L`` or ``(C, H, W)``, contiguous; ``uint8`` keeps ``0..255``, ``float32`` is the ``uint8``
+value divided by 255 (in ``[0, 1]``); ``pil`` a loaded ``PIL.Image.Image`` in ``mode``. Equal
+to webdataset's output element for element (``tests/test_decode_webdataset.py``).
+"""
+IMAGE_MODES = tuple(IMAGE_SPECS)
 MAX_IMAGE_PIXELS = 1 << 25
 """Largest image decoded, in pixels (``width * height``): 33,554,432, e.g. 8192 x 4096.
 
@@ -248,9 +291,24 @@ def _npz(data: bytes, allow_pickle: bool, budget: _Budget) -> dict[str, Any]:
     return out
 
 
-def _image(last: str, data: bytes, image: str, max_pixels: int) -> Any:
-    if image == "raw":
-        return data
+def _import(module: str, what: str) -> Any:
+    """Import an optional package for decoding ``what``, or refuse naming the package."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise _Refused(
+            f"decoding {what} needs the {_PIP.get(module, module)!r} package, which is not "
+            f"installed: pip install {_PIP.get(module, module)}"
+        ) from e
+
+
+_PIP = {"cbor2": "cbor2", "msgpack": "msgpack", "torch": "torch"}
+
+
+def _open_image(last: str, data: bytes, max_pixels: int) -> Any:
+    """Open ``data`` as the one Pillow format ``last`` names, refuse it past ``max_pixels``, load."""
     from PIL import Image, UnidentifiedImageError
 
     fmt = IMAGE_FORMATS[last]
@@ -275,25 +333,47 @@ def _image(last: str, data: bytes, image: str, max_pixels: int) -> Any:
             f"tarindex.codecs.ExtDecoder(mode, max_image_pixels=N)"
         )
     img.load()
-    if image == "pil":
+    return img
+
+
+def _image(last: str, data: bytes, spec: str, max_pixels: int) -> Any:
+    """Decode an image member as ``spec`` says (:data:`IMAGE_SPECS`; ``"raw"``: bytes)."""
+    if spec == "raw":
+        return data
+    kind, dtype, mode = IMAGE_SPECS[spec]
+    img = _open_image(last, data, max_pixels)
+    if img.mode != mode:  # else no convert() copy; the source is freed once converted
+        img = img.convert(mode)
+    if kind == "pil":
         return img
-    want = "RGB" if image == "rgb8" else "L"
-    pixels: Image.Image = img
+    arr = np.array(img)  # (H, W) or (H, W, C) uint8, a writable copy (torch warns on read-only)
     del img
-    if pixels.mode != want:  # else no convert() copy; the source is freed once converted
-        pixels = pixels.convert(want)
-    return np.array(pixels)  # a writable copy: torch warns on read-only arrays
+    if kind == "numpy":
+        # one pass, rounded as webdataset's astype(float32) / 255.0 (IEEE division, float32)
+        return arr if dtype == "uint8" else np.divide(arr, _F255, dtype=np.float32)
+    torch = _import("torch", f"the image spec {spec!r}")
+    if arr.ndim == 3:  # HWC -> CHW, contiguous
+        chw = np.empty((arr.shape[2], arr.shape[0], arr.shape[1]), np.dtype(dtype))
+        if dtype == "uint8":
+            np.copyto(chw, arr.transpose(2, 0, 1))
+        else:
+            np.divide(arr.transpose(2, 0, 1), _F255, out=chw)
+        arr = chw
+    elif dtype != "uint8":
+        arr = np.divide(arr, _F255, dtype=np.float32)
+    return torch.from_numpy(arr)
 
 
-def _decode(
-    ext: str, data: bytes, image: str, allow_pickle: bool, max_pixels: int, budget: _Budget
-) -> Any:
-    if ext.endswith(".zst"):
-        inner = _unzstd(data, budget)
-        return _decode(ext[:-4], inner, image, allow_pickle, max_pixels, budget)
-    last = _last(ext)
-    if last in IMAGE_EXTS:
-        return _image(last, data, image, max_pixels)
+_F255 = np.float32(255)
+
+
+def _torch_load(data: bytes, allow_pickle: bool) -> Any:
+    torch = _import("torch", "a .pth member")
+    return torch.load(io.BytesIO(data), weights_only=not allow_pickle, map_location="cpu")
+
+
+def _builtin(last: str, data: bytes, allow_pickle: bool, budget: _Budget) -> Any:
+    """The built-in decoder of extension ``last`` (webdataset's ``basichandlers``); else bytes."""
     if last in _INT_EXTS:
         return int(data)
     if last in _TEXT_EXTS:
@@ -304,10 +384,18 @@ def _decode(
         return _npy(data, allow_pickle)
     if last == "npz":
         return _npz(data, allow_pickle, budget)
-    if last in _PICKLE_EXTS and allow_pickle:
+    if last in _PICKLE_EXTS:
+        if not allow_pickle:
+            return data
         import pickle
 
         return pickle.loads(data)
+    if last == "pth":
+        return _torch_load(data, allow_pickle)
+    if last in _MSGPACK_EXTS:
+        return _import("msgpack", f"a .{last} member").unpackb(data)
+    if last in _CBOR_EXTS:
+        return _import("cbor2", f"a .{last} member").loads(data)
     return data
 
 
@@ -325,22 +413,205 @@ def _kind(ext: str) -> str:
         return "JSON"
     if last in ("npy", "npz"):
         return f"a .{last} file"
+    if last == "pth":
+        return "a torch.save file"
+    if last in _MSGPACK_EXTS:
+        return "msgpack"
+    if last in _CBOR_EXTS:
+        return "CBOR"
     return "a pickle" if last in _PICKLE_EXTS else "bytes"
+
+
+# -- handlers -------------------------------------------------------------------------------
+
+Handler = Callable[[str, bytes], Any]
+"""A webdataset-style member decoder ``f(key, data) -> value | None``.
+
+``key`` is a dot plus the member's extension (``".jpg"``, ``".seg.png"``; for ``EXT.zst``
+members the inner ``".EXT"``, with ``data`` already decompressed); ``None`` means "not mine,
+try the next handler".
+"""
+
+DecodeSpec = Any
+"""What ``decode=`` takes; see :func:`make_decoder`."""
+
+
+class ExtTable:
+    """Picklable handler made of a dict ``{extension: f(data) -> value}``.
+
+    Each extension (case-insensitive; ``"jpg jpeg"`` lists several; a leading dot is ignored)
+    matches a member whose extension ends with those dot-components, as webdataset's
+    ``handle_extension`` does: ``"jpg"`` matches ``x.jpg`` and ``x.seg.jpg``, ``"seg.jpg"``
+    only the latter. The first matching entry (in dict order) is called with the bytes; a
+    ``None`` result passes the member on to the next handler.
+
+    Raises:
+        ValueError: An extension that is not a non-empty string, or a value not callable.
+    """
+
+    def __init__(self, table: Mapping[str, Callable[[bytes], Any]]) -> None:
+        rows: list[tuple[tuple[str, ...], Callable[[bytes], Any]]] = []
+        for exts, f in table.items():
+            if not isinstance(exts, str) or not exts.strip():
+                raise ValueError(f"decode={{{exts!r}: ...}}: expected an extension string")
+            if not callable(f):
+                raise ValueError(f"decode={{{exts!r}: {f!r}}}: expected a callable f(data)")
+            for ext in exts.lower().split():
+                rows.append((tuple(ext.lstrip(".").split(".")), f))
+        self.rows = tuple(rows)
+
+    def __call__(self, key: str, data: bytes) -> Any:
+        """Decode with the first entry matching ``key`` (``".seg.jpg"``), else ``None``."""
+        parts = key.lower().split(".")
+        for target, f in self.rows:
+            if len(target) < len(parts) and tuple(parts[-len(target) :]) == target:
+                return f(data)
+        return None
+
+    def __repr__(self) -> str:
+        return "ExtTable({" + ", ".join(f"{'.'.join(t)!r}: {f!r}" for t, f in self.rows) + "})"
+
+
+def _positional(f: Callable[..., Any]) -> tuple[int, int] | None:
+    """``(required, most)`` positional parameters of ``f`` (``most`` -1: ``*args``), or None."""
+    import inspect
+
+    try:
+        sig = inspect.signature(f)
+    except (TypeError, ValueError):
+        return None
+    req = most = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            most += 1
+            req += p.default is p.empty
+        elif p.kind is p.VAR_POSITIONAL:
+            most = -1 if most >= 0 else most
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            return None  # callable by nobody without that keyword
+    return req, most
+
+
+def _takes(f: Callable[..., Any], n: int) -> bool | None:
+    got = _positional(f)
+    if got is None:
+        return None
+    req, most = got
+    return req <= n and (most < 0 or most >= n)
+
+
+def is_handler(f: Callable[..., Any]) -> bool:
+    """Tell a ``(key, data)`` handler from a ``sample -> sample`` function, by its signature.
+
+    The number of *required* positional parameters decides: two (``def f(key, data)``,
+    webdataset's handlers and ``ImageHandler`` objects) make a handler, one (``def
+    f(sample)``, ``def f(sample, size=224)``, :class:`ExtDecoder`) a sample function. Put a
+    callable in a list (``decode=[f]``) to have it taken as a handler whatever its signature.
+
+    Raises:
+        ValueError: Any other signature (``def f(*args)``, ``def f(a, b, c)``, a builtin
+            without one); the message says how to choose.
+    """
+    got = _positional(f)
+    if got is not None and got[0] in (1, 2) and _takes(f, got[0]):
+        return got[0] == 2
+    raise ValueError(
+        f"decode={f!r}: cannot tell from its signature whether it decodes members, "
+        f"f(key, data) -> value or None, or whole samples, f(sample) -> sample; pass "
+        f"decode=[f] for a (key, data) handler, or transform=f for a sample function"
+    )
+
+
+def _steps(decode: Any) -> tuple[Any, ...]:
+    """Normalise ``decode`` to a tuple of steps: spec strings, handlers, :class:`ExtTable`."""
+    items = list(decode) if isinstance(decode, (list, tuple)) else [decode]
+    out: list[Any] = []
+    for d in items:
+        if isinstance(d, str):
+            _check_mode(d)
+            if IMAGE_SPECS.get(d, ("",))[0] == "torch":
+                _need_torch(d)
+            out.append(d)
+        elif isinstance(d, Mapping):
+            out.append(ExtTable(d))
+        elif callable(d):
+            if _takes(d, 2) is False:
+                raise ValueError(
+                    f"decode=[..., {d!r}, ...]: a handler in a list is called as f(key, data), "
+                    f"and this one cannot take two arguments; pass a sample function as "
+                    f"transform= instead"
+                )
+            out.append(d)
+        else:
+            raise ValueError(
+                f"decode=[..., {d!r}, ...]: expected image specs (e.g. 'rgb8'), handlers "
+                f"f(key, data) or dicts {{extension: f(data)}}"
+            )
+    return tuple(out)
+
+
+def _need_torch(spec: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError(
+            f"decode spec {spec!r} makes torch tensors, and torch is not installed: "
+            f"pip install torch (or use the numpy spec {spec[5:] or 'rgb'!r})"
+        )
+
+
+class _HandlerFailed(Exception):
+    def __init__(self, handler: Any, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.handler, self.exc = handler, exc
+
+
+def _name(f: Any) -> str:
+    return str(getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or repr(f))
+
+
+def _run(
+    ext: str,
+    data: bytes,
+    steps: tuple[Any, ...],
+    allow_pickle: bool,
+    max_pixels: int,
+    budget: _Budget,
+) -> Any:
+    """Decode one member: unwrap ``.zst``, the steps in order, then the built-ins."""
+    while ext.endswith(".zst"):
+        data = _unzstd(data, budget)
+        ext = ext[:-4]
+    last = _last(ext)
+    for step in steps:
+        if step.__class__ is str:
+            if last in IMAGE_EXTS:
+                return _image(last, data, step, max_pixels)
+            continue
+        try:
+            out = step("." + ext, data)
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise _HandlerFailed(step, e) from e
+        if out is not None:
+            return out
+    return _builtin(last, data, allow_pickle, budget)
 
 
 def _decode_member(
     ext: str,
     data: bytes,
-    image: str,
+    steps: tuple[Any, ...],
     allow_pickle: bool,
     max_pixels: int,
     budget: _Budget,
     shard: str | None,
     key: str | None,
 ) -> Any:
-    """:func:`_decode`, every failure but MemoryError raised as a DecodeError naming the member."""
+    """:func:`_run`, every failure but MemoryError raised as a DecodeError naming the member."""
     try:
-        return _decode(ext, data, image, allow_pickle, max_pixels, budget)
+        return _run(ext, data, steps, allow_pickle, max_pixels, budget)
     except MemoryError:
         raise
     except Exception as e:
@@ -351,22 +622,28 @@ def _decode_member(
         if isinstance(e, _Refused):
             cls = _zstd_decode_error() if e.zstd else DecodeError
             raise cls(f"{where}extension {ext!r}: {e}") from e.__cause__
-        if zs is not None and isinstance(e, zs.ZstdError):
-            cls, kind = _zstd_decode_error(), "zstandard data"
+        if isinstance(e, _HandlerFailed):
+            cause: Exception = e.exc
+            cls, head = DecodeError, f"handler {_name(e.handler)} failed on {len(data)} bytes"
         else:
-            cls, kind = DecodeError, _kind(ext)
-        msg = str(e)
+            cause = e
+            if zs is not None and isinstance(e, zs.ZstdError):
+                cls, kind = _zstd_decode_error(), "zstandard data"
+            else:
+                cls, kind = DecodeError, _kind(ext)
+            head = f"cannot decode {len(data)} bytes as {kind}"
+        msg = str(cause)
         if len(msg) > 300:
             msg = msg[:300] + "..."
-        raise cls(
-            f"{where}extension {ext!r}: cannot decode {len(data)} bytes as {kind}: "
-            f"{type(e).__name__}: {msg}"
-        ) from e
+        raise cls(f"{where}extension {ext!r}: {head}: {type(cause).__name__}: {msg}") from cause
 
 
 def _check_mode(image: str) -> None:
-    if image not in IMAGE_MODES and image != "raw":
-        raise ValueError(f"image mode {image!r}: expected one of pil, rgb8, l8, raw")
+    if image not in IMAGE_SPECS and image != "raw":
+        raise ValueError(
+            f"image mode {image!r}: expected one of {', '.join(IMAGE_SPECS)} or raw "
+            f"(webdataset's image specs)"
+        )
 
 
 def _bound(name: str, value: int, low: int) -> int:
@@ -391,11 +668,13 @@ def decode_value(
     Args:
         ext: The member's extension (``"png"``, ``"seg.png"``, ``"npy.zst"`` ...).
         data: The member's bytes.
-        image: ``"pil"`` (a loaded ``PIL.Image.Image``), ``"rgb8"`` (``uint8`` array of shape
-            ``(H, W, 3)``), ``"l8"`` (``uint8`` array of shape ``(H, W)``) or ``"raw"`` (bytes).
-            Defaults to ``"pil"``.
-        allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members. Defaults to ``False``
-            (left as bytes), because unpickling runs code from the file.
+        image: An image spec of :data:`IMAGE_SPECS` (webdataset's: ``"rgb8"`` is a ``uint8``
+            array ``(H, W, 3)``, ``"rgb"`` a ``float32`` one in ``[0, 1]``, ``"torchrgb8"`` a
+            ``uint8`` tensor ``(3, H, W)``, ``"pil"`` a loaded RGB ``PIL.Image.Image``, ...)
+            or ``"raw"`` (images stay bytes). Defaults to ``"pil"``.
+        allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members (else they stay bytes) and
+            load ``pth`` with ``torch.load(weights_only=False)`` (else ``weights_only=True``).
+            Defaults to ``False``, because unpickling runs code from the file.
         max_image_pixels: Largest image decoded, in pixels (``width * height``), ``>= 1``.
             Defaults to :data:`MAX_IMAGE_PIXELS` (``2**25``), read at this call.
         max_decompressed_bytes: Bytes the ``.zst`` frames and ``.npz`` entries of this member
@@ -406,19 +685,21 @@ def decode_value(
 
     Returns:
         ``int`` for ``cls``-like extensions, ``str`` for ``txt``, objects for ``json``,
-        ``numpy.ndarray`` for ``npy``, a ``dict`` of arrays (bytes for non-``.npy`` entries)
-        for ``npz``, images as asked; other extensions stay bytes.
+        ``msgpack`` and ``cbor``, ``numpy.ndarray`` for ``npy``, a ``dict`` of arrays (bytes
+        for non-``.npy`` entries) for ``npz``, ``torch.load``'s result for ``pth``, images as
+        ``image`` says; other extensions stay bytes (see docs/DECODING.md for the table).
 
     Raises:
         DecodeError: The bytes do not decode as ``ext`` says (bad integer, UTF-8, JSON,
             nesting too deep for the JSON parser, ``.npy``/``.npz``, pickle); an image that is
             not in the format its extension names (:data:`IMAGE_FORMATS`) or has more than
             ``max_image_pixels`` pixels; a ``.npy`` header declaring more data than the member
-            holds; ``.zst`` or ``.npz`` output over ``max_decompressed_bytes``. The message
-            names ``shard``, ``key`` and ``ext``; the decoder's exception is ``__cause__``.
-            Zstandard failures raise ``ZstdDecodeError``, a subclass that is also a
-            ``zstandard.ZstdError``.
-        ValueError: An unknown ``image`` mode, or a bound below its minimum.
+            holds; ``.zst`` or ``.npz`` output over ``max_decompressed_bytes``; a package
+            needed for the extension (``torch``, ``msgpack``, ``cbor2``) not installed. The
+            message names ``shard``, ``key`` and ``ext``; the decoder's exception is
+            ``__cause__``. Zstandard failures raise ``ZstdDecodeError``, a subclass that is
+            also a ``zstandard.ZstdError``.
+        ValueError: An unknown ``image`` spec, or a bound below its minimum.
         MemoryError: Passed through unchanged.
     """
     _check_mode(image)
@@ -427,46 +708,70 @@ def decode_value(
     )
     limit = ZSTD_MAX_OUTPUT if max_decompressed_bytes is None else max_decompressed_bytes
     limit = _bound("max_decompressed_bytes", limit, 0)
-    return _decode_member(ext, data, image, allow_pickle, pixels, _Budget(limit), shard, key)
+    return _decode_member(ext, data, (image,), allow_pickle, pixels, _Budget(limit), shard, key)
 
 
 Decoder = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def make_decoder(decode: None | str | bool | Decoder, allow_pickle: bool = False) -> Decoder | None:
+def make_decoder(decode: DecodeSpec, allow_pickle: bool = False) -> Decoder | None:
     """Return a function that decodes a sample dict in place, or None for raw bytes.
 
+    ``decode`` is what the datasets' ``decode=`` takes, webdataset's ``.decode(...)``
+    arguments one for one:
+
+    - ``None``, ``False``, ``"raw"``: no decoding (``bytes``).
+    - an image spec of :data:`IMAGE_SPECS` (``"rgb8"``, ``"rgb"``, ``"torchrgb8"``, ``"pil"``,
+      ...): images decoded so, every other member by the built-in decoder of its extension;
+      ``True`` is ``"pil"``.
+    - a handler ``f(key, data)`` (two required positional parameters): called first for each
+      member with ``key`` = ``"." + extension`` (``".jpg"``); ``None`` means "not mine", and
+      the built-ins come last (images stay bytes unless a spec or handler decodes them).
+    - a dict ``{extension: f(data)}`` (:class:`ExtTable`).
+    - a list (or tuple) of the three above, tried in order, then the built-ins; a callable in
+      a list is always a handler.
+    - a sample function ``f(sample) -> sample`` (one required positional parameter, e.g. an
+      :class:`ExtDecoder` with other bounds): used as is.
+
     Args:
-        decode: ``None``/``False``/``"raw"``: no decoding. ``True`` or ``"pil"``/``"rgb8"``/``"l8"``:
-            an :class:`ExtDecoder` with the default bounds, images in that mode (``True``
-            means ``"pil"``). A callable (e.g. an :class:`ExtDecoder` with other bounds): used
-            as is (sample dict -> sample dict).
-        allow_pickle: See :func:`decode_value`.
+        decode: See above.
+        allow_pickle: See :func:`decode_value`. Defaults to ``False``.
 
     Raises:
-        ValueError: For an unknown mode string.
+        ValueError: An unknown spec string or list item, or a callable whose signature is
+            neither (see :func:`is_handler`).
+        ModuleNotFoundError: A ``torch*`` spec without torch installed.
     """
     if decode is None or decode is False or decode == "raw":
         return None
-    if callable(decode):
-        return decode
-    mode = "pil" if decode is True else decode
-    if mode not in IMAGE_MODES:
-        raise ValueError(f"decode={decode!r}: expected None, 'pil', 'rgb8', 'l8' or a callable")
-
-    return ExtDecoder(mode, allow_pickle)
+    if decode is True:
+        decode = "pil"
+    if isinstance(decode, str) and decode not in IMAGE_SPECS:
+        raise ValueError(
+            f"decode={decode!r}: expected None, an image spec ({', '.join(IMAGE_SPECS)}), a "
+            f"handler f(key, data), a dict {{extension: f(data)}}, a list of those, or a "
+            f"sample function"
+        )
+    if callable(decode) and not isinstance(decode, (list, tuple, Mapping)):
+        if not is_handler(decode):
+            return decode  # type: ignore[no-any-return]
+    return ExtDecoder(decode, allow_pickle)
 
 
 class ExtDecoder:
-    """Picklable decoder: decodes every non-``__`` entry of a sample by its extension.
+    """Picklable decoder: decodes every non-``__`` entry of a sample, webdataset's way.
 
-    Each member goes through :func:`decode_value`, named in errors by the sample's
-    ``__shard__`` and ``__key__``. The sample's ``.zst`` and ``.npz`` members share one budget
-    of ``max_decompressed_bytes``, so a sample of many small compressed members cannot expand
-    past it either.
+    For each member: ``.zst`` layers are decompressed, then ``decode``'s steps are tried in
+    order (an image spec decodes the image extensions of :data:`IMAGE_FORMATS`; a handler is
+    called as ``f("." + ext, data)``, ``None`` passing it on), then the built-in decoder of
+    the extension (``cls`` -> ``int``, ``json`` -> objects, ...); see :func:`make_decoder`
+    and :func:`decode_value`. Errors name the sample's ``__shard__`` and ``__key__``. The
+    sample's ``.zst`` and ``.npz`` members share one budget of ``max_decompressed_bytes``, so a
+    sample of many small compressed members cannot expand past it either.
 
     Args:
-        image: Image mode, see :func:`decode_value`. Defaults to ``"pil"``.
+        decode: An image spec, a handler, a dict ``{extension: f(data)}``, or a list of those
+            (see :func:`make_decoder`). Defaults to ``"pil"``.
         allow_pickle: See :func:`decode_value`. Defaults to ``False``.
         max_image_pixels: Largest image decoded, in pixels (``width * height``), ``>= 1``.
             Defaults to :data:`MAX_IMAGE_PIXELS` (``2**25``) at construction.
@@ -475,20 +780,21 @@ class ExtDecoder:
             construction.
 
     Raises:
-        ValueError: An unknown ``image`` mode, or a bound below its minimum. Calls raise
-            :class:`tarindex.DecodeError` as :func:`decode_value` does.
+        ValueError: An unknown image spec or list item, or a bound below its minimum. Calls
+            raise :class:`tarindex.DecodeError` as :func:`decode_value` does, also when a
+            handler raises (its exception chained).
+        ModuleNotFoundError: A ``torch*`` spec without torch installed.
     """
 
     def __init__(
         self,
-        image: str = "pil",
+        decode: DecodeSpec = "pil",
         allow_pickle: bool = False,
         *,
         max_image_pixels: int | None = None,
         max_decompressed_bytes: int | None = None,
     ) -> None:
-        _check_mode(image)
-        self.image = image
+        self.steps = _steps(decode)
         self.allow_pickle = allow_pickle
         self.max_image_pixels = _bound(
             "max_image_pixels",
@@ -501,27 +807,32 @@ class ExtDecoder:
             0,
         )
 
+    @property
+    def image(self) -> str | None:
+        """The first image spec among the steps (``None``: images stay bytes unless handled)."""
+        return next((s for s in self.steps if isinstance(s, str)), None)
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         """Decode ``sample`` in place and return it.
 
         Raises:
-            DecodeError: A member cannot be decoded within the bounds (see
-                :func:`decode_value`); the message names shard, key and extension.
+            DecodeError: A member cannot be decoded within the bounds, or a handler raised
+                (see :func:`decode_value`); the message names shard, key and extension.
         """
         budget = _Budget(self.max_decompressed_bytes)
         shard, key = sample.get("__shard__"), sample.get("__key__")
         shard = None if shard is None else str(shard)
         key = None if key is None else str(key)
+        steps, pickle_ok, pixels = self.steps, self.allow_pickle, self.max_image_pixels
         for k, v in sample.items():
             if not k.startswith("__"):
-                sample[k] = _decode_member(
-                    k, v, self.image, self.allow_pickle, self.max_image_pixels, budget, shard, key
-                )
+                sample[k] = _decode_member(k, v, steps, pickle_ok, pixels, budget, shard, key)
         return sample
 
     def __repr__(self) -> str:
+        steps = self.steps[0] if len(self.steps) == 1 else list(self.steps)
         return (
-            f"ExtDecoder({self.image!r}, allow_pickle={self.allow_pickle}, "
+            f"ExtDecoder({steps!r}, allow_pickle={self.allow_pickle}, "
             f"max_image_pixels={self.max_image_pixels}, "
             f"max_decompressed_bytes={self.max_decompressed_bytes})"
         )

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.utils.data
 
-from ..codecs import Decoder, make_decoder
+from ..codecs import DecodeSpec, make_decoder
 from ..reader import Sample, ShardSet
 from ..sources import Source
 
@@ -29,9 +29,13 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     Args:
         source: Path, list of paths, brace pattern (``"train-{000000..000009}.tar"``), glob or
             directory of ``*.tar`` shards, each with its ``.tidx`` index.
-        decode: ``None`` (bytes), ``"pil"``, ``"rgb8"`` (``uint8 (H, W, 3)``), ``"l8"``
-            (``uint8 (H, W)``), ``True`` (same as ``"pil"``), or a callable ``sample -> sample``.
-            See :mod:`tarindex.codecs`. Defaults to ``None``.
+        decode: ``None`` (bytes); an image spec of webdataset's (``"rgb8"``: ``uint8
+            (H, W, 3)``, ``"rgb"``: ``float32`` in ``[0, 1]``, ``"torchrgb8"``: ``uint8`` tensor
+            ``(3, H, W)``, ``"pil"``, ... see :data:`tarindex.codecs.IMAGE_SPECS`; ``True`` is
+            ``"pil"``), a handler ``f(key, data)`` (``key = "." + ext``, ``None``: not mine),
+            a dict ``{ext: f(data)}``, a list of those tried in order, or a sample function
+            ``sample -> sample``; other members go through the built-in decoders. See
+            :func:`tarindex.codecs.make_decoder` and docs/DECODING.md. Defaults to ``None``.
         transform: Called on each (decoded) sample; its result is what ``ds[i]`` returns.
             Defaults to ``None``.
         fields: Extensions to read, e.g. ``("cls",)``: the others are left out of every
@@ -73,7 +77,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         self,
         source: Source,
         *,
-        decode: None | str | bool | Decoder = None,
+        decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
         fields: Collection[str] | None = None,
         allow_pickle: bool = False,

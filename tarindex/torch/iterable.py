@@ -17,7 +17,7 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
-from ..codecs import Decoder, make_decoder
+from ..codecs import DecodeSpec, make_decoder
 from ..reader import Block, Sample, ShardSet
 from ..sources import Source
 from ._dist import RankEpoch
@@ -102,8 +102,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             mixes less. Defaults to ``64``.
         buffer_size: Samples mixed together (a window held in memory per worker); ``<= 1``
             yields each worker's blocks in plan order. Defaults to ``1024``.
-        decode: ``None`` (bytes), ``"pil"``, ``"rgb8"``, ``"l8"`` or a callable, as for
-            :class:`TarDataset`.
+        decode: ``None`` (bytes), an image spec (``"rgb8"``, ``"rgb"``, ``"torchrgb8"``,
+            ``"pil"``, ...), a handler ``f(key, data)``, a dict ``{ext: f(data)}``, a list of
+            those, or a sample function, as for :class:`TarDataset`.
         transform: Called on each (decoded) sample; its result is yielded.
         fields: Extensions to read, e.g. ``("cls",)``; the others are left out of every
             sample and their bytes are not read (a label-only pass reads no image bytes).
@@ -159,7 +160,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         seed: int = 0,
         block_size: int = 64,
         buffer_size: int = 1024,
-        decode: None | str | bool | Decoder = None,
+        decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
         fields: Collection[str] | None = None,
         rank: int | None = None,
