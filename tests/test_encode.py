@@ -129,7 +129,7 @@ IMAGE_CASES: list[tuple[str, Any, str, float]] = [
     ("png", RGB, "rgb8", 0),
     ("png", GRAY, "l8", 0),
     ("png", GRAY[:, :, None], "l8", 0),
-    ("png", RGBA, "pil", 0),
+    ("png", RGBA, "pilrgba", 0),
     ("ppm", RGB, "rgb8", 0),
     ("pgm", GRAY, "l8", 0),
     ("tiff", RGB, "rgb8", 0),
@@ -159,7 +159,7 @@ def test_image_roundtrip(
     with Image.open(io.BytesIO(tarindex.ShardSet(path).get(0)[ext])) as im:
         assert im.format == fmt.get(last, last.upper())
     if last != "webp":  # webdataset's image decoder opens webp too, but check the common ones
-        spec = {"rgb8": "rgb8", "l8": "l8", "pil": "rgba8"}[mode]  # wds "pil" is RGB
+        spec = {"rgb8": "rgb8", "l8": "l8", "pilrgba": "rgba8"}[mode]
         assert np.array_equal(np.asarray(_wds(path, spec)[ext]).astype(np.int16), got)
 
 
