@@ -3,7 +3,8 @@
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
     ShardWriter, TarWriter, build_index, scan, ShardReader, ShardSet,
-    TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched (need torch)
+    TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
+    MixedDataset, MixSampler (need torch)
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ _TORCH_NAMES = {
     "BlockSampler": "sampler",
     "BatchedSamples": "batch",
     "collate_batched": "collate",
+    "MixedDataset": "mix",
+    "MixSampler": "mix",
 }
 
 __all__ = [

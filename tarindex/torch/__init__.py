@@ -4,6 +4,15 @@ from .batch import BatchedSamples
 from .collate import collate_batched
 from .dataset import TarDataset
 from .iterable import TarIterableDataset
+from .mix import MixedDataset, MixSampler
 from .sampler import BlockSampler
 
-__all__ = ["TarDataset", "TarIterableDataset", "BlockSampler", "BatchedSamples", "collate_batched"]
+__all__ = [
+    "TarDataset",
+    "TarIterableDataset",
+    "BlockSampler",
+    "BatchedSamples",
+    "collate_batched",
+    "MixedDataset",
+    "MixSampler",
+]

@@ -393,6 +393,15 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 f"{_STATE_VERSION}; save the state again with this version"
             )
         mine = self._plan_params()
+        if state.get("world_size") != mine["world_size"]:
+            raise ValueError(
+                f"state saved with world_size={state.get('world_size')!r}, this run has "
+                f"world_size={mine['world_size']!r}: a streaming state resumes only on the same "
+                "rank of the same world size (each worker's state covers its own part of the "
+                "plan). Resume on the old world size, start the next epoch "
+                "(set_epoch(state['epoch'] + 1)) on the new one, or use the map-style "
+                "TarDataset with BlockSampler, which deals what is left over a new world size"
+            )
         for k in _PLAN_KEYS:
             if state.get(k) != mine[k]:
                 raise ValueError(
@@ -454,26 +463,69 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             if out is not _SKIP:
                 yield out
 
-    def _stream(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Sample | None]:
-        """This worker's raw samples from plan position ``start`` on, in yield order.
+    def iter_plan(
+        self,
+        p: plan_mod.WorkerPlan,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        skipped: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Iterator[Any]:
+        """Yield plan positions ``[start, stop)`` of ``p`` in yield order, decoded and transformed.
+
+        The hook through which :class:`tarindex.torch.mix.MixedDataset` reads a source: exactly
+        one item per position, ``skipped`` in place of a sample left out under
+        ``on_error="skip"``; ``extra`` entries are added to each sample dict before decoding.
+        Does not touch this dataset's epoch or resume state.
+
+        Args:
+            p: A plan of this dataset's shards (:meth:`plan` or
+                :func:`tarindex.shuffle.plan_worker` over ``shards.counts``).
+            start: First position, ``0 <= start <= p.n_samples``. Defaults to ``0``.
+            stop: End position. Defaults to ``p.n_samples``.
+            skipped: Yielded for a skipped sample. Defaults to ``None``.
+            extra: Entries added to every sample. Defaults to none.
+        """
+        finish = self._finish
+        plain = self.decoder is None and self.transform is None
+        for smp in self._stream(p, start, stop):
+            if smp is None:
+                yield skipped
+                continue
+            if extra:
+                smp.update(extra)
+            if plain:
+                yield smp
+                continue
+            out = finish(smp)
+            yield skipped if out is _SKIP else out
+
+    def _stream(
+        self, p: plan_mod.WorkerPlan, start: int, stop: int | None = None
+    ) -> Iterator[Sample | None]:
+        """This worker's raw samples of plan positions ``[start, stop)``, in yield order.
 
         Without mixing, block by block in plan order; with mixing, window by window (at most
         ``buffer_size`` samples held), each in its seeded order. ``None`` marks a sample whose
         block could not be read under ``on_error="skip"``.
         """
+        end = p.n_samples if stop is None else min(int(stop), p.n_samples)
+        if start >= end:
+            return
         if not (p.shuffle and p.buffer_size > 1):
-            for piece in plan_mod.slice_blocks(p.segments, start, p.n_samples).tolist():
+            for piece in plan_mod.slice_blocks(p.segments, start, end).tolist():
                 yield from self._samples(piece, self._read1(piece, False))
             return
         w = p.buffer_size
-        for k in range(start // w, p.n_windows):
+        for k in range(start // w, (end - 1) // w + 1):
             pieces, perm = p.window(k)
             buf: list[Sample | None] = []
             for piece in pieces.tolist():  # each block is unpacked (and freed) at once
                 buf.extend(self._samples(piece, self._read1(piece, True)))
             order = perm.tolist() if perm is not None else range(len(buf))
             skip = start - k * w if start > k * w else 0
-            for i in order[skip:]:
+            for i in order[skip : end - k * w]:
                 yield buf[i]
 
     @staticmethod

@@ -1,0 +1,476 @@
+"""Weighted mixing of several sources: MixedDataset (streaming) and MixSampler (map-style).
+
+The schedule (which source fills each position of an epoch) is the pure function
+:func:`tarindex.shuffle.mix_schedule`; each source's own samples come from its block plan
+(:func:`tarindex.shuffle.plan_worker` with the source's own seed, derived from the mix seed);
+dealing over ranks and workers is :func:`tarindex.shuffle.slot_span`, as for
+:class:`~tarindex.torch.iterable.TarIterableDataset`. See docs/STREAMING.md, "Mixing".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence, Sized
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+from numpy.typing import NDArray
+
+from .. import shuffle as plan_mod
+from ._dist import RankEpoch
+from .iterable import TarIterableDataset
+from .sampler import PlanSampler, shard_counts
+
+__all__ = ["MixedDataset", "MixSampler"]
+
+_STATE_VERSION = 1
+_CHUNK = 1 << 16  # schedule positions computed at a time
+
+
+class _Skipped:
+    pass
+
+
+_SKIPPED = _Skipped()
+
+
+def _source_spans(
+    counts: NDArray[np.int64],
+    sizes: Sequence[int],
+    replacement: Sequence[bool],
+    seed: int,
+    epoch: int,
+    start: int,
+    stop: int,
+    shuffle: bool,
+) -> list[list[tuple[int, int, int]]]:
+    """Per source, the ranges of its own epochs that fill mixed positions ``[start, stop)``."""
+    o0 = plan_mod.mix_offsets(counts, seed, epoch, start, shuffle).tolist()
+    o1 = plan_mod.mix_offsets(counts, seed, epoch, stop, shuffle).tolist()
+    return [
+        plan_mod.mix_spans(a, b, int(c), int(n), epoch, r)
+        for a, b, c, n, r in zip(o0, o1, counts.tolist(), sizes, replacement, strict=True)
+    ]
+
+
+class MixedDataset(torch.utils.data.IterableDataset[Any]):
+    """Stream several :class:`~tarindex.TarIterableDataset` sources mixed by weight or count.
+
+    Per epoch, source ``s`` fills ``counts[s]`` of the ``N = sum(counts)`` positions of the
+    mixed stream, spread evenly: **over any window of ``k`` consecutive samples of an epoch**
+    (of the whole stream, or of what one rank or one DataLoader worker yields) source ``s``
+    appears ``k * p_s`` times up to ``1 + (m - 2) * p_s``, where ``p_s = counts[s] / N`` and
+    ``m`` is the number of sources with a non-zero count: within 1 for two sources, within 2
+    for three (:func:`tarindex.shuffle.mix_bound`). Through a DataLoader with ``W`` workers,
+    which takes whole batches from the workers in turn, a window of the loader's output is
+    within ``W`` times that bound. The schedule is a low-discrepancy sequence rotated by a
+    seeded offset each epoch; each source's samples come from the source's own block plan
+    (shards, blocks, ``block_size``, ``buffer_size``, ``shuffle``, ``fields``, ``decode``,
+    ``transform``, ``on_error`` of that source), seeded from this dataset's seed and the
+    source's position, so the whole order is a pure function of ``(seed, epoch)``; the
+    sources' own seeds, epochs and ranks are not used.
+
+    Samples are the sources' samples plus ``__source__`` (int, the source's position in
+    ``sources``), added before the source's decode and transform.
+
+    **Counts.** ``counts=`` gives the samples per epoch of each source; ``weights=`` splits
+    ``samples_per_epoch`` by weight (largest remainder, exact): by default the largest epoch
+    in which no source sampled without replacement repeats a sample. Without replacement
+    (the default) a source gives at most its size per epoch, each sample at most once (a
+    different random subset each epoch when fewer); with ``replacement=True`` (one flag or one
+    per source) its stream is its epochs one after another, so a sample repeats only after
+    the whole source has been seen (:func:`tarindex.shuffle.mix_spans`).
+
+    **Ranks and workers.** The ``N`` positions are dealt exactly as by
+    :class:`~tarindex.TarIterableDataset`: rank ``r`` yields ``len(ds)`` positions
+    (``ceil(N / world_size)``, or ``N // world_size`` with ``drop_last``), the same on every
+    rank, worker ``w`` of ``W`` a contiguous part of them (the same counts on every rank).
+    When ``world_size`` divides ``N`` and no source is sampled with replacement, every
+    mixed-in sample is yielded exactly once per epoch across all ranks and workers.
+
+    **Epochs and resume** work as for ``TarIterableDataset`` (``set_epoch``, persistent
+    workers, ``state_dict``/``load_state_dict``, torchdata's ``StatefulDataLoader``); the
+    state is ``O(number of sources)``. Only the same world size and worker layout resume.
+
+    Args:
+        sources: ``TarIterableDataset`` objects (per-sample output, not ``batched``).
+        weights: Relative weights, one per source (exclusive with ``counts``).
+        counts: Samples per epoch from each source (exclusive with ``weights``).
+        samples_per_epoch: With ``weights``: the epoch length ``N``. Defaults to
+            :func:`tarindex.shuffle.mix_total`.
+        replacement: See **Counts**. Defaults to ``False``.
+        shuffle: Rotate the schedule by a seeded offset each epoch (the sources shuffle
+            according to their own ``shuffle``). Defaults to ``True``.
+        seed: Base seed, ``0 <= seed < 2**64``. Defaults to ``0``.
+        rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
+        world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
+        drop_last: Remainder policy over ranks, as ``TarIterableDataset``'s. Defaults to
+            ``False`` (pad by repeating the start of the epoch's stream).
+
+    Raises:
+        TypeError: A source is not a ``TarIterableDataset``.
+        ValueError: A batched source; bad weights or counts (see
+            :func:`tarindex.shuffle.mix_counts`); bad ``seed``, ``rank``/``world_size``.
+        RuntimeError: From ``len()`` or ``__iter__``: ``WORLD_SIZE > 1`` but no rank.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[TarIterableDataset],
+        *,
+        weights: Sequence[float] | None = None,
+        counts: Sequence[int] | None = None,
+        samples_per_epoch: int | None = None,
+        replacement: bool | Sequence[bool] = False,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        srcs = list(sources)
+        for i, s in enumerate(srcs):
+            if not isinstance(s, TarIterableDataset):
+                raise TypeError(f"sources[{i}]: expected a TarIterableDataset, got {type(s)!r}")
+            if s.batch_size is not None:
+                raise ValueError(
+                    f"sources[{i}] is batched: mix per-sample sources (batched=False) and "
+                    "batch the mix with the DataLoader"
+                )
+        plan_mod.make_rng(seed, 0, 0)  # validates seed
+        self.sources = srcs
+        self.sizes = [len(s.shards) for s in srcs]
+        self.counts, self.replacement = plan_mod.mix_counts(
+            self.sizes, weights, counts, samples_per_epoch, replacement
+        )
+        self.n_plan = int(self.counts.sum())
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self._re = RankEpoch(rank, world_size, "MixedDataset")
+        self._loaded: dict[str, Any] | None = None
+        self._active: dict[str, Any] | None = None
+        self._consumed = 0
+
+    # -- ranks, epochs, sizes ---------------------------------------------------------------
+    def _rank(self) -> tuple[int, int]:
+        return self._re.get()
+
+    @property
+    def epoch(self) -> int:
+        """The last :meth:`set_epoch` value (``0`` initially)."""
+        return self._re.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Play epoch ``epoch`` on the next ``__iter__`` (``epoch + k`` on the k-th after).
+
+        Raises:
+            ValueError: If ``epoch`` is negative or ``>= 2**64``.
+        """
+        self._re.set_epoch(epoch)
+        self._active = None
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (all its workers), the same on every rank.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved.
+        """
+        return plan_mod.rank_share(self.n_plan, self._rank()[1], self.drop_last)
+
+    def source_plan(self, s: int, source_epoch: int) -> plan_mod.WorkerPlan:
+        """Return source ``s``'s plan of its own epoch ``source_epoch`` (one stream, no split)."""
+        src = self.sources[s]
+        return plan_mod.plan_worker(
+            src.shards.counts,
+            plan_mod.source_seed(self.seed, s),
+            source_epoch,
+            src.block_size,
+            buffer_size=src.buffer_size,
+            shuffle=src.shuffle,
+        )
+
+    def span(self, worker: int = 0, num_workers: int = 1) -> tuple[int, int]:
+        """Positions ``[start, stop)`` of the epoch's mixed stream dealt to this rank's worker."""
+        rank, ws = self._rank()
+        return plan_mod.slot_span(self.n_plan, rank, ws, worker, num_workers, self.drop_last)
+
+    def order(
+        self, epoch: int, worker: int = 0, num_workers: int = 1
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Return what this rank's worker yields in ``epoch``, computed without reading data.
+
+        Returns:
+            ``(src, index)``: ``int64`` arrays of shape ``(n,)``, the source of each sample
+            and its ``__index__`` within that source, in yield order.
+        """
+        a, b = self.span(worker, num_workers)
+        src, _ = plan_mod.mix_schedule(self.counts, self.seed, epoch, a, b, self.shuffle)
+        idx = np.empty(len(src), dtype=np.int64)
+        spans = _source_spans(
+            self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle
+        )
+        for s, rows in enumerate(spans):
+            if not rows:
+                continue
+            starts = self.sources[s].shards.starts
+            parts = [self.source_plan(s, q).order(starts)[p0:p1] for q, p0, p1 in rows]
+            idx[src == s] = np.concatenate(parts)
+        return src, idx
+
+    # -- state ------------------------------------------------------------------------------
+    def _plan_params(self) -> dict[str, Any]:
+        rank, ws = self._rank()
+        return {
+            "n_samples": self.n_plan,
+            "counts": self.counts.tolist(),
+            "sizes": list(self.sizes),
+            "replacement": list(self.replacement),
+            "sources": [[s.block_size, s.buffer_size, s.shuffle] for s in self.sources],
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "world_size": ws,
+            "rank": rank,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where this process (worker) is in the epoch: a few ints per source.
+
+        Returns:
+            ``{"version", "seed", "epoch", "consumed", "worker", "num_workers", "n_samples",
+            "counts", "sizes", "replacement", "sources", "shuffle", "drop_last",
+            "world_size", "rank"}``; ``consumed`` is the number of mixed positions this
+            worker has passed in ``epoch``. Before any iteration it describes the next epoch
+            at 0; a loaded but not yet consumed state is returned as loaded.
+        """
+        if self._loaded is not None:
+            return dict(self._loaded)
+        if self._active is not None:
+            epoch, worker, nw = (self._active[k] for k in ("epoch", "worker", "num_workers"))
+            consumed = self._consumed
+        else:
+            info = torch.utils.data.get_worker_info()
+            worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+            epoch, consumed = self._re.peek(), 0
+        return {
+            "version": _STATE_VERSION,
+            "seed": self.seed,
+            "epoch": epoch,
+            "consumed": consumed,
+            "worker": worker,
+            "num_workers": nw,
+            **self._plan_params(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
+
+        Raises:
+            ValueError: Unknown version, or a state saved with other plan parameters (counts,
+                sources, world size, ...): the message names the field.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"state version {state.get('version')!r}: this tarindex reads MixedDataset "
+                f"state version {_STATE_VERSION}"
+            )
+        mine = self._plan_params()
+        for k, v in mine.items():
+            if state.get(k) != v:
+                raise ValueError(
+                    f"state {k}={state.get(k)!r} but this MixedDataset has {k}={v!r}: resuming "
+                    f"would not replay the same mix; construct it with the same sources, "
+                    f"weights/counts and {k} (a streaming state resumes only on the same rank "
+                    "of the same world size)"
+                )
+        self._loaded = dict(state)
+        self.seed = int(state["seed"])
+
+    # -- iteration --------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """Start (or resume) an epoch.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved.
+            ValueError: If a loaded state came from a different worker layout.
+        """
+        info = torch.utils.data.get_worker_info()
+        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._rank()
+        start = 0
+        if self._loaded is not None:
+            st, self._loaded = self._loaded, None
+            if (st["worker"], st["num_workers"]) != (worker, nw):
+                raise ValueError(
+                    f"state saved by worker {st['worker']} of {st['num_workers']} loaded into "
+                    f"worker {worker} of {nw}: restore it with the same num_workers (with "
+                    "workers, through torchdata's StatefulDataLoader)"
+                )
+            epoch, start = int(st["epoch"]), int(st["consumed"])
+            self._re.resume(epoch)
+        else:
+            epoch = self._re.next_epoch()
+        a, b = self.span(worker, nw)
+        self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
+        self._consumed = min(start, b - a)
+        return self._generate(epoch, a + self._consumed, b)
+
+    def _source_stream(self, s: int, rows: list[tuple[int, int, int]]) -> Iterator[Any]:
+        src, extra = self.sources[s], {"__source__": s}
+        for q, p0, p1 in rows:
+            yield from src.iter_plan(self.source_plan(s, q), p0, p1, skipped=_SKIPPED, extra=extra)
+
+    def _generate(self, epoch: int, a: int, b: int) -> Iterator[Any]:
+        spans = _source_spans(
+            self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle
+        )
+        nexts = [self._source_stream(s, rows).__next__ for s, rows in enumerate(spans)]
+        for c0 in range(a, b, _CHUNK):
+            src, _ = plan_mod.mix_schedule(
+                self.counts, self.seed, epoch, c0, min(b, c0 + _CHUNK), self.shuffle
+            )
+            for s in src.tolist():
+                x = nexts[s]()
+                self._consumed += 1
+                if x is not _SKIPPED:
+                    yield x
+
+    # -- pickling ---------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        self._re.before_pickle()
+        state = self.__dict__.copy()
+        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"MixedDataset({len(self.sources)} sources, counts={self.counts.tolist()}, "
+            f"shuffle={self.shuffle}, seed={self.seed})"
+        )
+
+
+class MixSampler(PlanSampler):
+    """Sample from several map-style datasets concatenated, mixed by weight or count.
+
+    Yields indices into ``torch.utils.data.ConcatDataset(sources)`` (source ``s``'s sample
+    ``i`` is index ``offsets[s] + i``). The mix is :class:`MixedDataset`'s, with the same
+    window bound (``1 + (m - 2) * p_s`` over any ``k`` consecutive indices of a rank),
+    counts, replacement and remainder rules; each source's own order is
+    :class:`~tarindex.BlockSampler`'s block plan (blocks never cross a shard boundary of a
+    ``TarDataset``), seeded per source from ``seed``. One stream per rank, as for a sampler:
+    rank ``r`` yields ``len(sampler)`` indices, the same on every rank; with ``world_size``
+    dividing ``N`` and no replacement every mixed-in sample appears once per epoch across
+    ranks. Epochs, ``state_dict``/``load_state_dict`` (also on another world size) as
+    :class:`~tarindex.torch.sampler.PlanSampler`.
+
+    Args:
+        sources: Sized datasets (``TarDataset`` for shard-aware blocks) or sample counts.
+        weights: Relative weights, one per source (exclusive with ``counts``).
+        counts: Samples per epoch from each source (exclusive with ``weights``).
+        samples_per_epoch: With ``weights``: the epoch length. Defaults to
+            :func:`tarindex.shuffle.mix_total`.
+        replacement: One flag or one per source (see :class:`MixedDataset`). Defaults to
+            ``False``.
+        block_size: Contiguous indices per block within a source. Defaults to ``64``.
+        buffer_size: Mixing window within a source's order; ``<= 1`` keeps blocks intact.
+            Defaults to ``0``.
+        shuffle: Shuffle each source's blocks and rotate the schedule. Defaults to ``True``.
+        seed: Base seed. Defaults to ``0``.
+        rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
+        world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
+        drop_last: Remainder policy. Defaults to ``False``.
+
+    Raises:
+        ValueError: Bad weights or counts, ``block_size``, ``seed``, ``rank``/``world_size``.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Sized | int],
+        *,
+        weights: Sequence[float] | None = None,
+        counts: Sequence[int] | None = None,
+        samples_per_epoch: int | None = None,
+        replacement: bool | Sequence[bool] = False,
+        block_size: int = 64,
+        buffer_size: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        if int(block_size) < 1:
+            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
+        plan_mod.make_rng(seed, 0, 0)  # validates seed
+        self.shard_counts = [
+            np.asarray([int(s)], dtype=np.int64)
+            if isinstance(s, (int, np.integer))
+            else shard_counts(s)
+            for s in sources
+        ]
+        self.sizes = [int(c.sum()) for c in self.shard_counts]
+        self.offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=self.offsets[1:])
+        self.counts, self.replacement = plan_mod.mix_counts(
+            self.sizes, weights, counts, samples_per_epoch, replacement
+        )
+        self.n_plan = int(self.counts.sum())
+        self.block_size = int(block_size)
+        self.buffer_size = max(int(buffer_size), 0)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        super().__init__(rank, world_size, "MixSampler")
+
+    def plan_params(self) -> dict[str, Any]:
+        """The mix's parameters that a saved state must match."""
+        return {
+            "kind": "MixSampler",
+            "counts": self.counts.tolist(),
+            "sizes": list(self.sizes),
+            "replacement": list(self.replacement),
+            "block_size": self.block_size,
+            "buffer_size": self.buffer_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def source_order(self, s: int, source_epoch: int) -> NDArray[np.int64]:
+        """Source ``s``'s indices (within it) in the order of its own epoch ``source_epoch``."""
+        c = self.shard_counts[s]
+        starts = np.zeros(len(c) + 1, dtype=np.int64)
+        np.cumsum(c, out=starts[1:])
+        p = plan_mod.plan_worker(
+            c,
+            plan_mod.source_seed(self.seed, s),
+            source_epoch,
+            self.block_size,
+            buffer_size=self.buffer_size,
+            shuffle=self.shuffle,
+        )
+        return p.order(starts)
+
+    def sources_of(self, indices: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The source of each concatenated index: ``int64`` of the same shape."""
+        out: NDArray[np.int64] = np.searchsorted(self.offsets, indices, side="right") - 1
+        return out
+
+    def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
+        """Rank ``rank`` of ``world_size``'s concatenated indices of a fresh ``epoch``."""
+        a, b = plan_mod.slot_span(self.n_plan, rank, world_size, 0, 1, self.drop_last)
+        src, _ = plan_mod.mix_schedule(self.counts, self.seed, epoch, a, b, self.shuffle)
+        out = np.empty(len(src), dtype=np.int64)
+        spans = _source_spans(
+            self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle
+        )
+        for s, rows in enumerate(spans):
+            if rows:
+                cache: dict[int, NDArray[np.int64]] = {}
+                parts = []
+                for q, p0, p1 in rows:
+                    if q not in cache:
+                        cache[q] = self.source_order(s, q)
+                    parts.append(cache[q][p0:p1])
+                out[src == s] = np.concatenate(parts) + self.offsets[s]
+        return out
