@@ -22,6 +22,8 @@ from .errors import (
     IndexMissingError,
     NotATarError,
     PackError,
+    RangeNotSupportedError,
+    RemoteError,
     SampleIndexError,
     StaleIndexError,
     TarHeaderError,
@@ -33,6 +35,7 @@ from .errors import (
 )
 from .indexfile import index_path_for
 from .reader import ShardReader, ShardSet
+from .remote import RemoteOptions
 from .scan import Members, scan
 from .sources import expand_source
 from .writer import ShardWriter, TarWriter
@@ -57,6 +60,7 @@ __all__ = [
     "Members",
     "ShardReader",
     "ShardSet",
+    "RemoteOptions",
     "expand_source",
     "TarIndexError",
     "FormatError",
@@ -74,6 +78,8 @@ __all__ = [
     "WriterError",
     "PackError",
     "DecodeError",
+    "RemoteError",
+    "RangeNotSupportedError",
     *_TORCH_NAMES,
 ]
 

@@ -3,9 +3,10 @@
 The kernel (:meth:`tarindex.reader.ShardReader.read_block`) asks a source for whole byte
 ranges and slices members out of what it gets back; nothing above the kernel sees a source.
 A source is one small interface, :class:`ByteSource`: its ``size``, ``read(offset, size)``,
-``read_ranges(starts, ends)``, a ``prefetch`` hint and ``close``. A remote source (fsspec
-``cat_ranges``) is added beside :class:`MmapSource` and :class:`PreadSource` without touching
-the datasets.
+``read_ranges(starts, ends)``, ``prefetch``/``prefetch_ranges`` hints and ``close``. The
+remote source, :class:`tarindex.remote.RemoteSource` (fsspec ``cat_ranges``, read-ahead, a
+shared cache), implements the same interface beside :class:`MmapSource` and
+:class:`PreadSource`; :func:`open_source` picks mmap or pread for a local tar.
 
 Each source holds at most one file descriptor (an ``mmap`` keeps its own duplicate of the
 descriptor it maps; the original is closed).
@@ -55,6 +56,15 @@ class ByteSource(Protocol):
 
     def prefetch(self, start: int, end: int) -> None:
         """Hint that bytes ``[start, end)`` will be read soon (may do nothing)."""
+        ...
+
+    def prefetch_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64], wait: bool = False
+    ) -> None:
+        """Hint that the ranges ``[starts[r], ends[r])`` will be read soon (may do nothing).
+
+        ``wait=True`` asks a remote source to fetch them now, in one batch, before returning.
+        """
         ...
 
     def close(self) -> None:
@@ -171,6 +181,13 @@ class MmapSource:
         except (AttributeError, OSError, ValueError):
             pass
 
+    def prefetch_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64], wait: bool = False
+    ) -> None:
+        """:meth:`prefetch` of each range (the kernel's page cache does the rest)."""
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            self.prefetch(a, b)
+
     def close(self) -> None:
         """Drop the mapping; a block handed out stays valid.
 
@@ -247,6 +264,13 @@ class PreadSource:
                 os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_WILLNEED)
             except OSError:
                 pass
+
+    def prefetch_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64], wait: bool = False
+    ) -> None:
+        """:meth:`prefetch` of each range (the kernel's page cache does the rest)."""
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            self.prefetch(a, b)
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""

@@ -24,6 +24,8 @@ __all__ = [
     "WriterError",
     "PackError",
     "DecodeError",
+    "RemoteError",
+    "RangeNotSupportedError",
 ]
 
 
@@ -97,4 +99,20 @@ class DecodeError(TarIndexError, ValueError):
     Raised by :mod:`tarindex.codecs` (and so by datasets with ``decode=``). The message names
     the shard, the sample key and the extension; the decoder's own exception, if any, is
     chained as ``__cause__``.
+    """
+
+
+class RemoteError(TarIndexError, OSError):
+    """A remote read failed: after bounded retries, or for good (404, 403, bad reply).
+
+    The message names the URL, the byte range and the cause; the fsspec / aiohttp / botocore
+    exception, if any, is chained as ``__cause__``.
+    """
+
+
+class RangeNotSupportedError(RemoteError):
+    """A server answered a ranged read with the whole file: it ignores HTTP ``Range``.
+
+    Refused by default (reading a sample would download the whole shard); the message names
+    the URL and the opt-in (``RemoteOptions(download_whole=True, cache_dir=...)``).
     """

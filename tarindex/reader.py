@@ -66,6 +66,15 @@ from .format.spec import (
 )
 from .format.tar import checksum_ok, header_name, parse_number
 from .indexfile import index_path_for
+from .remote import (
+    RemoteOptions,
+    RemoteSource,
+    forget_index,
+    is_url,
+    load_indexes,
+    local_path,
+    prefetch_many,
+)
 from .sources import Source, expand_source
 
 __all__ = [
@@ -132,6 +141,29 @@ def _missing(tar_path: str, index_path: str) -> IndexMissingError:
 
 def _open_regular(path: str) -> int:
     return open_regular(path, "a tar or index")
+
+
+def _read_local_index(tar_path: str, index_path: str) -> bytes:
+    """The bytes of a local index file (for a remote tar whose index is kept locally)."""
+    try:
+        with open(_open_regular(index_path), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise _missing(tar_path, index_path) from None
+
+
+def index_for(tar_path: str, index_dir: str | None = None) -> str:
+    """The index of a tar: ``<tar>.tidx`` beside it, or ``<index_dir>/<basename>.tidx``.
+
+    ``index_dir`` holds indexes kept apart from their tars (``tarindex index URL --out DIR``
+    for a remote tar one cannot write beside); it may be a local directory or a URL.
+    """
+    if index_dir is None:
+        return index_path_for(tar_path)
+    base = tar_path.rstrip("/").rsplit("/", 1)[-1]
+    if is_url(index_dir):
+        return index_dir.rstrip("/") + "/" + index_path_for(base)
+    return os.path.join(local_path(index_dir), index_path_for(base))
 
 
 def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
@@ -489,6 +521,9 @@ class ShardReader:
         verify_data: Check every member read against the crc32 the index records
             (FORMAT.md §2.8.2); a mismatch raises ``ChecksumError``. Catches bytes changed in
             place, at the cost of hashing every byte read. Defaults to ``False``.
+        remote: How a remote tar or index (a URL) is read
+            (:class:`tarindex.remote.RemoteOptions`); the open-time checks then run through
+            ranged reads. Defaults to ``RemoteOptions()``.
 
     Raises:
         IndexMissingError: No index file.
@@ -511,45 +546,18 @@ class ShardReader:
         full_check: bool = False,
         check_crc: bool = True,
         verify_data: bool = False,
+        remote: RemoteOptions | None = None,
     ) -> None:
         self.tar_path = tar_path
         self.index_path = index_path or index_path_for(tar_path)
         self.verify_data = verify_data
         self._imm: mmap.mmap | None = None
         self._src: ByteSource | None = None
-        try:
-            fi = open(_open_regular(self.index_path), "rb")
-        except FileNotFoundError:
-            raise _missing(tar_path, self.index_path) from None
-        with fi:
-            isize = os.fstat(fi.fileno()).st_size
-            if isize < HEADER.size:
-                raise TruncatedError(
-                    f"{self.index_path}: index is {isize} bytes, shorter than its {HEADER.size}-byte "
-                    f"header at byte 0; rebuild it with: tarindex index --force {tar_path}"
-                )
-            self._imm = mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            self.index: IndexTables = decode_index(
-                memoryview(self._imm), self.index_path, full_check=full_check, check_crc=check_crc
-            )
-            if verify_data and self.index.member_crc is None:
-                raise FormatError(
-                    f"{self.index_path}: verify_data=True but the index records no data "
-                    f"checksums (FORMAT.md §2.8.2); add them with: tarindex index --force "
-                    f"--checksums {tar_path}"
-                )
-            fd = _open_regular(tar_path)
-            try:
-                self.tar_size = os.fstat(fd).st_size
-                self._check_fingerprint(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._src = open_source(tar_path, fd, self.tar_size, use_mmap)
-        except BaseException:
-            self.close()
-            raise
+        self._checks: dict[tuple[int, int], bytes] | None = None  # remote: check bytes
+        if is_url(self.index_path) or is_url(tar_path):
+            self._open_remote(remote or RemoteOptions(), full_check, check_crc)
+        else:
+            self._open_local(use_mmap, full_check, check_crc)
         t = self.index
         self.n_samples = t.n_samples
         self.exts = [e.decode("utf-8", "surrogateescape") for e in t.exts]
@@ -584,6 +592,115 @@ class ShardReader:
         except BaseException:
             self.close()
             raise
+        self._checks = None
+
+    def _open_local(self, use_mmap: bool, full_check: bool, check_crc: bool) -> None:
+        """Map the index, open the tar's source and check the fingerprint (FORMAT.md §3)."""
+        tar_path = self.tar_path
+        try:
+            fi = open(_open_regular(self.index_path), "rb")
+        except FileNotFoundError:
+            raise _missing(tar_path, self.index_path) from None
+        with fi:
+            isize = os.fstat(fi.fileno()).st_size
+            if isize < HEADER.size:
+                raise TruncatedError(
+                    f"{self.index_path}: index is {isize} bytes, shorter than its {HEADER.size}-byte "
+                    f"header at byte 0; rebuild it with: tarindex index --force {tar_path}"
+                )
+            self._imm = mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._decode(memoryview(self._imm), full_check, check_crc)
+            fd = _open_regular(tar_path)
+            try:
+                self.tar_size = os.fstat(fd).st_size
+                self._check_size()
+            except BaseException:
+                os.close(fd)
+                raise
+            self._src = open_source(tar_path, fd, self.tar_size, use_mmap)
+            self._check_fingerprint()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_remote(self, opts: RemoteOptions, full_check: bool, check_crc: bool) -> None:
+        """The index from memory, the cache or the network; the tar as a :class:`RemoteSource`.
+
+        The open-time checks (FORMAT.md §3) read the tar with ranged reads, fetched together
+        in one batch. An index taken from memory or the cache that does not match the tar is
+        fetched again once (it may have been rebuilt) before the error is raised.
+        """
+        for attempt in (0, 1):
+            fresh = True
+            try:
+                if is_url(self.index_path):
+                    data, fresh = load_indexes([self.index_path], [self.tar_path], opts)[0]
+                else:
+                    data = _read_local_index(self.tar_path, self.index_path)
+                self._decode(memoryview(data), full_check, check_crc)
+                if is_url(self.tar_path):
+                    t = self.index
+                    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+                    self._src = RemoteSource.open(self.tar_path, opts, ident)
+                else:
+                    fd = _open_regular(local_path(self.tar_path))
+                    self._src = open_source(self.tar_path, fd, os.fstat(fd).st_size, False)
+                self.tar_size = self._src.size
+                self._check_size()
+                starts, ends = self._check_ranges()  # one concurrent batch for all checks
+                buf, bases = self._src.read_ranges(starts, ends)
+                self._checks = {
+                    (a, b - a): buf[o : o + b - a]
+                    for a, b, o in zip(starts.tolist(), ends.tolist(), bases.tolist(), strict=True)
+                }
+                self._check_fingerprint()
+                return
+            except StaleIndexError:
+                self.close()
+                if fresh or attempt or not is_url(self.index_path):
+                    raise
+                forget_index(self.index_path, opts)
+            except BaseException:
+                self.close()
+                raise
+
+    def _read_check(self, offset: int, size: int) -> bytes:
+        """Bytes for an open-time check: from the batch read ahead (remote), else the source."""
+        got = self._checks.get((offset, size)) if self._checks else None
+        return got if got is not None else self.source.read(offset, size)
+
+    def _decode(self, buf: memoryview, full_check: bool, check_crc: bool) -> None:
+        self.index: IndexTables = decode_index(
+            buf, self.index_path, full_check=full_check, check_crc=check_crc
+        )
+        if self.verify_data and self.index.member_crc is None:
+            raise FormatError(
+                f"{self.index_path}: verify_data=True but the index records no data "
+                f"checksums (FORMAT.md §2.8.2); add them with: tarindex index --force "
+                f"--checksums {self.tar_path}"
+            )
+
+    def _check_ranges(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """The byte ranges the open-time checks read: fingerprint, end, headers (FORMAT.md §3)."""
+        size, t = self.tar_size, self.index
+        n = min(FINGERPRINT_BYTES, size)
+        rs = [(0, n), (size - n, size)]
+        if 0 <= t.end < size:
+            rs.append((t.end, t.end + min(END_CHECK_BYTES, size - t.end)))
+        for k in self._header_checks():
+            off = int(t.offset[k])
+            if BLOCK <= off <= size:
+                rs.append((off - BLOCK, off))
+        a = np.asarray(rs, np.int64).reshape(-1, 2)
+        return a[:, 0].copy(), a[:, 1].copy()
+
+    def _header_checks(self) -> list[int]:
+        """Members whose headers are re-read at open: first, quartiles, last (FORMAT.md §3)."""
+        m = self.index.n_members
+        if not m:
+            return []
+        return sorted({(m - 1) * q // (HEADER_CHECKS - 1) for q in range(HEADER_CHECKS)})
 
     @property
     def source(self) -> ByteSource:
@@ -596,15 +713,19 @@ class ShardReader:
             raise ValueError(f"{self.tar_path}: reader is closed")
         return self._src
 
-    def _check_fingerprint(self, fd: int) -> None:
+    def _check_size(self) -> None:
         t = self.index
-        fix = f"rebuild it with: tarindex index --force {self.tar_path}"
         if self.tar_size != t.tar_size:
             raise StaleIndexError(
                 f"{self.tar_path}: tar is {self.tar_size} bytes, its index {self.index_path} was "
-                f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); {fix}"
+                f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); "
+                f"rebuild it with: tarindex index --force {self.tar_path}"
             )
-        head, tail = fingerprint(lambda off, n: os.pread(fd, n, off), self.tar_size)
+
+    def _check_fingerprint(self) -> None:
+        t = self.index
+        fix = f"rebuild it with: tarindex index --force {self.tar_path}"
+        head, tail = fingerprint(self._read_check, self.tar_size)
         if head != t.head_crc or tail != t.tail_crc:
             n = min(FINGERPRINT_BYTES, self.tar_size)
             where = 0 if head != t.head_crc else self.tar_size - n
@@ -622,7 +743,7 @@ class ShardReader:
         if end < 0 or end >= self.tar_size:
             return
         n = min(END_CHECK_BYTES, self.tar_size - end)
-        data = self.source.read(end, n)
+        data = self._read_check(end, n)
         tail = data.lstrip(b"\0")
         if tail or len(data) != n:
             at = end + len(data) - len(tail)
@@ -638,10 +759,7 @@ class ShardReader:
         Their checksum, type and size must still match the index.
         """
         t = self.index
-        m = t.n_members
-        if not m:
-            return
-        for k in sorted({(m - 1) * q // (HEADER_CHECKS - 1) for q in range(HEADER_CHECKS)}):
+        for k in self._header_checks():
             off, size = int(t.offset[k]), int(t.size[k])
             if (
                 off < BLOCK
@@ -652,7 +770,7 @@ class ShardReader:
                 continue  # a corrupt entry: the table guards refuse it before any read
             j = int(np.searchsorted(t.sample_ptr, np.uint64(k), side="right")) - 1
             j = min(max(j, 0), self.n_samples - 1)
-            block = self.source.read(off - BLOCK, BLOCK)
+            block = self._read_check(off - BLOCK, BLOCK)
             what = None
             try:
                 stored = parse_number(block[TAR_SIZE]) if block[TAR_SIZE].strip(b" \0") else size
@@ -1180,6 +1298,11 @@ class ShardSet:
         use_mmap: See :class:`ShardReader`. Defaults to ``True``.
         check_crc: See :class:`ShardReader`. Defaults to ``True``.
         verify_data: See :class:`ShardReader`. Defaults to ``False``.
+        index_dir: A directory (or URL) holding the indexes as ``<tar name>.tidx``, for tars
+            whose index is not beside them (``tarindex index URL --out DIR``). Defaults to
+            ``None`` (beside each tar).
+        remote: How remote shards (URLs) are read: storage options, retries, read-ahead,
+            cache (:class:`tarindex.remote.RemoteOptions`). Defaults to ``RemoteOptions()``.
 
     Raises:
         FileNotFoundError: No shard matches ``source``.
@@ -1196,11 +1319,18 @@ class ShardSet:
         use_mmap: bool = True,
         check_crc: bool = True,
         verify_data: bool = False,
+        index_dir: str | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
-        self.paths = expand_source(source)
+        self.remote_options = remote or RemoteOptions()
+        self.paths = expand_source(source, self.remote_options)
+        self.index_dir = index_dir
+        self.index_paths = [index_for(p, index_dir) for p in self.paths]
         self.check_crc = check_crc
         self.verify_data = verify_data
-        counts = [read_sample_count(p) for p in self.paths]
+        self.remote = any(is_url(p) for p in self.paths)
+        """``True`` if some shards are remote URLs (reads then go through fsspec)."""
+        counts = self._counts()
         self.counts = np.asarray(counts, dtype=np.int64)
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
@@ -1211,6 +1341,88 @@ class ShardSet:
         self._gen = _fork_generation[0]
         self._bound = 0  # this process's bound, sized on first open
         _live_sets.add(self)
+
+    def _counts(self) -> list[int]:
+        """Sample counts from the index headers; remote indexes fetched together, once."""
+        ips = self.index_paths
+        far = [k for k, ip in enumerate(ips) if is_url(ip)]
+        counts = [
+            0 if is_url(ip) else read_sample_count(p, ip)
+            for p, ip in zip(self.paths, ips, strict=True)
+        ]
+        if far:
+            got = load_indexes(
+                [ips[k] for k in far], [self.paths[k] for k in far], self.remote_options
+            )
+            for k, (data, _) in zip(far, got, strict=True):
+                counts[k] = read_header(data[: HEADER.size], ips[k], file_size=len(data)).n_samples
+        return counts
+
+    def prefetch(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields = None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Fetch the members of global samples ``indices`` ahead, for remote shards.
+
+        Local shards: nothing. Remote: the selected members' byte ranges, coalesced, go into
+        each source's read-ahead store, so the kernel's reads that follow take them from
+        memory. ``wait=True`` fetches the whole batch now in one concurrent round trip across
+        shards (``ds[i]``: one ranged read per sample; ``__getitems__``: one batch);
+        ``False`` queues them to background threads within the read-ahead budget.
+        Out-of-range indices are left for the read to refuse.
+
+        Raises:
+            RemoteError: As :func:`tarindex.remote.fetch` (``wait=True``).
+            FormatError, StaleIndexError: As :meth:`reader` for a shard opened here.
+        """
+        if not self.remote:
+            return
+        idx = np.asarray(indices).reshape(-1)
+        if not idx.size or idx.dtype.kind not in "iu":
+            return
+        total = len(self)
+        idx = idx.astype(np.int64, copy=False)
+        idx = np.where(idx < 0, idx + total, idx)
+        idx = idx[(idx >= 0) & (idx < total)]
+        sid = np.searchsorted(self.starts, idx, side="right") - 1
+        items = []
+        for s in np.unique(sid).tolist():
+            r = self.reader(s)
+            src = r.source
+            if isinstance(src, RemoteSource):
+                b = r.gather(idx[sid == s] - self.starts[s], fields, data=False)
+                items.append((src, b.tar_offset, b.tar_offset + b.size))
+        if wait:
+            prefetch_many([(src, a.tolist(), e.tolist()) for src, a, e in items])
+        else:
+            for src, a, e in items:
+                src.prefetch_ranges(a, e)
+
+    def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
+        """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order (remote only).
+
+        Stops at the first block the per-process budget
+        (:attr:`tarindex.remote.RemoteOptions.readahead_bytes`) has no room for.
+
+        Returns:
+            How many of ``pieces`` were queued (all of them for local shards: nothing to do).
+        """
+        if not self.remote:
+            return len(pieces)
+        for n, (s, j0, j1) in enumerate(pieces):
+            r = self.reader(s)
+            src = r.source
+            if not isinstance(src, RemoteSource) or j1 <= j0:
+                continue
+            b = r.read_block(j0, j1, fields, data=False)
+            if not len(b.size):
+                continue
+            if not src.queue_ahead(b.tar_offset, b.tar_offset + b.size):
+                return n
+        return len(pieces)
 
     def _drop_inherited(self) -> None:
         readers, self._readers = self._readers, OrderedDict()
@@ -1258,9 +1470,11 @@ class ShardSet:
             try:
                 return ShardReader(
                     self.paths[s],
+                    self.index_paths[s],
                     use_mmap=self.use_mmap,
                     check_crc=self.check_crc,
                     verify_data=self.verify_data,
+                    remote=self.remote_options,
                 )
             except OSError as e:
                 if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._readers:

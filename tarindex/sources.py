@@ -1,4 +1,9 @@
-"""Expand a dataset source (path, list, brace pattern, glob, directory) into shard paths."""
+"""Expand a dataset source (path, URL, list, brace pattern, glob, directory) into shard paths.
+
+URLs (``https://``, ``s3://``, any fsspec protocol) are expanded too: braces as text, globs
+and directories (a URL ending in ``/``) by listing through fsspec
+(:func:`tarindex.remote.expand_remote`). ``file://`` URLs are local paths.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from collections.abc import Iterable
 from typing import Union
 
 from .format.spec import INDEX_SUFFIX
+from .remote import DEFAULT, RemoteOptions, expand_remote, is_url, local_path
 
 __all__ = ["Source", "expand_braces", "expand_source"]
 
@@ -88,11 +94,18 @@ def _expand(pattern: str, whole: str, limit: int, out: list[str]) -> None:
         _expand(head + item + tail, whole, limit, out)
 
 
-def expand_source(source: Source) -> list[str]:
-    """Return the shard paths of ``source``, in a stable order.
+def expand_source(source: Source, remote: RemoteOptions | None = None) -> list[str]:
+    """Return the shard paths (or URLs) of ``source``, in a stable order.
 
     ``source`` may be a path, a directory (its ``*.tar`` files, sorted), a glob (sorted
     matches), a brace pattern (in pattern order), or a list of any of these (list order).
+    Each may also be a URL (``https://host/train-{000..009}.tar``, ``s3://bucket/train-*.tar``,
+    ``s3://bucket/dir/``); ``file://`` URLs become local paths.
+
+    Args:
+        source: The shards.
+        remote: How to list remote globs and directories (storage options). Defaults to
+            ``RemoteOptions()``.
 
     Raises:
         FileNotFoundError: If nothing matches (the message names the pattern).
@@ -109,6 +122,10 @@ def expand_source(source: Source) -> list[str]:
     out: list[str] = []
     for item in items:
         for p in expand_braces(item):
+            if is_url(p):
+                out.extend(expand_remote(p, remote or DEFAULT))
+                continue
+            p = local_path(p)
             if os.path.isdir(p):
                 found = sorted(glob.glob(os.path.join(glob.escape(p), "*.tar")))
                 if not found:

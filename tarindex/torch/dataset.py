@@ -9,6 +9,7 @@ import torch.utils.data
 
 from ..codecs import DecodeSpec, make_decoder
 from ..reader import Sample, ShardSet
+from ..remote import RemoteOptions
 from ..sources import Source
 
 __all__ = ["TarDataset"]
@@ -56,6 +57,12 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             :class:`tarindex.BatchedSamples` per batch, read straight into one buffer, instead
             of a list of dicts; use it with ``collate_fn=tarindex.collate_batched``. Raw bytes only: not with
             ``decode`` or ``transform``. ``ds[i]`` is unchanged. Defaults to ``False``.
+        index_dir: Where the indexes are, if not beside the tars (``<index_dir>/<tar
+            name>.tidx``; see :class:`tarindex.ShardSet`). Defaults to ``None``.
+        remote: How URL shards are read (:class:`tarindex.RemoteOptions`: storage options,
+            retries, cache directory, read-ahead). Over remote shards ``ds[i]`` makes one
+            ranged read for the sample's members and ``__getitems__`` one concurrent batch of
+            coalesced ranges for the whole batch. Defaults to ``RemoteOptions()``.
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
@@ -86,6 +93,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         check_crc: bool = True,
         verify_data: bool = False,
         batched: bool = False,
+        index_dir: str | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
         self.shards = ShardSet(
             source,
@@ -93,6 +102,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             use_mmap=use_mmap,
             check_crc=check_crc,
             verify_data=verify_data,
+            index_dir=index_dir,
+            remote=remote,
         )
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
@@ -109,6 +120,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         return self.shards.get(int(i), self.fields)
 
     def __getitem__(self, i: int) -> Any:
+        if self.shards.remote:  # one ranged read for the sample's members
+            self.shards.prefetch([int(i)], self.fields)
         sample = self.shards.get(int(i), self.fields)
         if self.decoder is not None:
             sample = self.decoder(sample)
@@ -119,8 +132,11 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Batched fetch used by ``DataLoader`` (one call per batch instead of one per sample).
 
-        Returns a list of samples, or with ``batched=True`` one ``BatchedSamples``.
+        Returns a list of samples, or with ``batched=True`` one ``BatchedSamples``. Over
+        remote shards the batch's members are fetched first, in one concurrent round trip.
         """
+        if self.shards.remote:
+            self.shards.prefetch(indices, self.fields)
         if self.batched:
             from .collate import fetch_batched
 

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from .. import shuffle as plan_mod
 from ..codecs import DecodeSpec, make_decoder
 from ..reader import Block, Sample, ShardSet
+from ..remote import RemoteOptions
 from ..sources import Source
 from ._dist import RankEpoch
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
@@ -130,6 +131,12 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             (``ChecksumError`` naming shard, key, extension and byte offset); needs indexes
             with checksums (the writer's, or ``tarindex index --checksums``). Defaults to
             ``False``.
+        index_dir: Where the indexes are, if not beside the tars (see
+            :class:`tarindex.ShardSet`). Defaults to ``None``.
+        remote: How URL shards are read (:class:`tarindex.RemoteOptions`). Over remote
+            shards each block is one ranged read, and the next blocks of the plan are read
+            ahead in background threads within ``readahead_bytes``. Defaults to
+            ``RemoteOptions()``.
         batched: Yield one ``BatchedSamples`` per ``batch_size`` samples instead of sample
             dicts (see **Batched output**). Raw bytes only: not with ``decode``/``transform``.
             Defaults to ``False``.
@@ -173,6 +180,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         check_crc: bool = True,
         verify_data: bool = False,
         batched: bool = False,
+        index_dir: str | None = None,
+        remote: RemoteOptions | None = None,
         batch_size: int | None = None,
         int_fields: Sequence[str] = INT_FIELDS,
     ) -> None:
@@ -187,6 +196,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             use_mmap=use_mmap,
             check_crc=check_crc,
             verify_data=verify_data,
+            index_dir=index_dir,
+            remote=remote,
         )
         self.shuffle = bool(shuffle)
         self.seed = int(seed)

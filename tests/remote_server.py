@@ -1,0 +1,171 @@
+"""A real HTTP file server on 127.0.0.1 that honours Range, for tests and benchmarks.
+
+The standard library's ``SimpleHTTPRequestHandler`` ignores ``Range``; this handler serves
+single byte ranges (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) with ``206`` and counts what it
+sends. Knobs (set on the server, changeable while it runs): ``latency`` (seconds added before
+every reply), ``ignore_range`` (answer ranged GETs with the whole file, like a naive server),
+``drop`` (the next ``drop`` replies with a body close the connection after half of it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+
+
+class RangeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, root: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root = root
+        self.latency = 0.0
+        self.ignore_range = False
+        self.drop = 0
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.bytes_sent = 0
+        self.log: list[tuple[str, str, int, int]] = []  # (method, path, start, end)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests = 0
+            self.bytes_sent = 0
+            self.log.clear()
+
+    def bytes_for(self, suffix: str) -> int:
+        """Body bytes sent for paths ending in ``suffix``."""
+        with self.lock:
+            return sum(e - s for m, p, s, e in self.log if p.endswith(suffix) and m == "GET")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: RangeServer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _file(self) -> str | None:
+        rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
+        p = os.path.normpath(os.path.join(self.server.root, rel))
+        if not p.startswith(os.path.abspath(self.server.root)) or not os.path.isfile(p):
+            return None
+        return p
+
+    def _missing(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        srv = self.server
+        if srv.latency:
+            time.sleep(srv.latency)
+        with srv.lock:
+            srv.requests += 1
+            srv.log.append(("HEAD", self.path, 0, 0))
+        p = self._file()
+        if p is None:
+            return self._missing()
+        self.send_response(200)
+        self.send_header("Content-Length", str(os.path.getsize(p)))
+        self.send_header("Accept-Ranges", "none" if srv.ignore_range else "bytes")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        srv = self.server
+        if srv.latency:
+            time.sleep(srv.latency)
+        p = self._file()
+        if p is None:
+            with srv.lock:
+                srv.requests += 1
+            return self._missing()
+        size = os.path.getsize(p)
+        start, end, status = 0, size, 200
+        rng = self.headers.get("Range")
+        if rng and not srv.ignore_range:
+            m = _RANGE.match(rng.strip())
+            if m is None or (not m.group(1) and not m.group(2)):
+                self.send_response(416)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if m.group(1):
+                start = int(m.group(1))
+                end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+            else:
+                start, end = max(0, size - int(m.group(2))), size
+            if start >= size or end <= start:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = 206
+        with srv.lock:
+            srv.requests += 1
+            drop = srv.drop > 0
+            if drop:
+                srv.drop -= 1
+        self.send_response(status)
+        self.send_header("Content-Length", str(end - start))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        with open(p, "rb") as f:
+            f.seek(start)
+            n = end - start
+            if drop:  # half the body, then the connection goes away
+                half = max(1, n // 2) if n > 1 else 0
+                data = f.read(half)
+                self.wfile.write(data)
+                self.wfile.flush()
+                with srv.lock:
+                    srv.bytes_sent += len(data)
+                    srv.log.append(("GET", self.path, start, start + len(data)))
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
+            sent = 0
+            while sent < n:
+                chunk = f.read(min(1 << 20, n - sent))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                sent += len(chunk)
+            with srv.lock:
+                srv.bytes_sent += sent
+                srv.log.append(("GET", self.path, start, start + sent))
+
+
+@contextmanager
+def serve(root: str) -> Iterator[RangeServer]:
+    """Serve ``root`` on 127.0.0.1 (a free port) for the duration of the block."""
+    srv = RangeServer(root)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
