@@ -15,11 +15,13 @@ import numpy as np
 from ._version import __version__
 from .format.group import group_members
 from .format.index import IndexTables, encode_index
-from .format.keys import NO_SAMPLE, no_sample_reason
+from .format.keys import NO_SAMPLE, no_sample_reason, normalize_name
+from .format.spec import MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
+from .format.zstd_dict import DictEntry, dict_id_of, entry_for
 from .indexfile import index_path_for, write_atomic
 from .scan import Members, scan_members
 
-__all__ = ["build_index", "index_tables_for"]
+__all__ = ["build_index", "find_zstd_dict", "index_tables_for"]
 
 
 def index_tables_for(members: Members, producer: str = "tarindex.scan") -> IndexTables:
@@ -54,9 +56,11 @@ def index_tables_for(members: Members, producer: str = "tarindex.scan") -> Index
     if members.member_crc is not None:  # into index order (grouping may reorder members)
         crc_at = dict(zip(members.offset.tolist(), members.member_crc.tolist(), strict=True))
         t.member_crc = np.asarray([crc_at[o] for o in t.offset.tolist()], np.uint32)
-    if res.skipped_no_ext:
-        n = len(res.skipped_no_ext)
-        first = res.skipped_no_ext[0]
+    # the shard's zstd dictionary is in no sample by design (FORMAT.md §7): no warning
+    no_ext = [n for n in res.skipped_no_ext if normalize_name(n) != ZSTD_DICT_MEMBER]
+    if no_ext:
+        n = len(no_ext)
+        first = no_ext[0]
         why = (no_sample_reason(first) or NO_SAMPLE).removeprefix(NO_SAMPLE + ": ")
         warnings.warn(
             f"{members.path}: {n} regular file(s) belong to no sample under the key rule "
@@ -77,6 +81,42 @@ def index_tables_for(members: Members, producer: str = "tarindex.scan") -> Index
             stacklevel=2,
         )
     return res.tables
+
+
+def find_zstd_dict(members: Members) -> DictEntry | None:
+    """Find the shard's zstd dictionary member (FORMAT.md §7) and describe it, or None.
+
+    The member named ``__tarindex_zstd_dict__`` at the top of the tar (its last copy, as
+    extraction does); its bytes are read once (a zstd dictionary is at most
+    ``MAX_ZSTD_DICT_BYTES``) for the crc32 and the dictionary id. A member of that name that
+    is not a zstd dictionary, or too large, is not recorded (a warning says so).
+    """
+    names = [normalize_name(n) for n in members.raw_names]
+    hits = [i for i, n in enumerate(names) if n == ZSTD_DICT_MEMBER]
+    if not hits:
+        return None
+    i = hits[-1]
+    offset, size = int(members.offset[i]), int(members.size[i])
+    name = ZSTD_DICT_MEMBER.decode()
+    if not 0 < size <= MAX_ZSTD_DICT_BYTES:
+        warnings.warn(
+            f"{members.path}: byte {offset}: member {name!r} holds {size} bytes, not a zstd "
+            f"dictionary of 1 to {MAX_ZSTD_DICT_BYTES} bytes (FORMAT.md §7); not recorded, so "
+            f"its .zst members that need it will not decode",
+            stacklevel=3,
+        )
+        return None
+    with open(members.path, "rb") as f:
+        data = os.pread(f.fileno(), size, offset)
+    entry = entry_for(data, offset)
+    if len(data) != size or dict_id_of(data) < 0:
+        warnings.warn(
+            f"{members.path}: byte {offset}: member {name!r} is not a zstd dictionary (no "
+            f"dictionary magic, FORMAT.md §7); not recorded",
+            stacklevel=3,
+        )
+        return None
+    return entry
 
 
 def build_index(
@@ -113,7 +153,11 @@ def build_index(
         OSError: The tar cannot be read or the index cannot be written.
     """
     tar_path = os.fspath(tar_path)
-    tables = index_tables_for(scan_members(tar_path, require_end=require_end, checksums=checksums))
+    members = scan_members(tar_path, require_end=require_end, checksums=checksums)
+    tables = index_tables_for(members)
+    entry = find_zstd_dict(members)
+    if entry is not None:
+        tables.meta[ZSTD_DICT_META] = entry.meta()
     if not require_end:
         tables.meta["require_end"] = False  # verify rescans it the same way
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))

@@ -2,8 +2,10 @@
 
 The codec is chosen by the *last* dot-component of the extension (``"seg.png"`` -> ``png``),
 as webdataset does; a trailing ``.zst`` means zstandard-compressed bytes of the inner
-extension (``"npy.zst"``). Images go through Pillow. Unpickling (``pickle``, ``pyd``) happens
-only with ``allow_pickle=True``: pickle runs arbitrary code.
+extension (``"npy.zst"``), possibly compressed with the shard's trained dictionary
+(docs/FORMAT.md §7, passed by the datasets as ``ExtDecoder(sample, zstd_dict)``); a decoded
+sample names such an entry without ``.zst``. Images go through Pillow. Unpickling
+(``pickle``, ``pyd``) happens only with ``allow_pickle=True``: pickle runs arbitrary code.
 
 **Decoding the webdataset way** (docs/DECODING.md): ``decode=`` takes webdataset's image
 specs (:data:`IMAGE_SPECS`: ``"rgb8"``, ``"rgb"``, ``"torchrgb8"``, ``"pil"``, ...), handlers
@@ -167,12 +169,17 @@ class _Refused(Exception):
 
 
 class _Budget:
-    """Decompressed bytes a sample may still produce, shared by its members."""
+    """Decompressed bytes a sample may still produce, shared by its members.
 
-    __slots__ = ("left", "limit")
+    Also carries the sample's shard's zstd dictionary (``zstandard.ZstdCompressionDict`` or
+    None, FORMAT.md §7): the per-sample decode context.
+    """
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("left", "limit", "zstd_dict")
+
+    def __init__(self, limit: int, zstd_dict: Any = None) -> None:
         self.limit = self.left = limit
+        self.zstd_dict = zstd_dict
 
     def take(self, n: int, what: str, zstd: bool) -> None:
         if n > self.left:
@@ -222,19 +229,64 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+_DCTX = threading.local()  # per thread: {id(dictionary) or 0: (dictionary, ZstdDecompressor)}
+_DCTX_KEEP = 8  # decompressors kept per thread (one per shard dictionary in use)
+
+
+def _decompressor(zstd_dict: Any) -> Any:
+    """This thread's ``ZstdDecompressor`` for ``zstd_dict`` (None: no dictionary).
+
+    Making one costs ~60 us (its context), decompressing a small member ~1 us: they are kept,
+    per thread (a decompressor is not thread-safe), keyed by the dictionary object (held, so
+    its id stays unique), never by shard path.
+    """
+    cache: dict[int, tuple[Any, Any]] | None = getattr(_DCTX, "cache", None)
+    if cache is None:
+        cache = _DCTX.cache = {}
+    k = 0 if zstd_dict is None else id(zstd_dict)
+    hit = cache.get(k)
+    if hit is not None and hit[0] is zstd_dict:
+        return hit[1]
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor(dict_data=zstd_dict)
+    if len(cache) >= _DCTX_KEEP:
+        cache.pop(next(iter(cache)))
+    cache[k] = (zstd_dict, dctx)
+    return dctx
+
+
 def _unzstd(data: bytes, budget: _Budget) -> bytes:
-    """Decompress the first zstd frame of ``data``, charging its size to ``budget`` first."""
+    """Decompress the first zstd frame of ``data``, charging its size to ``budget`` first.
+
+    A frame compressed with a dictionary (its header names the dictionary id) is
+    decompressed with ``budget.zstd_dict``, the shard's (FORMAT.md §7), whose id must match.
+    """
     import zstandard
 
     try:
         declared = zstandard.frame_content_size(data)  # -1: not in the frame header
+        dict_id = zstandard.get_frame_parameters(data).dict_id
     except zstandard.ZstdError:
-        declared = -1  # not a frame: decompress() below says so
-    dctx = zstandard.ZstdDecompressor()
+        declared, dict_id = -1, 0  # not a frame: decompress() below says so
+    zd = None
+    if dict_id:
+        zd = budget.zstd_dict
+        have = None if zd is None else zd.dict_id()
+        if have != dict_id:
+            got = "has no zstd dictionary" if zd is None else f"has dictionary {have}"
+            raise _Refused(
+                f"zstd frame was compressed with dictionary {dict_id}, and the shard {got} "
+                f"(FORMAT.md §7); decode through TarDataset/TarIterableDataset, or pass "
+                f"zstd_dict=ShardReader(tar).zstd_dict()",
+                True,
+            )
+    dctx = _decompressor(zd)
     if declared >= 0:
         # a 40-byte frame may declare 16 GiB, allocated up front by decompress(): check first
         budget.take(declared, "zstd frame declares", True)
-        return dctx.decompress(data)
+        out: bytes = dctx.decompress(data)
+        return out
     # no size in the header: count the output with one 1 MiB buffer, stopping past the
     # budget, then decompress into one allocation of exactly that size
     buf = bytearray(min(budget.left + 1, _COUNT_STEP))
@@ -248,7 +300,8 @@ def _unzstd(data: bytes, budget: _Budget) -> bytes:
     what = "to at least" if n > budget.left else "to"
     budget.take(n, f"zstd frame (no size in its header) expands {what}", True)
     # max_output_size=0 would mean "unbounded"; a truncated frame raises ZstdError here
-    return dctx.decompress(data, max_output_size=max(n, 1))
+    out = dctx.decompress(data, max_output_size=max(n, 1))
+    return out
 
 
 def _npy(data: bytes, allow_pickle: bool) -> Any:
@@ -638,6 +691,25 @@ def _decode_member(
         raise cls(f"{where}extension {ext!r}: {head}: {type(cause).__name__}: {msg}") from cause
 
 
+def _strip_zst(sample: dict[str, Any], shard: str | None, key: str | None) -> None:
+    """Rename each decoded ``EXT.zst`` entry of ``sample`` to ``EXT``, in place, in order."""
+    items = list(sample.items())
+    sample.clear()
+    for k, v in items:
+        name = k
+        while name.endswith(".zst") and len(name) > 4 and not k.startswith("__"):
+            name = name[:-4]
+        if name in sample:
+            where = (f"{shard}: " if shard is not None else "") + (
+                f"sample {key!r}, " if key is not None else ""
+            )
+            raise DecodeError(
+                f"{where}extensions {name!r} and {k!r} both decode to {name!r}; rename one "
+                f"(or read the sample undecoded)"
+            )
+        sample[name] = v
+
+
 def _check_mode(image: str) -> None:
     if image not in IMAGE_SPECS and image != "raw":
         raise ValueError(
@@ -662,6 +734,7 @@ def decode_value(
     max_decompressed_bytes: int | None = None,
     shard: str | None = None,
     key: str | None = None,
+    zstd_dict: Any = None,
 ) -> Any:
     """Decode one member's bytes by extension (reader side), within the bounds.
 
@@ -682,6 +755,8 @@ def decode_value(
             call. (:class:`ExtDecoder` shares one such budget among a sample's members.)
         shard: Shard path, for error messages only. Defaults to ``None`` (not named).
         key: Sample key, for error messages only. Defaults to ``None`` (not named).
+        zstd_dict: The shard's zstd dictionary (:meth:`tarindex.ShardReader.zstd_dict`), for
+            ``.zst`` members compressed with one (FORMAT.md §7). Defaults to ``None``.
 
     Returns:
         ``int`` for ``cls``-like extensions, ``str`` for ``txt``, objects for ``json``,
@@ -708,7 +783,8 @@ def decode_value(
     )
     limit = ZSTD_MAX_OUTPUT if max_decompressed_bytes is None else max_decompressed_bytes
     limit = _bound("max_decompressed_bytes", limit, 0)
-    return _decode_member(ext, data, (image,), allow_pickle, pixels, _Budget(limit), shard, key)
+    budget = _Budget(limit, zstd_dict)
+    return _decode_member(ext, data, (image,), allow_pickle, pixels, budget, shard, key)
 
 
 Decoder = Callable[[dict[str, Any]], dict[str, Any]]
@@ -812,21 +888,36 @@ class ExtDecoder:
         """The first image spec among the steps (``None``: images stay bytes unless handled)."""
         return next((s for s in self.steps if isinstance(s, str)), None)
 
-    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, sample: dict[str, Any], zstd_dict: Any = None) -> dict[str, Any]:
         """Decode ``sample`` in place and return it.
+
+        A ``EXT.zst`` member is decompressed and decoded as ``EXT``, and its entry renamed
+        ``EXT``: ``sample["json"]`` is the same object whether the shard stored ``json`` or
+        ``json.zst`` (FORMAT.md §7).
+
+        Args:
+            sample: A raw sample (``__key__``, ``__shard__``, extension -> bytes).
+            zstd_dict: The sample's shard's zstd dictionary
+                (:meth:`tarindex.ShardReader.zstd_dict`; the datasets pass it). Defaults to
+                ``None``.
 
         Raises:
             DecodeError: A member cannot be decoded within the bounds, or a handler raised
-                (see :func:`decode_value`); the message names shard, key and extension.
+                (see :func:`decode_value`), or a sample holds both ``EXT`` and ``EXT.zst``;
+                the message names shard, key and extension.
         """
-        budget = _Budget(self.max_decompressed_bytes)
+        budget = _Budget(self.max_decompressed_bytes, zstd_dict)
         shard, key = sample.get("__shard__"), sample.get("__key__")
         shard = None if shard is None else str(shard)
         key = None if key is None else str(key)
         steps, pickle_ok, pixels = self.steps, self.allow_pickle, self.max_image_pixels
+        zst = False
         for k, v in sample.items():
             if not k.startswith("__"):
                 sample[k] = _decode_member(k, v, steps, pickle_ok, pixels, budget, shard, key)
+                zst = zst or k.endswith(".zst")
+        if zst:
+            _strip_zst(sample, shard, key)
         return sample
 
     def __repr__(self) -> str:

@@ -46,6 +46,7 @@ __all__ = [
     "SERIALIZER_EXTS",
     "encode_value",
     "zstd_compress",
+    "zstd_compressor",
     "image_from_array",
 ]
 
@@ -81,23 +82,28 @@ def _need(package: str, ext: str, pip: str | None = None) -> Any:
         ) from e
 
 
-def zstd_compress(data: bytes, level: int = 3, zstd_dict: Any = None) -> bytes:
-    """Compress ``data`` into one zstd frame that records its content size.
+def zstd_compressor(level: int = 3, zstd_dict: Any = None) -> Any:
+    """A ``zstandard.ZstdCompressor`` whose frames record their content size (and dict id).
 
     Args:
-        data: The encoded member.
         level: zstd level (1-22; negative levels are faster). Defaults to ``3``.
         zstd_dict: A ``zstandard.ZstdCompressionDict`` (the shard's trained dictionary,
             docs/FORMAT.md §7), or ``None``. Defaults to ``None``.
 
     Returns:
-        The frame; its header holds the decompressed size (so a reader charges it to the
-        sample's decompression budget before allocating) and the dictionary's id.
+        The compressor: ``.compress(data)`` gives one frame whose header holds the
+        decompressed size, so a reader charges it to the sample's decompression budget
+        before allocating (:mod:`tarindex.codecs`). Not thread-safe: one per thread.
     """
     import zstandard
 
-    cctx = zstandard.ZstdCompressor(level=level, dict_data=zstd_dict, write_content_size=True)
-    return cctx.compress(data)
+    return zstandard.ZstdCompressor(level=level, dict_data=zstd_dict, write_content_size=True)
+
+
+def zstd_compress(data: bytes, level: int = 3, zstd_dict: Any = None) -> bytes:
+    """Compress ``data`` into one zstd frame (:func:`zstd_compressor`'s, for one member)."""
+    out: bytes = zstd_compressor(level, zstd_dict).compress(data)
+    return out
 
 
 def image_from_array(ext: str, value: np.ndarray[Any, Any]) -> Any:

@@ -65,6 +65,7 @@ from .format.spec import (
     USTAR_MAX_SIZE,
 )
 from .format.tar import checksum_ok, header_name, parse_number
+from .format.zstd_dict import check_dict, dict_entry
 from .indexfile import index_path_for
 from .remote import (
     RemoteOptions,
@@ -91,6 +92,7 @@ __all__ = [
 ]
 
 Sample = dict[str, Any]
+_UNREAD = object()  # ShardReader.zstd_dict() not called yet
 
 CHUNK_SHIFT = 10
 CHUNK = 1 << CHUNK_SHIFT
@@ -568,6 +570,7 @@ class ShardReader:
         if full_check:
             self._checked[:] = b"\x01" * len(self._checked)
         self._want: dict[frozenset[str], NDArray[np.bool_]] = {}
+        self._zstd_dict: Any = _UNREAD  # zstd_dict(): read on first use
         # Hot-path views: memoryview.cast("Q") indexes to Python ints ~3x faster than numpy
         # scalars. The tables are little-endian (FORMAT.md §2); on a big-endian host fall back
         # to numpy views (indexing them also yields ints via int()).
@@ -851,6 +854,32 @@ class ShardReader:
         if w is None:
             w = self._want[key] = np.asarray([e in key for e in self.exts], np.bool_)
         return w
+
+    def zstd_dict(self) -> Any:
+        """The shard's zstd dictionary (FORMAT.md §7), or ``None`` if it has none.
+
+        Read from the tar and checked (the index's entry, crc32, dictionary id) on the first
+        call in this reader, then kept: decoders get it from here, per shard, through the
+        datasets (``ExtDecoder(sample, zstd_dict=...)``), never by path.
+
+        Returns:
+            A ``zstandard.ZstdCompressionDict``, or ``None``.
+
+        Raises:
+            FormatError: The index's ``zstd_dict`` entry is malformed or out of the tar's
+                range, or the bytes there are not a dictionary with the recorded id.
+            ChecksumError: The dictionary's bytes changed since the shard was indexed.
+        """
+        if self._zstd_dict is _UNREAD:
+            entry = dict_entry(self.index.meta, self.index_path, self.tar_size)
+            zd = None
+            if entry is not None:
+                import zstandard
+
+                data = check_dict(self.read(entry.offset, entry.size), entry, self.tar_path)
+                zd = zstandard.ZstdCompressionDict(data)
+            self._zstd_dict = zd
+        return self._zstd_dict
 
     # -- the kernel -----------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes:

@@ -7,22 +7,38 @@ import os
 import pickle
 import time
 import zlib
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
 
 from ._version import __version__
-from .encode import encode_value
+from .encode import encode_value, zstd_compressor
 from .errors import WriterError
 from .format.group import group_members
 from .format.index import encode_index, fingerprint
 from .format.keys import check_ext, check_key
-from .format.spec import BLOCK, FINGERPRINT_BYTES, SHARD_ID_BYTES, USTAR_MAX_SIZE
+from .format.spec import (
+    BLOCK,
+    FINGERPRINT_BYTES,
+    MAX_ZSTD_DICT_BYTES,
+    SHARD_ID_BYTES,
+    USTAR_MAX_SIZE,
+    ZSTD_DICT_MEMBER,
+    ZSTD_DICT_META,
+)
 from .format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
+from .format.zstd_dict import DictEntry, entry_for
 from .indexfile import index_path_for, temp_path_for, write_atomic
 
-__all__ = ["ShardWriter", "TarWriter", "TarShardWriter", "check_pattern"]
+__all__ = [
+    "ShardWriter",
+    "TarWriter",
+    "TarShardWriter",
+    "check_pattern",
+    "ZSTD_DICT_BYTES",
+]
 
 _RECORD = 20 * BLOCK  # GNU tar and Python tarfile pad archives to 10240-byte records
 
@@ -109,6 +125,8 @@ class TarShardWriter:
         self._sizes: list[int] = []
         self._crcs: list[int] = []
         self._keys: set[str] = set()
+        self.zstd_dict: DictEntry | None = None
+        """Where the shard's zstd dictionary was written (:meth:`write_zstd_dict`), or None."""
 
     def _write(self, data: bytes) -> None:
         try:
@@ -165,11 +183,37 @@ class TarShardWriter:
         """
         self.write_prepared(key, self.prepare(key, members)[0])
 
-    def write_prepared(self, key: str, prepared: list[tuple[bytes, bytes, bytes]]) -> None:
-        """Append one sample built by :meth:`prepare` (for the same ``key``)."""
+    def _start(self) -> None:
         if self.pos == 0:
             sid = SHARD_ID_COMMENT + self.shard_id.hex().encode()
             self._write(build_global_header([(b"comment", sid)], self.mtime))
+
+    def write_zstd_dict(self, data: bytes) -> None:
+        """Store the shard's zstd dictionary: a member in no sample, before the first sample.
+
+        The member is named ``ZSTD_DICT_MEMBER`` (FORMAT.md §7); the index records its
+        offset, size, crc32 and dictionary id in its metadata.
+
+        Raises:
+            WriterError: If a sample or a dictionary was already written, or ``data`` is
+                larger than ``MAX_ZSTD_DICT_BYTES``.
+        """
+        if self.count or self.zstd_dict is not None:
+            raise WriterError(f"{self.path}: the zstd dictionary goes before the first sample")
+        if not 0 < len(data) <= MAX_ZSTD_DICT_BYTES:
+            raise WriterError(
+                f"{self.path}: a zstd dictionary of {len(data)} bytes; FORMAT.md §7 allows 1 to "
+                f"{MAX_ZSTD_DICT_BYTES}"
+            )
+        self._start()
+        self._write(build_member_header(ZSTD_DICT_MEMBER, len(data), self.mtime))
+        self.zstd_dict = entry_for(data, self.pos)
+        self._write(data)
+        self._write(bytes(padded(len(data)) - len(data)))
+
+    def write_prepared(self, key: str, prepared: list[tuple[bytes, bytes, bytes]]) -> None:
+        """Append one sample built by :meth:`prepare` (for the same ``key``)."""
+        self._start()
         self._keys.add(key)
         for name, header, data in prepared:
             size = len(data)
@@ -221,6 +265,8 @@ class TarShardWriter:
             t = res.tables
             t.end = end
             t.shard_id = self.shard_id if self.count else b""
+            if self.zstd_dict is not None:
+                t.meta[ZSTD_DICT_META] = self.zstd_dict.meta()
             crc_at = dict(zip(self._offsets, self._crcs, strict=True))  # index order may differ
             t.member_crc = np.asarray([crc_at[o] for o in t.offset.tolist()], np.uint32)
             index = encode_index(t)
@@ -361,6 +407,16 @@ class ShardWriter:
     exception inside the ``with`` block the shard in progress is deleted; shards already
     finished stay complete with their indexes.
 
+    Values are encoded by extension (:func:`tarindex.encode.encode_value`: webdataset's
+    writer conventions). **Compressed members** (docs/FORMAT.md §7): a member whose extension
+    ends in ``.zst`` (``"json.zst"``), or whose extension's last component is in
+    ``compress`` (then stored as ``EXT.zst``), is the zstd frame of the encoded value; readers
+    decompress it when decoding, so ``ds[i]["json"]`` is the same object either way. With
+    ``zstd_dict``, each shard trains a zstd dictionary on its first ``zstd_dict_samples``
+    samples (held in memory until then), stores it as the member ``__tarindex_zstd_dict__``
+    before its first sample (the tar stays a tar that ``tar -x`` and webdataset read), and
+    compresses its ``.zst`` members with it; small members compress 2x better than without.
+
     Only one writer at a time may write a pattern: from its first sample to :meth:`close` or
     :meth:`abort` a writer holds an exclusive lock on ``.<pattern name>.lock`` beside the
     shards (``fcntl.flock``, where the platform has it; the file is removed on release); a
@@ -374,7 +430,8 @@ class ShardWriter:
             single larger sample still goes in one shard, alone). Defaults to ``3e9``.
         start_shard: Number of the first shard. Defaults to ``0``.
         mtime: Integer mtime for every member header. Defaults to the time of construction.
-        encoder: ``(ext, value) -> bytes``. Defaults to :func:`tarindex.encode.encode_value`.
+        encoder: ``(ext, value) -> bytes``, called with the extension without ``.zst``.
+            Defaults to :func:`tarindex.encode.encode_value`.
         durable: ``fsync`` every tar, index and the directory when a shard is finished, so
             finished shards survive a power loss. ``False`` for scratch data. Defaults to
             ``True``.
@@ -383,11 +440,22 @@ class ShardWriter:
             index. An integer makes the ids a function of ``(seed, shard number)``: the same
             samples give the same bytes (reproducible builds); use it only where rewriting a
             shard with different samples under the same seed cannot happen.
+        compress: Extensions to store zstd-compressed as ``EXT.zst``, matched on their last
+            dot-component (``("json", "txt")``); ``True`` for every member. Defaults to
+            ``False`` (only members named ``EXT.zst``).
+        zstd_level: zstd compression level. Defaults to ``3``.
+        zstd_dict: ``True`` (a dictionary of at most :data:`ZSTD_DICT_BYTES`, 32 KiB) or a
+            size in bytes (``>= 1024``): train one per shard. A shard whose first samples hold
+            too little to train on (fewer than 8 compressed members or 4 KiB) gets none; its
+            members are still compressed. Defaults to ``False``.
+        zstd_dict_samples: Samples a shard's dictionary is trained on, its first ones
+            (``>= 1``). Defaults to ``1000``.
 
     Raises:
         WriterError: If ``maxcount`` or ``maxsize`` is not a finite number ``>= 1``, ``mtime``
             does not fit a ustar header, ``pattern`` fails :func:`check_pattern` (a ``%``
-            that is not exactly one integer field, the same path for two shards).
+            that is not exactly one integer field, the same path for two shards), or a
+            compression option is invalid.
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
@@ -407,6 +475,10 @@ class ShardWriter:
         encoder: Callable[[str, Any], bytes] = encode_value,
         durable: bool = True,
         seed: int | None = None,
+        compress: bool | str | Collection[str] = False,
+        zstd_level: int = 3,
+        zstd_dict: bool | int = False,
+        zstd_dict_samples: int = 1000,
     ) -> None:
         self._lock: _PatternLock | None = None
         self.pattern = os.fspath(pattern)
@@ -426,10 +498,24 @@ class ShardWriter:
         self.encoder = encoder
         self.durable = durable
         self.seed = seed
+        self._compress_all, self._compress = _compress_set(compress)
+        self.zstd_level = _int_option("zstd_level", zstd_level, -(1 << 17), 22)
+        if zstd_dict is True:
+            zstd_dict = ZSTD_DICT_BYTES
+        self._dict_size = (
+            0 if zstd_dict is False else _int_option("zstd_dict", zstd_dict, 1024, ZSTD_DICT_MAX)
+        )
+        self._train_n = _int_option("zstd_dict_samples", zstd_dict_samples, 1, 1 << 40)
         self._first = start_shard
         self.paths: list[str] = []
         self.total = 0
         self._cur: TarShardWriter | None = None
+        self._cctx: Any = None  # the current shard's zstd compressor (with its dictionary)
+        # samples encoded but not yet in a shard: (key, [(stored ext, data, compress?), ...]);
+        # with zstd_dict, a shard's first samples wait here until its dictionary is trained
+        self._pending: deque[tuple[str, list[tuple[str, bytes, bool]]]] = deque()
+        self._pending_keys: set[str] = set()
+        self._pending_bytes = 0
 
     def _path(self, k: int) -> str:
         if self._has_field:
@@ -441,15 +527,8 @@ class ShardWriter:
             f"(maxcount={self.maxcount}, maxsize={self.maxsize}); use e.g. 'out-%06d.tar'"
         )
 
-    def write(self, sample: dict[str, Any]) -> None:
-        """Write one sample: ``{"__key__": str, ext: value, ...}`` (keys starting ``__`` skipped).
-
-        Raises:
-            WriterError: Missing or invalid key (a dot in its basename, see FORMAT.md §4), a key
-                repeated within the shard, a bad extension, a value that cannot be encoded,
-                a second shard is needed but ``pattern`` has no ``%d`` field, or another
-                writer holds the pattern's lock.
-        """
+    def _encode(self, sample: dict[str, Any]) -> tuple[str, list[tuple[str, bytes, bool]]]:
+        """Check and encode one sample: ``(key, [(stored ext, bytes, compress?), ...])``."""
         if not isinstance(sample, dict):
             raise WriterError(
                 f"a sample is a dict {{'__key__': str, ext: value}}, not a {type(sample).__name__}"
@@ -461,7 +540,7 @@ class ShardWriter:
             check_key(key)
         except ValueError as e:
             raise WriterError(str(e)) from None
-        members: list[tuple[str, bytes]] = []
+        members: list[tuple[str, bytes, bool]] = []
         for ext, value in sample.items():
             if not isinstance(ext, str):
                 raise WriterError(
@@ -469,59 +548,157 @@ class ShardWriter:
                 )
             if ext.startswith("__"):
                 continue
+            inner, stored, z = ext, ext, True
+            if ext.endswith(".zst") and len(ext) > 4:
+                inner = ext[:-4]
+            elif self._compress_all or ext.rsplit(".", 1)[-1].lower() in self._compress:
+                stored = ext + ".zst"
+            else:
+                z = False
             try:
-                check_ext(ext)
-                data = self.encoder(ext, value)
+                check_ext(stored)
+                data = self.encoder(inner, value)
             except _ENCODE_ERRORS as e:
                 raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from e
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise WriterError(
                     f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, not bytes"
                 )
-            members.append((ext, bytes(data)))
+            if any(stored == m[0] for m in members):
+                raise WriterError(
+                    f"sample {key!r}: extension {stored!r} twice (from {ext!r} and compress=); "
+                    f"give one of them another extension"
+                )
+            members.append((stored, bytes(data), z))
         if not members:
             raise WriterError(f"sample {key!r} has no members (only '__' entries)")
-        cur = self._cur
-        if cur is not None:
-            prepared, n = cur.prepare(key, members)
-            if cur.count >= self.maxcount or _finished_size(cur.pos + n) > self.maxsize:
-                self._finish()
-                cur = None
-        if cur is None:
-            if self._lock is None:
-                self._lock = _PatternLock(self.pattern)
-            sid = None
-            if self.seed is not None:
-                sid = hashlib.blake2b(
-                    f"tarindex:{self.seed}:{self.shard}".encode(), digest_size=SHARD_ID_BYTES
-                ).digest()
-            cur = self._cur = TarShardWriter(
-                self._path(self.shard), self.mtime, durable=self.durable, shard_id=sid
+        return key, members
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Write one sample: ``{"__key__": str, ext: value, ...}`` (keys starting ``__`` skipped).
+
+        With ``zstd_dict``, a shard's first samples are held until its dictionary is trained
+        (or :meth:`close`), then written in order.
+
+        Raises:
+            WriterError: Missing or invalid key (a dot in its basename, see FORMAT.md §4), a key
+                repeated within the shard, a bad extension, a value that cannot be encoded
+                (its exception chained; nothing of the sample is written), a second shard is
+                needed but ``pattern`` has no ``%d`` field, or another writer holds the
+                pattern's lock.
+        """
+        key, members = self._encode(sample)
+        if key in self._pending_keys:
+            raise WriterError(
+                f"{self._path(self.shard)}: key {key!r} written twice in this shard; keys must "
+                f"be unique within a shard (FORMAT.md §4): give each sample its own key"
             )
-            prepared, _ = cur.prepare(key, members)
-        cur.write_prepared(key, prepared)
-        self.total += 1
+        if self._lock is None:
+            self._lock = _PatternLock(self.pattern)
+        self._pending.append((key, members))
+        self._pending_keys.add(key)
+        self._pending_bytes += sum(len(d) for _, d, z in members if z)
+        self._drain(final=False)
+
+    def _drain(self, final: bool) -> None:
+        """Write the pending samples that can be written now, in order."""
+        pending = self._pending
+        while pending:
+            cur = self._cur
+            if cur is None:
+                if (
+                    self._dict_size
+                    and not final
+                    and len(pending) < self._train_n
+                    and self._pending_bytes < _TRAIN_MAX_BYTES
+                ):
+                    return  # the next shard's dictionary needs more samples
+                try:
+                    cur = self._open()
+                except WriterError:  # no path for another shard: this sample is not written
+                    self._pop()
+                    raise
+            key, members = pending[0]
+            cctx = self._cctx
+            data = [(e, cctx.compress(d) if z else d) for e, d, z in members]
+            try:
+                prepared, n = cur.prepare(key, data)
+            except WriterError:
+                self._pop()
+                raise
+            if cur.count and (
+                cur.count >= self.maxcount or _finished_size(cur.pos + n) > self.maxsize
+            ):
+                self._finish()
+                continue
+            cur.write_prepared(key, prepared)
+            self._pop()
+            self.total += 1
+
+    def _pop(self) -> None:
+        key, members = self._pending.popleft()
+        self._pending_keys.discard(key)
+        self._pending_bytes -= sum(len(d) for _, d, z in members if z)
+
+    def _open(self) -> TarShardWriter:
+        """Start the next shard, with a dictionary trained on the pending samples if asked."""
+        sid = None
+        if self.seed is not None:
+            sid = hashlib.blake2b(
+                f"tarindex:{self.seed}:{self.shard}".encode(), digest_size=SHARD_ID_BYTES
+            ).digest()
+        cur = TarShardWriter(self._path(self.shard), self.mtime, durable=self.durable, shard_id=sid)
+        self._cur = cur
+        zd = self._train() if self._dict_size else None
+        if zd is not None:
+            cur.write_zstd_dict(zd.as_bytes())
+        self._cctx = zstd_compressor(self.zstd_level, zd)
+        return cur
+
+    def _train(self) -> Any:
+        """A dictionary trained on the first pending samples' compressed members, or None."""
+        import zstandard
+
+        samples: list[Any] = [
+            d for _, ms in list(self._pending)[: self._train_n] for _, d, z in ms if z and d
+        ]
+        total = sum(len(d) for d in samples)
+        if len(samples) < _TRAIN_MIN_SAMPLES or total < _TRAIN_MIN_BYTES:
+            return None
+        size = min(self._dict_size, max(total // 4, 1024))
+        try:
+            return zstandard.train_dictionary(size, samples, level=self.zstd_level)
+        except zstandard.ZstdError:  # too little or too uniform data to train on
+            return None
 
     def _finish(self) -> None:
         if self._cur is not None:
             self._cur.close()
             self.paths.append(self._cur.path)
             self._cur = None
+            self._cctx = None
             self.shard += 1
 
     def close(self) -> None:
-        """Finish the current shard (end blocks, rename, index) and release the pattern lock.
+        """Write the held samples, finish the current shard (end blocks, rename, index), unlock.
 
         Later writes start a new shard (and take the lock again).
         """
         try:
+            self._drain(final=True)
             self._finish()
+        except BaseException:
+            self.abort()
+            raise
         finally:
             self._release()
 
     def abort(self) -> None:
-        """Discard the shard in progress and release the pattern lock."""
+        """Discard the shard in progress and the samples held for it; release the pattern lock."""
         try:
+            self._pending.clear()
+            self._pending_keys.clear()
+            self._pending_bytes = 0
             if self._cur is not None:
                 self._cur.abort()
                 self._cur = None
@@ -547,6 +724,35 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+ZSTD_DICT_BYTES = 32 * 1024
+"""Default size bound of a shard's trained zstd dictionary (``zstd_dict=True``): 32 KiB.
+
+On ~300-byte JSON captions (benchmarks/bench_compress.py) 32 KiB trained on 1000 samples
+gives ~108 bytes per member against ~244 without a dictionary; 110 KiB gains 4% more."""
+ZSTD_DICT_MAX = 1 << 24  # FORMAT.md §7: MAX_ZSTD_DICT_BYTES
+_TRAIN_MIN_SAMPLES = 8
+_TRAIN_MIN_BYTES = 4096
+_TRAIN_MAX_BYTES = 64 << 20  # stop holding samples for training past 64 MiB of them
+
+
+def _int_option(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise WriterError(f"{name}={value!r}: expected an integer in [{low}, {high}]")
+    return value
+
+
+def _compress_set(compress: bool | str | Collection[str]) -> tuple[bool, frozenset[str]]:
+    if compress is True or compress is False or compress is None:
+        return bool(compress), frozenset()
+    items = [compress] if isinstance(compress, str) else compress
+    if not isinstance(items, Collection) or not all(isinstance(e, str) and e and "." not in e for e in items):
+        raise WriterError(
+            f"compress={compress!r}: expected True, False or extensions without dots, e.g. "
+            f"('json', 'txt') (matched on a member's last extension component)"
+        )
+    return False, frozenset(e.lower() for e in items)
 
 
 _UNBOUNDED = 1 << 62

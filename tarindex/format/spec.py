@@ -34,6 +34,10 @@ __all__ = [
     "SHARD_ID_BYTES",
     "END_CHECK_BYTES",
     "HEADER_CHECKS",
+    "ZSTD_DICT_MEMBER",
+    "ZSTD_DICT_META",
+    "ZSTD_DICT_MAGIC",
+    "MAX_ZSTD_DICT_BYTES",
     "BLOCK",
     "USTAR_MAX_SIZE",
     "TAR_NAME",
@@ -106,6 +110,10 @@ CRC_DTYPE = np.dtype("<u4")  # §2.8.2
 SHARD_ID_BYTES = 16  # §1, §2.8.1: random id the writer puts in the shard's first block
 END_CHECK_BYTES = 64 * 1024  # §3: bytes after ``end`` read at open; they must be zeros
 HEADER_CHECKS = 5  # §3: member headers re-read at open (first, quartiles, last)
+ZSTD_DICT_MEMBER = b"__tarindex_zstd_dict__"  # §7: the shard's zstd dictionary (in no sample)
+ZSTD_DICT_META = "zstd_dict"  # §7: metadata key of its entry (offset, size, crc32, dict_id)
+ZSTD_DICT_MAGIC = 0xEC30A437  # §7: first 4 bytes (LE) of a zstd dictionary, RFC 8878 §5
+MAX_ZSTD_DICT_BYTES = 1 << 24  # §7: a reader refuses a larger dictionary before reading it
 
 # --- tar (POSIX.1-1988 ustar, POSIX.1-2001 pax, GNU tar manual) --------------------------------
 # Sources: IEEE Std 1003.1-2017, "pax" utility, "ustar Interchange Format" (the header layout,

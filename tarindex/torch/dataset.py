@@ -7,12 +7,28 @@ from typing import Any
 
 import torch.utils.data
 
-from ..codecs import DecodeSpec, make_decoder
+from ..codecs import Decoder, DecodeSpec, ExtDecoder, make_decoder
 from ..reader import Sample, ShardSet
 from ..remote import RemoteOptions
 from ..sources import Source
 
-__all__ = ["TarDataset"]
+__all__ = ["TarDataset", "decode_sample"]
+
+
+def decode_sample(shards: ShardSet, decoder: Decoder, sample: Sample) -> Any:
+    """Run ``decoder`` on a raw sample of ``shards``, as both datasets do.
+
+    tarindex's own decoder (:class:`~tarindex.codecs.ExtDecoder`, what ``decode=`` makes)
+    also gets the zstd dictionary of the sample's shard (:meth:`ShardReader.zstd_dict`,
+    FORMAT.md §7) when the sample has ``.zst`` members; a sample function gets the sample
+    only (raw ``EXT.zst`` bytes stay as stored).
+    """
+    if isinstance(decoder, ExtDecoder):
+        for k in sample:
+            if k.endswith(".zst"):
+                s, _ = shards.locate(sample["__index__"])
+                return decoder(sample, shards.reader(s).zstd_dict())
+    return decoder(sample)
 
 
 class TarDataset(torch.utils.data.Dataset[Any]):
@@ -124,7 +140,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             self.shards.prefetch([int(i)], self.fields)
         sample = self.shards.get(int(i), self.fields)
         if self.decoder is not None:
-            sample = self.decoder(sample)
+            sample = decode_sample(self.shards, self.decoder, sample)
         if self.transform is not None:
             return self.transform(sample)
         return sample
@@ -144,7 +160,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         get, fields = self.shards.get, self.fields
         samples = [get(int(i), fields) for i in indices]
         if self.decoder is not None:
-            samples = [self.decoder(s) for s in samples]
+            dec, shards = self.decoder, self.shards
+            samples = [decode_sample(shards, dec, s) for s in samples]
         if self.transform is not None:
             return [self.transform(s) for s in samples]
         return samples

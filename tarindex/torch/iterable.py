@@ -23,6 +23,7 @@ from ..remote import RemoteOptions
 from ..sources import Source
 from ._dist import RankEpoch
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
+from .dataset import decode_sample
 
 __all__ = ["TarIterableDataset"]
 
@@ -634,7 +635,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             return sample
         try:
             if self.decoder is not None:
-                sample = self.decoder(sample)
+                sample = decode_sample(self.shards, self.decoder, sample)
             if self.transform is not None:
                 return self.transform(sample)
             return sample
