@@ -20,6 +20,7 @@ from .errors import (
     DecodeError,
     FormatError,
     IndexMissingError,
+    MissingFieldError,
     NotATarError,
     PackError,
     RangeNotSupportedError,
@@ -37,6 +38,7 @@ from .indexfile import index_path_for
 from .reader import ShardReader, ShardSet
 from .remote import RemoteOptions
 from .scan import Members, scan
+from .select import ToTuple, to_tuple
 from .sources import expand_source
 from .writer import ShardWriter, TarWriter
 
@@ -80,6 +82,9 @@ __all__ = [
     "DecodeError",
     "RemoteError",
     "RangeNotSupportedError",
+    "MissingFieldError",
+    "ToTuple",
+    "to_tuple",
     *_TORCH_NAMES,
 ]
 

@@ -26,6 +26,7 @@ __all__ = [
     "DecodeError",
     "RemoteError",
     "RangeNotSupportedError",
+    "MissingFieldError",
 ]
 
 
@@ -116,3 +117,14 @@ class RangeNotSupportedError(RemoteError):
     Refused by default (reading a sample would download the whole shard); the message names
     the URL and the opt-in (``RemoteOptions(download_whole=True, cache_dir=...)``).
     """
+
+
+class MissingFieldError(TarIndexError, KeyError):
+    """A sample has none of the alternatives of a field that a selection asks for.
+
+    Raised by :class:`tarindex.ToTuple` (the datasets' ``select=``); the message names the
+    shard, the sample key, the field and the extensions the sample has.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

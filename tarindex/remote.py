@@ -233,9 +233,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {s[:300]}" if s else type(e).__name__
 
 
-def fetch(
-    reqs: Sequence[tuple[str, int, int]], opts: RemoteOptions = DEFAULT
-) -> list[bytes]:
+def fetch(reqs: Sequence[tuple[str, int, int]], opts: RemoteOptions = DEFAULT) -> list[bytes]:
     """Read byte ranges ``[start, end)`` of remote files, concurrently; return their bytes.
 
     One fsspec ``cat_ranges`` call per filesystem and attempt (at most
@@ -708,9 +706,7 @@ class RemoteSource:
             return b""
         if self._local is not None:
             return bytes(self._local.read(offset, size))
-        buf, bases = self.read_ranges(
-            np.asarray([offset], np.int64), np.asarray([end], np.int64)
-        )
+        buf, bases = self.read_ranges(np.asarray([offset], np.int64), np.asarray([end], np.int64))
         b = int(bases[0])
         return buf[b : b + size] if (b or len(buf) != size) else bytes(buf)
 
@@ -958,9 +954,7 @@ class RemoteSource:
         return reqs, finish_cached
 
 
-def prefetch_many(
-    items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[int]]]
-) -> None:
+def prefetch_many(items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[int]]]) -> None:
     """Fetch the ranges of many remote sources now, in one concurrent batch, into their stores.
 
     The form of :meth:`RemoteSource.prefetch_ranges` (``wait=True``) for a batch that spans

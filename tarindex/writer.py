@@ -747,7 +747,9 @@ def _compress_set(compress: bool | str | Collection[str]) -> tuple[bool, frozens
     if compress is True or compress is False or compress is None:
         return bool(compress), frozenset()
     items = [compress] if isinstance(compress, str) else compress
-    if not isinstance(items, Collection) or not all(isinstance(e, str) and e and "." not in e for e in items):
+    if not isinstance(items, Collection) or not all(
+        isinstance(e, str) and e and "." not in e for e in items
+    ):
         raise WriterError(
             f"compress={compress!r}: expected True, False or extensions without dots, e.g. "
             f"('json', 'txt') (matched on a member's last extension component)"

@@ -117,9 +117,7 @@ def test_every_image_spec_equals_webdataset(shard: str, spec: str) -> None:
         if kind == "pil":
             assert isinstance(img, Image.Image) and img.mode == mode and img.size == (w, h)
             continue
-        want_shape = (
-            (h, w) if c == 1 else ((h, w, c) if kind == "numpy" else (c, h, w))
-        )
+        want_shape = (h, w) if c == 1 else ((h, w, c) if kind == "numpy" else (c, h, w))
         assert tuple(img.shape) == want_shape, (spec, img.shape)
         arr = img.numpy() if kind == "torch" else img
         assert arr.dtype == np.dtype(dtype)

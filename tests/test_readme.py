@@ -30,3 +30,24 @@ def test_readme_use_snippet_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "shapes (4, 3, 32, 32) (4,)" in out.stdout
     assert len(list((tmp_path / "out").glob("train-*.tar.tidx"))) == 5
+
+
+@pytest.mark.timeout(120)
+def test_readme_webdataset_snippet_runs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    code = re.search(
+        r"### Coming from webdataset\n.*?```python\n(.*?)```", README.read_text(), re.S
+    )
+    assert code is not None, "README lost its webdataset snippet"
+    script = tmp_path / "snippet.py"
+    script.write_text(
+        code.group(1)
+        + "print('last', image.shape, image.dtype, sorted(data))\n"
+        + "print('n', sum(1 for _ in dataset))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=110
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "n 100" in out.stdout
+    assert re.search(r"last \((24, 32\) uint8|24, 32, 3\) float32) \['id'\]", out.stdout)

@@ -10,6 +10,7 @@ import torch.utils.data
 from ..codecs import Decoder, DecodeSpec, ExtDecoder, make_decoder
 from ..reader import Sample, ShardSet
 from ..remote import RemoteOptions
+from ..select import ToTuple, make_select
 from ..sources import Source
 
 __all__ = ["TarDataset", "decode_sample"]
@@ -53,10 +54,16 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             a dict ``{ext: f(data)}``, a list of those tried in order, or a sample function
             ``sample -> sample``; other members go through the built-in decoders. See
             :func:`tarindex.codecs.make_decoder` and docs/DECODING.md. Defaults to ``None``.
-        transform: Called on each (decoded) sample; its result is what ``ds[i]`` returns.
-            Defaults to ``None``.
+        transform: Called on each (decoded, selected) sample; its result is what ``ds[i]``
+            returns. Defaults to ``None``.
         fields: Extensions to read, e.g. ``("cls",)``: the others are left out of every
             sample and their bytes are not read. Defaults to ``None`` (all).
+        select: Make each sample a tuple, webdataset's ``to_tuple``:
+            ``tarindex.to_tuple("jpg;png", "json")`` or just ``("jpg;png", "json")`` (``;``
+            separates alternatives, the first present wins). Only the members it names are
+            read (it sets ``fields``) and only those it picks are decoded; ``transform`` then
+            gets the tuple. A missing field raises :class:`tarindex.MissingFieldError`
+            (``to_tuple(..., missing_is_error=False)``: ``None``). Defaults to ``None``.
         allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members when decoding. Defaults to
             ``False``.
         max_open: Open shards per process at most, 2 file descriptors each (lowered to fit
@@ -92,8 +99,9 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             shard, key and extension; see :class:`tarindex.codecs.ExtDecoder` for the bounds).
         IndexError: ``ds[i]`` with ``i`` outside ``[-len(ds), len(ds))``
             (:class:`tarindex.SampleIndexError`).
-        ValueError: ``batched=True`` together with ``decode`` or ``transform``, or an unknown
-            ``decode`` mode.
+        MissingFieldError: A sample without a field ``select`` asks for (a ``KeyError``).
+        ValueError: ``batched=True`` together with ``decode``, ``transform`` or ``select``;
+            ``select`` together with ``fields``; an unknown ``decode`` mode.
     """
 
     def __init__(
@@ -103,6 +111,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
         fields: Collection[str] | None = None,
+        select: ToTuple | str | Sequence[str] | None = None,
         allow_pickle: bool = False,
         max_open: int | None = None,
         use_mmap: bool = True,
@@ -121,11 +130,23 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             index_dir=index_dir,
             remote=remote,
         )
+        self.select = make_select(select)
+        if self.select is not None:
+            if fields is not None:
+                raise ValueError(
+                    f"select={self.select!r} reads the fields it names: drop fields={fields!r}"
+                )
+            fields = self.select.fields
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
-        if batched and (self.decoder is not None or transform is not None):
-            raise ValueError("TarDataset(batched=True) returns raw bytes: drop decode/transform")
+        if batched and (
+            self.decoder is not None or transform is not None or self.select is not None
+        ):
+            raise ValueError(
+                "TarDataset(batched=True) returns raw bytes: drop decode/transform/select "
+                "(fields= projects a batched read)"
+            )
         self.batched = batched
 
     def __len__(self) -> int:
@@ -138,12 +159,21 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     def __getitem__(self, i: int) -> Any:
         if self.shards.remote:  # one ranged read for the sample's members
             self.shards.prefetch([int(i)], self.fields)
-        sample = self.shards.get(int(i), self.fields)
-        if self.decoder is not None:
-            sample = decode_sample(self.shards, self.decoder, sample)
+        return self._finish(self.shards.get(int(i), self.fields))
+
+    def _decode(self, sample: Sample) -> Any:
+        return decode_sample(self.shards, self.decoder, sample)  # type: ignore[arg-type]
+
+    def _finish(self, sample: Sample) -> Any:
+        """Decode, select, transform one raw sample."""
+        out: Any = sample
+        if self.select is not None:
+            out = self.select(sample, None if self.decoder is None else self._decode)
+        elif self.decoder is not None:
+            out = decode_sample(self.shards, self.decoder, sample)
         if self.transform is not None:
-            return self.transform(sample)
-        return sample
+            return self.transform(out)
+        return out
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Batched fetch used by ``DataLoader`` (one call per batch instead of one per sample).
@@ -159,12 +189,10 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             return fetch_batched(self.shards, indices, fields=self.fields)  # type: ignore[return-value]
         get, fields = self.shards.get, self.fields
         samples = [get(int(i), fields) for i in indices]
-        if self.decoder is not None:
-            dec, shards = self.decoder, self.shards
-            samples = [decode_sample(shards, dec, s) for s in samples]
-        if self.transform is not None:
-            return [self.transform(s) for s in samples]
-        return samples
+        if self.decoder is None and self.select is None and self.transform is None:
+            return samples
+        finish = self._finish
+        return [finish(s) for s in samples]
 
     @property
     def paths(self) -> list[str]:

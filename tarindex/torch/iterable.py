@@ -20,6 +20,7 @@ from .. import shuffle as plan_mod
 from ..codecs import DecodeSpec, make_decoder
 from ..reader import Block, Sample, ShardSet
 from ..remote import RemoteOptions
+from ..select import ToTuple, make_select
 from ..sources import Source
 from ._dist import RankEpoch
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
@@ -107,10 +108,14 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         decode: ``None`` (bytes), an image spec (``"rgb8"``, ``"rgb"``, ``"torchrgb8"``,
             ``"pil"``, ...), a handler ``f(key, data)``, a dict ``{ext: f(data)}``, a list of
             those, or a sample function, as for :class:`TarDataset`.
-        transform: Called on each (decoded) sample; its result is yielded.
+        transform: Called on each (decoded, selected) sample; its result is yielded.
         fields: Extensions to read, e.g. ``("cls",)``; the others are left out of every
             sample and their bytes are not read (a label-only pass reads no image bytes).
             Defaults to ``None`` (all).
+        select: Yield tuples, webdataset's ``to_tuple``: ``tarindex.to_tuple("jpg;png",
+            "json")`` or ``("jpg;png", "json")``, as for :class:`TarDataset` (reads only the
+            members it names; a missing field raises :class:`tarindex.MissingFieldError`,
+            which ``on_error="skip"`` warns about and skips). Defaults to ``None``.
         rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
         world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
         drop_last: Remainder policy, see **Counts**. Defaults to ``False`` (pad by repeating).
@@ -150,7 +155,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         FileNotFoundError: Nothing matches ``source``.
         IndexMissingError: A shard has no index (the message says how to build it).
         ValueError: Bad ``block_size``, ``seed``, ``on_error``, ``rank``/``world_size``;
-            ``batched=True`` with ``decode``/``transform`` or without a ``batch_size >= 1``;
+            ``batched=True`` with ``decode``/``transform``/``select`` or without a
+            ``batch_size >= 1``; ``select`` with ``fields``;
             ``batch_size`` without ``batched=True``.
         FormatError, StaleIndexError, ChecksumError, TruncatedError: While iterating, as for
             :class:`TarDataset` (``on_error="skip"`` warns and skips the block instead).
@@ -171,6 +177,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
         fields: Collection[str] | None = None,
+        select: ToTuple | str | Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
@@ -206,11 +213,19 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         self.buffer_size = max(int(buffer_size), 0)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
-        if batched:
-            if self.decoder is not None or transform is not None:
+        self.select = make_select(select)
+        if self.select is not None:
+            if fields is not None:
                 raise ValueError(
-                    "TarIterableDataset(batched=True) yields raw bytes: drop decode/transform "
-                    "(decode the BatchedSamples in the training loop)"
+                    f"select={self.select!r} reads the fields it names: drop fields={fields!r}"
+                )
+            fields = self.select.fields
+        if batched:
+            if self.decoder is not None or transform is not None or self.select is not None:
+                raise ValueError(
+                    "TarIterableDataset(batched=True) yields raw bytes: drop "
+                    "decode/transform/select (decode the BatchedSamples in the training loop; "
+                    "fields= projects the read)"
                 )
             if batch_size is None or int(batch_size) < 1:
                 raise ValueError(
@@ -461,7 +476,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
     def _generate(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Any]:
         finish = self._finish
-        plain = self.decoder is None and self.transform is None
+        plain = self.decoder is None and self.transform is None and self.select is None
         pos = start
         for smp in self._stream(p, start):
             pos += 1
@@ -630,15 +645,19 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         ok = [b for b in blocks if b is not None]
         return (Block.concat(ok) if ok else None), at, perm
 
+    def _decode(self, sample: Sample) -> Any:
+        return decode_sample(self.shards, self.decoder, sample)  # type: ignore[arg-type]
+
     def _finish(self, sample: Sample) -> Any:
-        if self.decoder is None and self.transform is None:
-            return sample
         try:
-            if self.decoder is not None:
-                sample = decode_sample(self.shards, self.decoder, sample)
+            out: Any = sample
+            if self.select is not None:
+                out = self.select(sample, None if self.decoder is None else self._decode)
+            elif self.decoder is not None:
+                out = decode_sample(self.shards, self.decoder, sample)
             if self.transform is not None:
-                return self.transform(sample)
-            return sample
+                return self.transform(out)
+            return out
         except Exception as e:
             where = f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}"
             if self.on_error != "skip":
