@@ -2,7 +2,7 @@
 
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
-    ShardWriter, TarWriter, build_index, scan, ShardReader, ShardSet,
+    ShardWriter, TarWriter, write_shards, build_index, scan, ShardReader, ShardSet,
     TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
     MixedDataset, MixSampler (need torch)
 """
@@ -23,6 +23,7 @@ from .errors import (
     MissingFieldError,
     NotATarError,
     PackError,
+    ParallelWriteError,
     RangeNotSupportedError,
     RemoteError,
     SampleIndexError,
@@ -35,6 +36,7 @@ from .errors import (
     WriterError,
 )
 from .indexfile import index_path_for
+from .parallel import WriteResult, write_shards
 from .reader import ShardReader, ShardSet
 from .remote import RemoteOptions
 from .scan import Members, scan
@@ -56,6 +58,8 @@ __all__ = [
     "__version__",
     "ShardWriter",
     "TarWriter",
+    "write_shards",
+    "WriteResult",
     "build_index",
     "index_path_for",
     "scan",
@@ -79,6 +83,7 @@ __all__ = [
     "SampleIndexError",
     "WriterError",
     "PackError",
+    "ParallelWriteError",
     "DecodeError",
     "RemoteError",
     "RangeNotSupportedError",

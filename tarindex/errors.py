@@ -7,6 +7,8 @@ where the problem applies (when there is one), what was expected, and the fix.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TarIndexError",
     "FormatError",
@@ -84,6 +86,22 @@ class SampleIndexError(TarIndexError, IndexError):
 
 class WriterError(TarIndexError, ValueError):
     """A sample cannot be written (bad key, repeated key, unencodable value)."""
+
+
+class ParallelWriteError(WriterError):
+    """A worker of :func:`tarindex.write_shards` raised or died: some shards were not written.
+
+    ``result`` (a :class:`tarindex.parallel.WriteResult`) lists the shards written completely
+    (kept, each with its index) and, in ``result.failed``, each shard not written and why. The
+    shard a failed worker was writing is removed; the dataset is incomplete.
+    """
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.result))
 
 
 class PackError(TarIndexError, ValueError):

@@ -37,6 +37,7 @@ __all__ = [
     "TarWriter",
     "TarShardWriter",
     "check_pattern",
+    "lock_path_for",
     "ZSTD_DICT_BYTES",
 ]
 
@@ -343,6 +344,12 @@ def _finished_size(pos: int) -> int:
     return padded_to(pos + 2 * BLOCK, _RECORD)
 
 
+def lock_path_for(pattern: str) -> str:
+    """The lock file a writer of ``pattern`` holds: ``.<pattern name>.lock`` beside the shards."""
+    d, base = os.path.split(os.path.abspath(pattern))
+    return os.path.join(d, "." + base.replace("%", "_") + ".lock")
+
+
 class _PatternLock:
     """An exclusive, non-blocking ``flock`` on ``.<pattern name>.lock`` beside the shards.
 
@@ -355,9 +362,8 @@ class _PatternLock:
     """
 
     def __init__(self, pattern: str) -> None:
-        d, base = os.path.split(os.path.abspath(pattern))
-        os.makedirs(d, exist_ok=True)
-        self.path = os.path.join(d, "." + base.replace("%", "_") + ".lock")
+        os.makedirs(os.path.dirname(os.path.abspath(pattern)), exist_ok=True)
+        self.path = lock_path_for(pattern)
         self.fd = -1
         try:
             import fcntl
