@@ -7,7 +7,7 @@ Subcommands::
     tarindex info SOURCE...                               shards, samples, extensions, bytes
     tarindex ls SOURCE... [--members]                     samples, or tar members
     tarindex cat SOURCE KEY_OR_INDEX EXT                  one member's bytes to stdout
-    tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES] [--overwrite]
+    tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES] [--overwrite] [--jobs N]
     tarindex demo [--workdir DIR] [--epochs N]            the main job on real data
 
 A ``SOURCE`` is anything :func:`tarindex.expand_source` takes: a path, a directory of ``*.tar``,
@@ -427,6 +427,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
             maxsize=args.maxsize,
             overwrite=args.overwrite,
             on_sample=lambda: bar.update(1),
+            jobs=args.jobs,
         )
     except OSError as e:
         bar.close()
@@ -653,6 +654,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete the shards (and .tidx) of an earlier pack with OUT_PATTERN first; "
         "without it, existing shards are refused (exit 2)",
+    )
+    s.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        help="writer processes (default: 1); the shards are the same for any N",
     )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)

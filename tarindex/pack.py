@@ -51,11 +51,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PackError, WriterError
+from .errors import PackError, ParallelWriteError, WriterError
 from .format.keys import check_ext, check_key, split_key
 from .format.spec import INDEX_SUFFIX
 from .indexfile import index_path_for, write_atomic
-from .writer import ShardWriter, check_pattern
+from .writer import ShardWriter, check_pattern, plan_shard_sizes
 
 __all__ = [
     "PackPlan",
@@ -444,6 +444,7 @@ def write_pack(
     maxsize: float = 3e9,
     overwrite: bool = False,
     on_sample: Callable[[], object] | None = None,
+    jobs: int = 1,
 ) -> PackResult:
     """Write a :class:`PackPlan` into indexed shards with :class:`tarindex.ShardWriter`.
 
@@ -463,6 +464,10 @@ def write_pack(
             (:func:`existing_shards`: shards and their indexes, nothing else) before
             writing; if False, such files are refused. Defaults to False.
         on_sample: Called after every sample written (a progress bar). Defaults to None.
+        jobs: Worker processes (:func:`tarindex.write_shards`); the shards are cut before
+            writing where one writer would cut them (:func:`tarindex.writer.plan_shard_sizes`,
+            from the files' sizes), so the result is the same for any ``jobs``. Defaults to
+            ``1`` (this process).
 
     Returns:
         A :class:`PackResult`.
@@ -478,6 +483,8 @@ def write_pack(
     """
     _check_output(plan.src, out_pattern, overwrite=overwrite)  # refuse before touching anything
     has_field = check_pattern(out_pattern)
+    if jobs > 1 and has_field:
+        return _write_pack_jobs(plan, out_pattern, maxcount, maxsize, overwrite, on_sample, jobs)
     sink = ShardWriter(out_pattern, maxcount=maxcount, maxsize=maxsize)  # checks the limits
     n_files = 0
     classes_json = None
@@ -527,6 +534,85 @@ def write_pack(
         _discard(sink, ours)
         raise
     return PackResult(sink.paths, n_files, classes_json, removed)
+
+
+@dataclass
+class _PlanSource:
+    """The plan's samples as a map-style dataset (picklable: read in the writer processes)."""
+
+    samples: list[tuple[str, list[tuple[str, str]], int | None]]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        key, files, label = self.samples[i]
+        sample: dict[str, Any] = {"__key__": key}
+        for ext, path in files:
+            with open(path, "rb") as f:
+                sample[ext] = f.read()
+        if label is not None:
+            sample["cls"] = label
+        return sample
+
+
+def _write_pack_jobs(
+    plan: PackPlan,
+    out_pattern: str,
+    maxcount: int,
+    maxsize: float,
+    overwrite: bool,
+    on_sample: Callable[[], object] | None,
+    jobs: int,
+) -> PackResult:
+    """:func:`write_pack` with ``jobs`` writer processes (:func:`tarindex.write_shards`)."""
+    from .parallel import write_shards
+
+    ShardWriter(out_pattern, maxcount=maxcount, maxsize=maxsize)  # checks the limits
+    sizes = []
+    for key, files, label in plan.samples:
+        members = [(f"{key}.{ext}".encode(), os.stat(path).st_size) for ext, path in files]
+        if label is not None:
+            members.append((f"{key}.cls".encode(), len(str(label))))
+        sizes.append(members)
+    shard_sizes = plan_shard_sizes(sizes, maxcount, maxsize)
+    removed = _check_output(plan.src, out_pattern, overwrite=overwrite)
+    for path in removed:
+        os.remove(path)
+
+    def progress(n: int) -> None:
+        if on_sample is not None:
+            for _ in range(n):
+                on_sample()
+
+    try:
+        res = write_shards(
+            _PlanSource(plan.samples),
+            out_pattern,
+            jobs=jobs,
+            shard_sizes=shard_sizes,
+            progress=False,
+            on_progress=progress,
+        )
+    except ParallelWriteError as e:
+        for tar in e.result.paths:
+            for path in (tar, index_path_for(tar)):
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        raise ParallelWriteError(
+            f"{e}; removed the {len(e.result.paths)} shard(s) this run had finished: nothing "
+            f"of this pack was kept",
+            e.result,
+        ) from None
+    classes_json = None
+    if plan.classes is not None:
+        classes_json = os.path.join(os.path.dirname(os.path.abspath(res.paths[0])), "classes.json")
+        text = json.dumps(plan.classes, ensure_ascii=False, indent=1) + "\n"
+        write_atomic(classes_json, text.encode())
+    n_files = sum(len(files) for _, files, _ in plan.samples)
+    return PackResult(res.paths, n_files, classes_json, removed)
 
 
 def _discard(sink: ShardWriter, ours: set[str]) -> None:

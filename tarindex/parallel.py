@@ -38,7 +38,7 @@ import numpy as np
 
 from .errors import ParallelWriteError, WriterError
 from .indexfile import index_path_for
-from .writer import TarWriter, check_pattern, lock_path_for
+from .writer import PatternLock, TarWriter, check_pattern, lock_path_for
 
 __all__ = ["MapStyle", "WriteResult", "write_shards"]
 
@@ -438,6 +438,7 @@ def write_shards(
     n = len(source) if mapped else None  # type: ignore[arg-type]
     total = n if n is not None else (len(source) if hasattr(source, "__len__") else None)  # type: ignore[arg-type]
     runs = _runs(n, maxcount, shard_sizes)
+    lock = PatternLock(pattern)  # no ShardWriter (nor another write_shards) on it meanwhile
     bar = None
     if progress:
         from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
@@ -464,6 +465,7 @@ def write_shards(
     finally:
         if bar is not None:
             bar.close()
+        lock.release()
     return _result(run.done, run.failed, pattern, start_shard)
 
 

@@ -8,7 +8,7 @@ import pickle
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,8 @@ __all__ = [
     "TarShardWriter",
     "check_pattern",
     "lock_path_for",
+    "PatternLock",
+    "plan_shard_sizes",
     "ZSTD_DICT_BYTES",
 ]
 
@@ -334,6 +336,40 @@ def check_pattern(pattern: str, start_shard: int = 0) -> bool:
     return True
 
 
+def plan_shard_sizes(
+    samples: Iterable[list[tuple[bytes, int]]], maxcount: int, maxsize: float
+) -> list[int]:
+    """Samples per shard that :class:`ShardWriter` would write, from member names and sizes.
+
+    The same cut as :meth:`ShardWriter.write` (``maxcount`` samples, or a finished tar larger
+    than ``maxsize`` bytes: headers, padding, end blocks and the shard-id header counted;
+    a single larger sample alone), planned before writing, so writers in several processes
+    (``tarindex pack --jobs``) cut the shards where one writer would. No ``compress=``.
+
+    Args:
+        samples: Per sample, ``[(member name bytes, data size in bytes), ...]``.
+        maxcount: Samples per shard at most.
+        maxsize: Bytes per shard at most.
+
+    Returns:
+        The sample counts, in order.
+    """
+    out: list[int] = []
+    count = pos = 0
+    for members in samples:
+        n = sum(len(build_member_header(name, size, 0)) + padded(size) for name, size in members)
+        if count and (count >= maxcount or _finished_size(pos + n) > maxsize):
+            out.append(count)
+            count = pos = 0
+        if pos == 0:
+            pos = 2 * BLOCK  # the shard-id header (TarShardWriter.prepare counts it too)
+        pos += n
+        count += 1
+    if count:
+        out.append(count)
+    return out
+
+
 def padded_to(n: int, multiple: int) -> int:
     """Return ``n`` rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
@@ -350,7 +386,7 @@ def lock_path_for(pattern: str) -> str:
     return os.path.join(d, "." + base.replace("%", "_") + ".lock")
 
 
-class _PatternLock:
+class PatternLock:
     """An exclusive, non-blocking ``flock`` on ``.<pattern name>.lock`` beside the shards.
 
     The file exists only while a writer holds it: the holder removes it before unlocking,
@@ -486,7 +522,7 @@ class ShardWriter:
         zstd_dict: bool | int = False,
         zstd_dict_samples: int = 1000,
     ) -> None:
-        self._lock: _PatternLock | None = None
+        self._lock: PatternLock | None = None
         self.pattern = os.fspath(pattern)
         try:
             if not (maxcount >= 1 and 1 <= maxsize < float("inf")):  # False for NaN too
@@ -600,7 +636,7 @@ class ShardWriter:
                 f"be unique within a shard (FORMAT.md §4): give each sample its own key"
             )
         if self._lock is None:
-            self._lock = _PatternLock(self.pattern)
+            self._lock = PatternLock(self.pattern)
         self._pending.append((key, members))
         self._pending_keys.add(key)
         self._pending_bytes += sum(len(d) for _, d, z in members if z)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
@@ -243,3 +244,60 @@ def test_forkserver_workers(tmp_path: Path) -> None:
     )
     assert res.counts == [40, 40, 10]
     assert keys_and_labels(res.paths)[41] == ("sample000041", b"1")
+
+
+def _tree(root: Path, n: int) -> Path:
+    rng = np.random.default_rng(5)
+    for c in ("cat", "dog", "emu"):
+        (root / "src" / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            size = int(rng.integers(10, 3000))
+            (root / "src" / c / f"{i:04d}.jpg").write_bytes(rng.bytes(size))
+    return root / "src"
+
+
+def _members(paths: list[str]) -> list[list[tuple[str, int]]]:
+    import tarfile
+
+    out = []
+    for p in paths:
+        with tarfile.open(p) as tf:
+            out.append([(m.name, m.size) for m in tf.getmembers() if m.isfile()])
+    return out
+
+
+def test_pack_jobs_cuts_where_one_writer_does(tmp_path: Path) -> None:
+    from tarindex.pack import plan_pack, write_pack
+
+    src = _tree(tmp_path, 40)
+    got = {}
+    for jobs in (1, 2):
+        pattern = str(tmp_path / f"j{jobs}" / "p-%03d.tar")
+        plan = plan_pack(str(src), out_pattern=pattern)
+        seen: list[int] = []
+        res = write_pack(
+            plan,
+            pattern,
+            maxcount=25,
+            maxsize=40_000,
+            jobs=jobs,
+            on_sample=functools.partial(seen.append, 1),
+        )
+        assert len(seen) == 120 and res.n_files == 120
+        assert res.classes_json is not None and Path(res.classes_json).exists()
+        for p in res.paths:
+            assert os.path.getsize(p) <= 40_000 or len(tarindex.ShardSet(p)) == 1
+        got[jobs] = _members(res.paths)
+    assert got[1] == got[2] and len(got[1]) > 120 // 25 + 1  # cut by size too
+
+
+def test_cli_pack_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tarindex.cli import main
+
+    src = _tree(tmp_path, 10)
+    out = tmp_path / "out" / "c-%02d.tar"
+    assert main(["pack", str(src), str(out), "--maxcount", "7", "--jobs", "2", "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "packed 30 samples" in text and "5 shard(s)" in text
+    ds = tarindex.ShardSet(str(tmp_path / "out" / "c-{00..04}.tar"))
+    assert [ds.get(i)["__key__"] for i in (0, 29)] == ["cat/0000", "emu/0009"]
