@@ -3,6 +3,7 @@
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
     ShardWriter, TarWriter, write_shards, build_index, scan, ShardReader, ShardSet,
+    write_manifest, read_manifest, check_manifest, task_pattern,
     TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
     MixedDataset, MixSampler (need torch)
 """
@@ -14,12 +15,14 @@ from typing import Any
 from ._version import __version__
 from .build import build_index
 from .errors import (
+    AmbiguousKeyError,
     BadMagicError,
     ChecksumError,
     CompressedTarError,
     DecodeError,
     FormatError,
     IndexMissingError,
+    KeyNotFoundError,
     MissingFieldError,
     NotATarError,
     PackError,
@@ -28,6 +31,7 @@ from .errors import (
     RemoteError,
     SampleIndexError,
     StaleIndexError,
+    StaleManifestError,
     TarHeaderError,
     TarIndexError,
     TrailingGarbageError,
@@ -36,6 +40,7 @@ from .errors import (
     WriterError,
 )
 from .indexfile import index_path_for
+from .manifest import check_manifest, read_manifest, task_pattern, write_manifest
 from .parallel import WriteResult, write_shards
 from .reader import ShardReader, ShardSet
 from .remote import RemoteOptions
@@ -68,6 +73,10 @@ __all__ = [
     "ShardSet",
     "RemoteOptions",
     "expand_source",
+    "write_manifest",
+    "read_manifest",
+    "check_manifest",
+    "task_pattern",
     "TarIndexError",
     "FormatError",
     "BadMagicError",
@@ -80,6 +89,9 @@ __all__ = [
     "TrailingGarbageError",
     "IndexMissingError",
     "StaleIndexError",
+    "StaleManifestError",
+    "KeyNotFoundError",
+    "AmbiguousKeyError",
     "SampleIndexError",
     "WriterError",
     "PackError",

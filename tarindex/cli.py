@@ -7,11 +7,13 @@ Subcommands::
     tarindex info SOURCE...                               shards, samples, extensions, bytes
     tarindex ls SOURCE... [--members]                     samples, or tar members
     tarindex cat SOURCE KEY_OR_INDEX EXT                  one member's bytes to stdout
+    tarindex manifest SOURCE... -o data.json [--check]    a dataset manifest (FORMAT.md §9)
     tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES] [--overwrite] [--jobs N]
     tarindex demo [--workdir DIR] [--epochs N]            the main job on real data
 
 A ``SOURCE`` is anything :func:`tarindex.expand_source` takes: a path, a directory of ``*.tar``,
-a glob (quote it) or a brace pattern (``'train-{000000..000009}.tar'``).
+a glob (quote it), a brace pattern (``'train-{000000..000009}.tar'``) or a manifest
+(``data.json``).
 
 Exit codes:
     0: success.
@@ -47,7 +49,7 @@ from .format.keys import escape_name
 from .pack import LAYOUTS, plan_pack, write_pack
 from .reader import Block, ShardReader, ShardSet, is_up_to_date
 from .scan import scan_members
-from .sources import expand_source
+from .sources import expand_source, is_manifest
 
 __all__ = ["main", "build_parser", "parse_size"]
 
@@ -358,12 +360,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _resolve(ss: ShardSet, which: str, by: str) -> tuple[int, int]:
     """Map a key or a global index to ``(shard, j)``; see the ``cat`` help for the rule."""
     if by in ("auto", "key"):
-        for s in range(ss.n_shards):
-            j = ss.reader(s).find_key(which)
-            if j is not None:
-                return s, j
-        if by == "key":
-            raise NotFoundError(f"no sample with key {which!r} in {ss.n_shards} shard(s)")
+        try:
+            return ss.locate(ss.index_of(which))  # the one key lookup (key tables)
+        except KeyError:
+            if by == "key":
+                raise NotFoundError(
+                    f"no sample with key {which!r} in {ss.n_shards} shard(s)"
+                ) from None
     try:
         i = int(which)
     except ValueError:
@@ -376,7 +379,7 @@ def _resolve(ss: ShardSet, which: str, by: str) -> tuple[int, int]:
 def cmd_cat(args: argparse.Namespace) -> int:
     """``tarindex cat``: write one member's bytes, unchanged, to stdout."""
     paths = _expand([args.source])
-    ss = ShardSet(paths)
+    ss = ShardSet(args.source if is_manifest(args.source) else paths)  # a manifest: no header reads
     try:
         s, j = _resolve(ss, args.sample, args.by)
         r = ss.reader(s)
@@ -393,6 +396,34 @@ def cmd_cat(args: argparse.Namespace) -> int:
         out.flush()
     finally:
         ss.close()
+    return EXIT_OK
+
+
+# -- manifest ---------------------------------------------------------------------------------
+def cmd_manifest(args: argparse.Namespace) -> int:
+    """``tarindex manifest``: write a dataset manifest, or check shards against one."""
+    from .manifest import check_manifest, write_manifest
+
+    if args.check:
+        if args.output is not None:
+            raise UsageError("--check takes manifests, not -o")
+        failed = 0
+        for m in args.sources:
+            if not is_manifest(m):
+                raise UsageError(f"{m}: --check takes manifests (*.json)")
+            problems = check_manifest(m)
+            for line in problems:
+                print(f"FAIL {line}", file=sys.stderr)
+            failed += len(problems)
+            print(f"{m}: {len(problems)} shard(s) missing or changed")
+        return EXIT_FAIL if failed else EXIT_OK
+    if args.output is None:
+        raise UsageError("the manifest to write is missing: -o data.json")
+    if not args.output.endswith(".json"):
+        raise UsageError(f"-o {args.output}: a manifest's name must end in .json")
+    paths = _expand(args.sources)
+    t = write_manifest(paths, args.output, absolute=args.absolute)
+    print(f"wrote {args.output}: {t.n_shards} shard(s), {t.n_samples} sample(s)")
     return EXIT_OK
 
 
@@ -476,7 +507,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _CAT_HELP = """\
 KEY_OR_INDEX is looked up as a sample key first (e.g. 00000042 or cat/0001); if no sample
 has that key and it is an integer, it is the global sample index (negative counts from the
-end). --key or --index forces one reading."""
+end). --key or --index forces one reading. A key held by samples of several shards is an
+error naming each (keys are unique only within a shard): pass one shard as SOURCE."""
 
 _PACK_HELP = """\
 layouts:
@@ -626,6 +658,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="KEY_OR_INDEX is a global sample index",
     )
     s.set_defaults(func=cmd_cat, by="auto")
+
+    s = sub.add_parser(
+        "manifest",
+        help="write a dataset manifest (one read opens the dataset), or check one",
+        description="Open every shard of SOURCE once and write a manifest listing each "
+        "with its sample and member counts, sizes and fingerprint (docs/FORMAT.md §9), "
+        "paths relative to the manifest's directory. Every command and dataset takes the "
+        "manifest as its SOURCE; shards are checked against it when opened. With --check, "
+        "open every shard a manifest lists now and report each one missing or changed "
+        "(exit 1).",
+    )
+    s.add_argument("sources", nargs="+", metavar="SOURCE")
+    s.add_argument("-o", "--output", metavar="OUT.json", help="the manifest to write")
+    s.add_argument(
+        "--absolute", action="store_true", help="record absolute paths (default: relative)"
+    )
+    s.add_argument("--check", action="store_true", help="SOURCE are manifests: check their shards")
+    s.set_defaults(func=cmd_manifest)
 
     s = sub.add_parser(
         "pack",

@@ -22,6 +22,9 @@ __all__ = [
     "TrailingGarbageError",
     "IndexMissingError",
     "StaleIndexError",
+    "StaleManifestError",
+    "KeyNotFoundError",
+    "AmbiguousKeyError",
     "SampleIndexError",
     "WriterError",
     "PackError",
@@ -78,6 +81,27 @@ class IndexMissingError(TarIndexError, FileNotFoundError):
 
 class StaleIndexError(TarIndexError):
     """The index does not describe this tar: the tar changed after it was indexed."""
+
+
+class StaleManifestError(StaleIndexError):
+    """A shard listed in a dataset manifest is missing or changed since the manifest was made.
+
+    The message names the shard, the manifest, what differs and the fix (FORMAT.md §9).
+    """
+
+
+class KeyNotFoundError(TarIndexError, KeyError):
+    """No sample has this key (``index_of``, ``get``, ``tarindex cat``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousKeyError(TarIndexError, LookupError):
+    """A key asked for is in more than one shard (keys are unique only within a shard).
+
+    The message names every place it is in; ``indices_of`` returns them all.
+    """
 
 
 class SampleIndexError(TarIndexError, IndexError):

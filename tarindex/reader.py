@@ -42,16 +42,28 @@ from numpy.typing import NDArray
 
 from .bytesource import Buffer, ByteSource, open_regular, open_source
 from .errors import (
+    AmbiguousKeyError,
     ChecksumError,
     FormatError,
     IndexMissingError,
+    KeyNotFoundError,
     SampleIndexError,
     StaleIndexError,
+    StaleManifestError,
     TarHeaderError,
     TarIndexError,
     TruncatedError,
 )
-from .format.index import IndexTables, check_samples, decode_index, fingerprint, read_header
+from .format.index import (
+    IndexTables,
+    KeyTable,
+    check_samples,
+    decode_index,
+    fingerprint,
+    key_table,
+    read_header,
+)
+from .format.keyhash import LOOKUP_SEED, key_hash
 from .format.keys import normalize_name
 from .format.spec import (
     BLOCK,
@@ -76,7 +88,7 @@ from .remote import (
     local_path,
     prefetch_many,
 )
-from .sources import Source, expand_source
+from .sources import ShardList, Source, expand_shards
 
 __all__ = [
     "Sample",
@@ -1166,31 +1178,43 @@ class ShardReader:
         kp = self._key_ptr
         return str(self._key_blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape")
 
+    _keytab: KeyTable | None = None
+
+    def key_table(self) -> KeyTable:
+        """Return this shard's key table (FORMAT.md §2.8.3), made on first use.
+
+        The index's ``KHSH`` record (format 1.2), checked once (vectorised), or for an older
+        index the same table computed from its keys (about 0.1 s per 1M keys; two ``n``-long
+        integer arrays, no per-sample Python object).
+
+        Raises:
+            FormatError: If the record is corrupt (unsorted, a sample out of range).
+        """
+        kt = self._keytab
+        if kt is None:
+            kt = self._keytab = key_table(self.index, self.index_path)
+        return kt
+
     def find_key(self, key: str) -> int | None:
         """Return the sample number whose key is ``key`` (FORMAT.md §4 normalisation), or None.
 
-        A search of the key blob, O(key bytes); a match is checked through the guards, and
-        so is the whole key table before answering "not there" (a corrupt table could hide it).
+        The one key lookup: two binary searches in the key table (:meth:`key_table`,
+        O(log n)), then each candidate's key bytes compared, so a hit is never a hash
+        collision; the candidate's chunk of the tables passes the guards first.
 
         Raises:
-            FormatError: If the index tables of the matching sample's chunk (or, when there is
-                no match, of any chunk) are corrupt.
+            FormatError: If the key table, or the index tables of a candidate's chunk, are
+                corrupt.
         """
         kb = normalize_name(key.encode("utf-8", "surrogateescape"))
-        if not kb:
-            self.validate()
-            return None
-        blob = bytes(self.index.key_blob)
-        ptr = self.index.key_ptr
-        pos = blob.find(kb)
-        while pos != -1:
-            j = int(np.searchsorted(ptr, pos))
-            if j < self.n_samples and int(ptr[j]) == pos:
-                self._range(j, j + 1)
-                if int(ptr[j + 1]) == pos + len(kb):
-                    return j
-            pos = blob.find(kb, pos + 1)
-        self.validate()
+        return self._find(kb) if kb else None
+
+    def _find(self, kb: bytes) -> int | None:
+        kp, blob = self._key_ptr, self._key_blob
+        for j in self.key_table().candidates(kb).tolist():
+            self._range(j, j + 1)
+            if blob[kp[j] : kp[j + 1]] == kb:
+                return int(j)
         return None
 
     def member_slice(self, j: int) -> tuple[int, int]:
@@ -1216,6 +1240,7 @@ class ShardReader:
             "index",
             "_mm",
             "_hot",
+            "_keytab",
         ):
             if hasattr(self, attr):
                 setattr(self, attr, None)
@@ -1313,15 +1338,19 @@ class ShardSet:
     """Many shards as one sequence of samples; global index ``i`` -> ``(shard, j)``.
 
     Construction reads only the 80-byte header of every index (no tar scan, no per-sample
-    objects). Readers open lazily in the process that reads, and are never pickled. At most
+    objects), or from a dataset manifest (FORMAT.md §9) nothing but the manifest: one read
+    whatever the shard count. Each shard a manifest lists is checked against it when first
+    opened in a process (samples, members, tar size, fingerprint, shard id): a missing or
+    changed shard raises :class:`~tarindex.errors.StaleManifestError` naming it. Readers open
+    lazily in the process that reads, and are never pickled. At most
     ``max_open`` are open at a time per process (least recently used closed first), lowered
     to what the descriptor limit allows (:func:`open_shard_bound`, computed in each process);
     if opening still fails with ``EMFILE``, half the open readers are closed, the bound is
     lowered and a ``ResourceWarning`` says so.
 
     Args:
-        source: Shards: a path, list, brace pattern, glob or directory (see
-            :func:`tarindex.sources.expand_source`).
+        source: Shards: a path, list, brace pattern, glob, directory or manifest (``.json``)
+            (see :func:`tarindex.sources.expand_source`).
         max_open: Bound on simultaneously open shards per process (each holds 2 file
             descriptors). Defaults to :data:`DEFAULT_MAX_OPEN` (48).
         use_mmap: See :class:`ShardReader`. Defaults to ``True``.
@@ -1337,7 +1366,7 @@ class ShardSet:
         FileNotFoundError: No shard matches ``source``.
         IndexMissingError: A shard has no index (the message gives the command).
         FormatError: An index header is bad or its counts do not match its size (FORMAT.md
-            §2.1).
+            §2.1), or a manifest is not valid (FORMAT.md §9).
     """
 
     def __init__(
@@ -1352,14 +1381,16 @@ class ShardSet:
         remote: RemoteOptions | None = None,
     ) -> None:
         self.remote_options = remote or RemoteOptions()
-        self.paths = expand_source(source, self.remote_options)
+        listing = expand_shards(source, self.remote_options)
+        self.paths = listing.paths
         self.index_dir = index_dir
         self.index_paths = [index_for(p, index_dir) for p in self.paths]
         self.check_crc = check_crc
         self.verify_data = verify_data
         self.remote = any(is_url(p) for p in self.paths)
         """``True`` if some shards are remote URLs (reads then go through fsspec)."""
-        counts = self._counts()
+        self._listing: ShardList | None = listing if listing.listed else None
+        counts = self._counts(listing.samples)  # from manifests: no index read at all
         self.counts = np.asarray(counts, dtype=np.int64)
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
@@ -1371,14 +1402,18 @@ class ShardSet:
         self._bound = 0  # this process's bound, sized on first open
         _live_sets.add(self)
 
-    def _counts(self) -> list[int]:
-        """Sample counts from the index headers; remote indexes fetched together, once."""
+    def _counts(self, known: NDArray[np.int64]) -> list[int]:
+        """Sample counts from the index headers; remote indexes fetched together, once.
+
+        ``known[k] >= 0`` (from a manifest) is taken as it is: that index is not read.
+        """
         ips = self.index_paths
-        far = [k for k, ip in enumerate(ips) if is_url(ip)]
-        counts = [
-            0 if is_url(ip) else read_sample_count(p, ip)
-            for p, ip in zip(self.paths, ips, strict=True)
-        ]
+        counts: list[int] = [int(c) for c in known.tolist()]
+        todo = [k for k, c in enumerate(counts) if c < 0]
+        far = [k for k in todo if is_url(ips[k])]
+        for k in todo:
+            if not is_url(ips[k]):
+                counts[k] = read_sample_count(self.paths[k], ips[k])
         if far:
             got = load_indexes(
                 [ips[k] for k in far], [self.paths[k] for k in far], self.remote_options
@@ -1540,7 +1575,15 @@ class ShardSet:
         bound = self.open_bound
         while len(self._readers) >= bound:
             self._readers.popitem(last=False)[1].close()
-        r = self._open(s)
+        listed = self._listing is not None and self._listing.samples[s] >= 0
+        try:
+            r = self._open(s)
+        except FileNotFoundError as e:
+            if not listed:
+                raise
+            raise self._unlisted(s, f"is missing ({type(e).__name__}: {e})") from e
+        if listed:
+            self._check_listed(s, r)
         if r.n_samples != self._starts_list[s + 1] - self._starts_list[s]:
             r.close()
             raise StaleIndexError(
@@ -1550,6 +1593,110 @@ class ShardSet:
             )
         self._readers[s] = r
         return r
+
+    def _unlisted(self, s: int, what: str) -> StaleManifestError:
+        assert self._listing is not None
+        m = self._listing.origin[s]
+        return StaleManifestError(
+            f"{self.paths[s]}: shard {s} of manifest {m} {what} since the manifest was made; "
+            f"restore the shard, or make the manifest again: tarindex manifest SHARDS... -o {m}"
+        )
+
+    def _check_listed(self, s: int, r: ShardReader) -> None:
+        """Compare shard ``s``'s index with what its manifest recorded (FORMAT.md §9)."""
+        lst, t = self._listing, r.index
+        assert lst is not None
+        for name, want, got in (
+            ("samples", int(lst.samples[s]), t.n_samples),
+            ("members", int(lst.members[s]), t.n_members),
+            ("tar bytes", int(lst.tar_bytes[s]), t.tar_size),
+            ("head crc32", int(lst.head_crc[s]), t.head_crc),
+            ("tail crc32", int(lst.tail_crc[s]), t.tail_crc),
+            ("shard id", lst.shard_id[s], t.shard_id.hex()),
+        ):
+            if want != got and (name != "shard id" or (want and got)):  # `index` records none
+                r.close()
+                raise self._unlisted(s, f"changed: {name} {got!r}, the manifest says {want!r}")
+
+    _keyidx: tuple[NDArray[np.uint32], NDArray[np.int64]] | None = None
+
+    def _key_index(self) -> tuple[NDArray[np.uint32], NDArray[np.int64]]:
+        """Every shard's key table in one: hashes ascending, global indices (made once)."""
+        ki = self._keyidx
+        if ki is None:
+            hs, gs = [], []
+            for s in range(self.n_shards):
+                kt = self.reader(s).key_table()
+                hs.append(np.array(kt.hash, np.uint32))  # copies: the reader may close
+                gs.append(np.asarray(kt.order, np.int64) + self._starts_list[s])
+            h = np.concatenate(hs) if hs else np.empty(0, np.uint32)
+            g = np.concatenate(gs) if gs else np.empty(0, np.int64)
+            if len(hs) > 1:
+                order = np.argsort(h, kind="stable")  # equal hashes stay in global order
+                h, g = h[order], g[order]
+            ki = self._keyidx = (h, g)
+        return ki
+
+    def indices_of(self, key: str) -> list[int]:
+        """Return the global index of every sample whose key is ``key``, ascending.
+
+        Keys are unique within a shard (FORMAT.md §4), not across shards. One shard: its
+        key table (:meth:`ShardReader.find_key`). Several: on first call the shards' key
+        tables are joined into one (each shard opened once; 12 bytes per sample, per
+        process, not pickled), then each lookup is a binary search, O(log n), and each
+        candidate's key bytes are compared.
+
+        Raises:
+            FormatError, StaleIndexError: As :meth:`reader`.
+        """
+        kb = normalize_name(key.encode("utf-8", "surrogateescape"))
+        if not kb:
+            return []
+        if self.n_shards == 1:
+            j = self.reader(0)._find(kb)
+            return [] if j is None else [j]
+        h, g = self._key_index()
+        hv = np.uint32(key_hash(kb, LOOKUP_SEED) >> 32)
+        lo = int(np.searchsorted(h, hv, side="left"))
+        hi = int(np.searchsorted(h, hv, side="right"))
+        out = []
+        for i in g[lo:hi].tolist():
+            s, j = self.locate(i)
+            r = self.reader(s)
+            r._range(j, j + 1)
+            kp = r._key_ptr
+            if r._key_blob[kp[j] : kp[j + 1]] == kb:
+                out.append(i)
+        return sorted(out)
+
+    def index_of(self, key: str) -> int:
+        """Return the global index of the sample whose key is ``key``.
+
+        See :meth:`indices_of` for the cost.
+
+        Raises:
+            KeyNotFoundError: (a ``KeyError``) If no sample has this key.
+            AmbiguousKeyError: (a ``LookupError``) If several shards hold the key; the message
+                names each place; :meth:`indices_of` returns them all.
+            FormatError, StaleIndexError: As :meth:`reader`.
+        """
+        hits = self.indices_of(key)
+        if len(hits) == 1:
+            return hits[0]
+        if not hits:
+            raise KeyNotFoundError(
+                f"no sample with key {key!r} in {self.n_shards} shard(s) ({self.paths[0]}"
+                f"{', ...' if self.n_shards > 1 else ''})"
+            )
+        where = []
+        for i in hits[:5]:
+            s, j = self.locate(i)
+            where.append(f"{i} ({self.paths[s]}, sample {j})")
+        raise AmbiguousKeyError(
+            f"key {key!r} is in {len(hits)} samples: {', '.join(where)}"
+            f"{', ...' if len(hits) > 5 else ''}; keys are unique only within a shard: use "
+            f"indices_of(key) for every one, or a source of fewer shards"
+        )
 
     def get(self, i: int, fields: Fields = None) -> Sample:
         """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes.
@@ -1797,6 +1944,7 @@ class ShardSet:
         state = self.__dict__.copy()
         state["_readers"] = OrderedDict()  # handles are reopened lazily, never pickled
         state["_bound"] = 0  # sized again from the receiving process's descriptor limit
+        state.pop("_keyidx", None)  # per process, made again on first lookup
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

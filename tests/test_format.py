@@ -47,7 +47,7 @@ def test_header_exact_bytes() -> None:
     assert enc[:8] == MAGIC == b"\x89TIDX\r\n\x1a"
     assert struct.unpack_from("<HHIQQQQQQQII", enc, 8) == (
         1,
-        1,
+        2,
         0,
         2,
         3,

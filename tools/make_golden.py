@@ -1,9 +1,9 @@
 """Make tests/golden/vX/: a tiny shard and its index. Run once per format version; never edit.
 
-    python tools/make_golden.py tests/golden/v1.1
+    python tools/make_golden.py tests/golden/v1.2
 
 v1 was made by tarindex 0.1.0 (format 1.0); v1.1 by format 1.1 (shard id from ``seed=0``, so
-a re-run gives the same bytes).
+a re-run gives the same bytes); v1.2 by format 1.2 (the KHSH key table, FORMAT.md §2.8.3).
 """
 
 from __future__ import annotations
@@ -21,4 +21,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/golden/v1.1")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/golden/v1.2")

@@ -31,6 +31,8 @@ __all__ = [
     "TAR_RECORD",
     "TAG_DATA_CRC",
     "CRC_DTYPE",
+    "TAG_KEY_HASH",
+    "KEY_HASH_DTYPE",
     "SHARD_ID_BYTES",
     "END_CHECK_BYTES",
     "HEADER_CHECKS",
@@ -87,7 +89,7 @@ __all__ = [
 MAGIC = b"\x89TIDX\r\n\x1a"  # §2.1: non-ASCII first byte and CR/LF/^Z, as PNG does
 END_MAGIC = b"TIDX"  # §2.7: last 4 bytes of every index file
 FORMAT_MAJOR = 1  # §2.1: readers refuse an unknown major version
-FORMAT_MINOR = 1  # §2.1: minor versions only add records (§2.8); readers skip unknown ones
+FORMAT_MINOR = 2  # §2.1: minor versions only add records (§2.8); readers skip unknown ones
 
 # §2.1: magic, major, minor, flags, n_samples, n_members, n_exts, key_bytes, ext_bytes,
 #       meta_bytes, tar_size, head_crc32, tail_crc32
@@ -107,6 +109,8 @@ TAG_TAR = b"TARX"  # §2.8.1 (1.1): shard id, end of the archive's data
 TAR_RECORD = struct.Struct("<16sQQ")  # §2.8.1: shard_id, end, reserved (0)
 TAG_DATA_CRC = b"DCRC"  # §2.8.2 (1.1): crc32 of every member's data
 CRC_DTYPE = np.dtype("<u4")  # §2.8.2
+TAG_KEY_HASH = b"KHSH"  # §2.8.3 (1.2): key table, sorted 32-bit key hashes + sample numbers
+KEY_HASH_DTYPE = np.dtype("<u4")  # §2.8.3: both columns of the key table
 SHARD_ID_BYTES = 16  # §1, §2.8.1: random id the writer puts in the shard's first block
 END_CHECK_BYTES = 64 * 1024  # §3: bytes after ``end`` read at open; they must be zeros
 HEADER_CHECKS = 5  # §3: member headers re-read at open (first, quartiles, last)

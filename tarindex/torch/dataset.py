@@ -42,11 +42,13 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
     Shards open lazily in the process that reads them (DataLoader workers under fork, spawn or
     forkserver each open their own), at most ``max_open`` per process; the dataset pickles to a
-    few bytes per shard. Opening reads each index's 80-byte header only.
+    few bytes per shard. Opening reads each index's 80-byte header only, or from a manifest
+    only the manifest.
 
     Args:
         source: Path, list of paths, brace pattern (``"train-{000000..000009}.tar"``), glob or
-            directory of ``*.tar`` shards, each with its ``.tidx`` index.
+            directory of ``*.tar`` shards, each with its ``.tidx`` index, or a dataset
+            manifest (``data.json``, ``tarindex manifest``: opens with one read).
         decode: ``None`` (bytes); an image spec of webdataset's (``"rgb8"``: ``uint8
             (H, W, 3)``, ``"rgb"``: ``float32`` in ``[0, 1]``, ``"torchrgb8"``: ``uint8`` tensor
             ``(3, H, W)``, ``"pil"``, ... see :data:`tarindex.codecs.IMAGE_SPECS`; ``True`` is
@@ -193,6 +195,31 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             return samples
         finish = self._finish
         return [finish(s) for s in samples]
+
+    def index_of(self, key: str) -> int:
+        """Return the index ``i`` of the sample whose key is ``key`` (``ds[i]["__key__"] == key``).
+
+        O(log n) per lookup through the shards' key tables (FORMAT.md §2.8.3; see
+        :meth:`tarindex.ShardSet.indices_of` for the first call over many shards).
+
+        Raises:
+            KeyNotFoundError: (a ``KeyError``) If no sample has this key.
+            AmbiguousKeyError: (a ``LookupError``) If samples of several shards have it (keys
+                are unique only within a shard); the message names them all.
+        """
+        return self.shards.index_of(key)
+
+    def indices_of(self, key: str) -> list[int]:
+        """Return the index of every sample whose key is ``key``, ascending (maybe empty)."""
+        return self.shards.indices_of(key)
+
+    def get(self, key: str) -> Any:
+        """Return the sample whose key is ``key``, as ``ds[ds.index_of(key)]`` (decoded, transformed).
+
+        Raises:
+            KeyNotFoundError, AmbiguousKeyError: As :meth:`index_of`.
+        """
+        return self[self.shards.index_of(key)]
 
     @property
     def paths(self) -> list[str]:

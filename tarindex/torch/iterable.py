@@ -98,7 +98,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
     to a worker), never in a worker where a spawned process group is not initialised.
 
     Args:
-        source: Path, list, brace pattern, glob or directory of ``*.tar`` shards with indexes.
+        source: Path, list, brace pattern, glob or directory of ``*.tar`` shards with indexes,
+            or a dataset manifest (``data.json``: opens with one read).
         shuffle: Shuffle shards, blocks and samples. Defaults to ``True``.
         seed: Base seed, ``0 <= seed < 2**64``. Defaults to ``0``.
         block_size: Contiguous samples per block (one read each). Larger reads faster,
