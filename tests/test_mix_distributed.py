@@ -208,7 +208,7 @@ def test_mix_and_sampler_resume_under_gloo(make_shards: Any, tmp_path: Any) -> N
             rests = [res["sampler_rest"] for res in results]
             ds, s = block_sampler(paths, rank=0, world_size=1)
             allkeys = [str(ds[i]["__shard__"]) + "/" + str(ds[i]["__key__"]) for i in range(66)]
-            c = Counter(k for part in heads + rests for b in part for k in b)
+            seen = Counter(k for part in heads + rests for b in part for k in b)
             # 66 - 2 ranks x 5 batches x 4 = 26 left over 3 ranks: 9 each, 1 padded twice
             assert {sum(map(len, r)) for r in rests} == {9}
-            assert sorted(c) == sorted(allkeys) and sum(c.values()) == 67
+            assert sorted(seen) == sorted(allkeys) and sum(seen.values()) == 67
