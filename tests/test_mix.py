@@ -47,15 +47,20 @@ def keys(batch: list[dict[str, Any]]) -> list[str]:
     return [str(s["__key__"]) for s in batch]
 
 
+def mixed(srcs: list[TarIterableDataset], **kw: Any) -> MixedDataset:
+    """A MixedDataset whose samples carry ``__source__``."""
+    return MixedDataset(srcs, source_key="__source__", **kw)
+
+
 def flat(batches: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
     return [x for b in batches for x in b]
 
 
 def test_weights_windows_and_exactly_once(paths: dict[str, list[str]]) -> None:
-    mix = MixedDataset(sources(paths), weights=[0.6, 0.3, 0.1], seed=1)
+    mix = mixed(sources(paths), weights=[0.6, 0.3, 0.1], seed=1)
     # default epoch: the largest without repeating a sample: tiny (6 at weight 0.1) -> 60
     assert mix.counts.tolist() == [36, 18, 6] and len(mix) == 60
-    full = MixedDataset(sources(paths), counts=[600, 60, 6], seed=1)
+    full = mixed(sources(paths), counts=[600, 60, 6], seed=1)
     got = [(s["__source__"], s["__index__"], s["__key__"], s["cls"]) for s in full]
     assert len(got) == len(full) == 666
     pairs = [(a, b) for a, b, _, _ in got]
@@ -77,7 +82,7 @@ def test_weights_windows_and_exactly_once(paths: dict[str, list[str]]) -> None:
 
 def test_counts_with_and_without_replacement(paths: dict[str, list[str]]) -> None:
     # tiny upsampled 10x with replacement, big downsampled without
-    mix = MixedDataset(sources(paths), counts=[100, 60, 60], replacement=[False, False, True])
+    mix = mixed(sources(paths), counts=[100, 60, 60], replacement=[False, False, True])
     seen: dict[int, Counter[int]] = {0: Counter(), 1: Counter(), 2: Counter()}
     for e in range(3):
         mix.set_epoch(e)
@@ -93,7 +98,20 @@ def test_counts_with_and_without_replacement(paths: dict[str, list[str]]) -> Non
         assert (window_excess(src, [100, 60, 60]) <= S.mix_bound([100, 60, 60]) + 1e-9).all()
     assert len(seen[0]) > 200  # a different subset of big each epoch
     with pytest.raises(ValueError, match="without replacement"):
-        MixedDataset(sources(paths), counts=[10, 10, 7])
+        mixed(sources(paths), counts=[10, 10, 7])
+    # by default the samples are the sources' own; source_key reaches a transform too
+    plain = next(iter(MixedDataset(sources(paths), counts=[1, 1, 1])))
+    assert "__source__" not in plain and set(plain) == {
+        "__key__",
+        "__shard__",
+        "__index__",
+        "bin",
+        "cls",
+        "txt",
+    }
+    tsrc = [TarIterableDataset(paths[n], transform=lambda d: d["__source__"]) for n in SIZES]
+    got_t = list(MixedDataset(tsrc, counts=[5, 5, 5], source_key="__source__"))
+    assert sorted(got_t) == [0] * 5 + [1] * 5 + [2] * 5
     with pytest.raises(TypeError, match="TarIterableDataset"):
         MixedDataset([TarDataset(paths["big"])], counts=[1])
     batched = TarIterableDataset(paths["big"], batched=True, batch_size=4)
@@ -109,7 +127,7 @@ def test_ranks_equal_counts_in_process(paths: dict[str, list[str]], drop_last: b
             per = [
                 [
                     (s["__source__"], s["__index__"])
-                    for s in MixedDataset(
+                    for s in mixed(
                         sources(paths, shuffle=True),
                         counts=counts,
                         rank=r,
@@ -129,7 +147,7 @@ def test_ranks_equal_counts_in_process(paths: dict[str, list[str]], drop_last: b
 @pytest.mark.timeout(90)
 def test_dataloader_workers_windows(paths: dict[str, list[str]]) -> None:
     counts = [600, 60, 6]
-    mix = MixedDataset(sources(paths), counts=counts, seed=4)
+    mix = mixed(sources(paths), counts=counts, seed=4)
     mix.set_epoch(2)
     got = list(DataLoader(mix, batch_size=BS, num_workers=2, collate_fn=ids))
     pairs = flat(got)
@@ -144,30 +162,30 @@ def test_dataloader_workers_windows(paths: dict[str, list[str]]) -> None:
 
 def test_resume_in_process(paths: dict[str, list[str]]) -> None:
     kw: dict[str, Any] = {"counts": [600, 60, 6], "seed": 9, "rank": 2, "world_size": 3}
-    ref = MixedDataset(sources(paths), **kw)
+    ref = mixed(sources(paths), **kw)
     ref.set_epoch(3)
     full = [(s["__source__"], s["__index__"]) for s in ref]
     sizes = set()
     for k in sorted({0, 1, 15, 16, 17, len(full) // 2, len(full) - 1, len(full)}):
-        mix = MixedDataset(sources(paths), **kw)
+        mix = mixed(sources(paths), **kw)
         mix.set_epoch(3)
         it = iter(mix)
         head = [(s["__source__"], s["__index__"]) for s in (next(it) for _ in range(k))]
         state = mix.state_dict()
         assert state["epoch"] == 3 and state["consumed"] == k
         sizes.add(len(json.dumps(state)))
-        fresh = MixedDataset(sources(paths), **{**kw, "seed": 0})  # the seed comes from the state
+        fresh = mixed(sources(paths), **{**kw, "seed": 0})  # the seed comes from the state
         fresh.load_state_dict(state)
         assert fresh.state_dict() == state
         assert head + [(s["__source__"], s["__index__"]) for s in fresh] == full
         ref.set_epoch(4)
         assert [s["__index__"] for s in fresh] == [s["__index__"] for s in ref]  # then epoch 4
     assert max(sizes) < 600  # a few ints per source, no per-sample list
-    state = MixedDataset(sources(paths), **kw).state_dict()
+    state = mixed(sources(paths), **kw).state_dict()
     with pytest.raises(ValueError, match="world_size"):
-        MixedDataset(sources(paths), **{**kw, "rank": 0, "world_size": 2}).load_state_dict(state)
+        mixed(sources(paths), **{**kw, "rank": 0, "world_size": 2}).load_state_dict(state)
     with pytest.raises(ValueError, match="counts"):
-        MixedDataset(sources(paths), **{**kw, "counts": [600, 60, 5]}).load_state_dict(state)
+        mixed(sources(paths), **{**kw, "counts": [600, 60, 5]}).load_state_dict(state)
 
 
 @pytest.mark.timeout(150)
@@ -175,7 +193,7 @@ def test_stateful_dataloader_resume(paths: dict[str, list[str]]) -> None:
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
 
     def make() -> Any:
-        mix = MixedDataset(
+        mix = mixed(
             sources(paths), weights=[5, 3, 2], replacement=True, samples_per_epoch=200, seed=2
         )
         mix.set_epoch(1)

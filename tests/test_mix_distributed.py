@@ -54,7 +54,7 @@ def keys(batch: list[dict[str, Any]]) -> list[str]:
 
 def make_mix(paths: dict[str, list[str]], cfg: str, **kw: Any) -> MixedDataset:
     srcs = [TarIterableDataset(paths[n], block_size=4, buffer_size=8) for n in SIZES]
-    return MixedDataset(srcs, seed=3, **CONFIGS[cfg], **kw)
+    return MixedDataset(srcs, seed=3, source_key="__source__", **CONFIGS[cfg], **kw)
 
 
 def block_sampler(paths: dict[str, list[str]], **kw: Any) -> tuple[TarDataset, BlockSampler]:

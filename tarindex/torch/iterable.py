@@ -498,14 +498,15 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         stop: int | None = None,
         *,
         skipped: Any = None,
-        extra: dict[str, Any] | None = None,
+        tag: tuple[str, Any] | None = None,
     ) -> Iterator[Any]:
         """Yield plan positions ``[start, stop)`` of ``p`` in yield order, decoded and transformed.
 
         The hook through which :class:`tarindex.torch.mix.MixedDataset` reads a source: exactly
         one item per position, ``skipped`` in place of a sample left out under
-        ``on_error="skip"``; ``extra`` entries are added to each sample dict before decoding.
-        Does not touch this dataset's epoch or resume state.
+        ``on_error="skip"``. Does not touch this dataset's epoch or resume state. Without
+        decode, transform, ``on_error="skip"`` or ``tag`` it returns the kernel stream itself
+        (no per-sample work added).
 
         Args:
             p: A plan of this dataset's shards (:meth:`plan` or
@@ -513,16 +514,25 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             start: First position, ``0 <= start <= p.n_samples``. Defaults to ``0``.
             stop: End position. Defaults to ``p.n_samples``.
             skipped: Yielded for a skipped sample. Defaults to ``None``.
-            extra: Entries added to every sample. Defaults to none.
+            tag: ``(key, value)`` set in every sample dict before decoding. Defaults to none.
         """
+        raw = self._stream(p, start, stop)
+        if self.decoder is None and self.transform is None and self.on_error == "raise":
+            if tag is None:
+                return raw  # errors raise, so never a None
+        return self._finished(raw, skipped, tag)
+
+    def _finished(
+        self, raw: Iterator[Sample | None], skipped: Any, tag: tuple[str, Any] | None
+    ) -> Iterator[Any]:
         finish = self._finish
         plain = self.decoder is None and self.transform is None
-        for smp in self._stream(p, start, stop):
+        for smp in raw:
             if smp is None:
                 yield skipped
                 continue
-            if extra:
-                smp.update(extra)
+            if tag is not None:
+                smp[tag[0]] = tag[1]
             if plain:
                 yield smp
                 continue
