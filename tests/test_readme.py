@@ -51,3 +51,19 @@ def test_readme_webdataset_snippet_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "n 100" in out.stdout
     assert re.search(r"last \((24, 32\) uint8|24, 32, 3\) float32) \['id'\]", out.stdout)
+
+
+@pytest.mark.timeout(120)
+def test_readme_mixing_snippet_runs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    code = re.search(
+        r"### Mixing sources, resuming anywhere\n.*?```python\n(.*?)```", README.read_text(), re.S
+    )
+    assert code is not None, "README lost its mixing snippet"
+    script = tmp_path / "snippet.py"
+    script.write_text(code.group(1) + "print('ok', len(head), sorted(window.values()))\n")
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=110
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ok 100 [" in out.stdout
