@@ -61,6 +61,7 @@ class DirCache:
         self.hits = 0
         self.misses = 0
         os.makedirs(os.path.join(self.root, "tmp"), exist_ok=True)
+        self._clean_tmp()
 
     def __getstate__(self) -> dict[str, object]:
         return {"root": self.root, "limit": self.limit, "hits": 0, "misses": 0}
@@ -186,16 +187,7 @@ class DirCache:
     def _scan(self) -> list[tuple[float, int, str]]:
         """Every entry as ``(mtime, size, path)``; removes temp files of dead writers."""
         out: list[tuple[float, int, str]] = []
-        now = time.time()
-        tmpdir = os.path.join(self.root, "tmp")
-        for e in os.scandir(tmpdir):
-            try:
-                pid = int(e.name.split(".", 1)[0])
-                st = e.stat()
-            except (ValueError, OSError):
-                continue
-            if not _pid_alive(pid) or now - st.st_mtime > _TMP_GRACE_S:
-                self._drop(e.path)
+        self._clean_tmp()
         for d1 in os.scandir(self.root):
             if not d1.is_dir(follow_symlinks=False) or d1.name == "tmp":
                 continue
@@ -209,6 +201,22 @@ class DirCache:
                         continue
                     out.append((st.st_mtime, st.st_size, f.path))
         return out
+
+    def _clean_tmp(self) -> None:
+        """Delete temp files whose writer is gone (killed mid-write) or that are very old."""
+        now = time.time()
+        try:
+            it = list(os.scandir(os.path.join(self.root, "tmp")))
+        except OSError:
+            return
+        for e in it:
+            try:
+                pid = int(e.name.split(".", 1)[0])
+                st = e.stat()
+            except (ValueError, OSError):
+                continue
+            if not _pid_alive(pid) or now - st.st_mtime > _TMP_GRACE_S:
+                self._drop(e.path)
 
     def _evict(self, room: int, keep: str) -> int:
         """Delete LRU entries until the rest hold at most ``room`` bytes; return their total."""

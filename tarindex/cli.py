@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    tarindex index PATH_OR_GLOB... [--jobs N] [--force]   build sidecar indexes
+    tarindex index PATH_OR_GLOB... [--jobs N] [--force] [--out DIR]   build sidecar indexes
     tarindex verify SOURCE...                             index matches tar (tarindex.verify)
     tarindex info SOURCE...                               shards, samples, extensions, bytes
     tarindex ls SOURCE... [--members]                     samples, or tar members
@@ -13,7 +13,8 @@ Subcommands::
 
 A ``SOURCE`` is anything :func:`tarindex.expand_source` takes: a path, a directory of ``*.tar``,
 a glob (quote it), a brace pattern (``'train-{000000..000009}.tar'``) or a manifest
-(``data.json``).
+(``data.json``), local or a URL (``https://...``, ``s3://...``; docs/REMOTE.md).
+``--index-dir DIR`` reads indexes kept apart from their tars (``tarindex index URL --out DIR``).
 
 Exit codes:
     0: success.
@@ -37,6 +38,7 @@ import sys
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -47,7 +49,8 @@ from .build import build_index
 from .errors import PackError, TarIndexError
 from .format.keys import escape_name
 from .pack import LAYOUTS, plan_pack, write_pack
-from .reader import Block, ShardReader, ShardSet, is_up_to_date
+from .reader import Block, ShardReader, ShardSet, index_for, is_up_to_date
+from .remote import download, is_url, load_indexes
 from .scan import scan_members
 from .sources import expand_source, is_manifest
 
@@ -170,6 +173,34 @@ def _default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+@contextmanager
+def _local_tar(path: str, where: str | None = None) -> Iterator[str]:
+    """A local file with the tar's bytes: ``path`` itself, or a remote tar streamed into a temp file.
+
+    The temp file (in ``where``, else the system's temp directory) is removed afterwards.
+    """
+    if not is_url(path):
+        yield path
+        return
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".tarindex-", suffix=".tar.tmp", dir=where)
+    os.close(fd)
+    try:
+        download(path, tmp)
+        yield tmp
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _named(msg: str, tmp: str, url: str) -> str:
+    """A message about a temp copy, naming the URL it came from instead."""
+    return msg.replace(tmp, url) if tmp != url else msg
+
+
 # -- index ------------------------------------------------------------------------------------
 @dataclass
 class _Outcome:
@@ -179,28 +210,44 @@ class _Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-def _index_one(path: str, require_end: bool = True, checksums: bool = False) -> _Outcome:
-    """Build one shard's index; never raises (runs in a worker process)."""
+def _index_one(
+    path: str, require_end: bool = True, checksums: bool = False, out: str | None = None
+) -> _Outcome:
+    """Build one shard's index (into ``out`` if given); never raises (runs in a worker process).
+
+    A remote tar is streamed once into a temp file in ``out`` and indexed from there.
+    """
+    tmp = path
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            tables = build_index(path, require_end=require_end, checksums=checksums)
+            with _local_tar(path, out) as tmp:
+                tables = build_index(
+                    tmp,
+                    index_for(path, out) if out else None,
+                    require_end=require_end,
+                    checksums=checksums,
+                )
             status, msg = "built", f"{tables.n_samples} samples"
         except Exception as e:  # a bad shard must not stop the others
             status = "failed"
-            msg = _describe(e)
+            msg = _named(_describe(e), tmp, path)
             if not isinstance(e, (TarIndexError, OSError)):
                 msg = f"{type(e).__name__}: {msg}"
-    return _Outcome(path, status, msg, [str(w.message) for w in caught])
+    return _Outcome(path, status, msg, [_named(str(w.message), tmp, path) for w in caught])
 
 
 def _run_jobs(
-    paths: list[str], jobs: int, require_end: bool = True, checksums: bool = False
+    paths: list[str],
+    jobs: int,
+    require_end: bool = True,
+    checksums: bool = False,
+    out: str | None = None,
 ) -> Iterator[_Outcome]:
     """Yield the outcome of every shard, in completion order (in-process when ``jobs == 1``)."""
     if jobs <= 1 or len(paths) <= 1:
         for p in paths:
-            yield _index_one(p, require_end, checksums)
+            yield _index_one(p, require_end, checksums, out)
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -212,7 +259,7 @@ def _run_jobs(
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as pool:
-        futures = {pool.submit(_index_one, p, require_end, checksums): p for p in paths}
+        futures = {pool.submit(_index_one, p, require_end, checksums, out): p for p in paths}
         for fut in as_completed(futures):
             try:
                 yield fut.result()
@@ -223,23 +270,36 @@ def _run_jobs(
 def cmd_index(args: argparse.Namespace) -> int:
     """``tarindex index``: build indexes for many shards; exit 1 if any failed."""
     paths = _expand(args.paths)
+    out = args.out
+    remote = [p for p in paths if is_url(p)]
+    if remote and out is None:
+        raise UsageError(
+            f"{remote[0]}: a remote tar's index cannot be written beside it; keep it locally: "
+            f"tarindex index {remote[0]} --out DIR (then read with index_dir=DIR)"
+        )
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
     # the up-to-date check is O(1) per shard (header + 8 KiB fingerprint): done here, not in workers
-    todo = paths if args.force else [p for p in paths if not is_up_to_date(p)]
+    todo = (
+        paths
+        if args.force
+        else [p for p in paths if not is_up_to_date(p, index_for(p, out) if out else None)]
+    )
     n_skipped = len(paths) - len(todo)
     built: list[_Outcome] = []
     failed: list[_Outcome] = []
     bar = _progress(len(todo), "shard", args.quiet, "indexing")
     try:
         jobs = args.jobs or _default_jobs()
-        for out in _run_jobs(todo, jobs, args.require_end, args.checksums):
-            for w in out.warnings:
+        for res in _run_jobs(todo, jobs, args.require_end, args.checksums, out):
+            for w in res.warnings:
                 bar.write(f"tarindex index: warning: {' '.join(w.split())}", file=sys.stderr)
-            if out.status == "failed":
-                failed.append(out)
+            if res.status == "failed":
+                failed.append(res)
                 if not bar.disable:  # live feedback on a terminal; the summary repeats it
-                    bar.write(f"tarindex index: error: {out.message}", file=sys.stderr)
+                    bar.write(f"tarindex index: error: {res.message}", file=sys.stderr)
             else:
-                built.append(out)
+                built.append(res)
             bar.update(1)
     finally:
         bar.close()
@@ -247,8 +307,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         f"indexed {len(paths)} shard(s): {len(built)} built, {n_skipped} up to date "
         f"(skipped), {len(failed)} failed"
     )
-    for out in failed:
-        msg = out.message if out.path in out.message else f"{out.path}: {out.message}"
+    for res in failed:
+        msg = res.message if res.path in res.message else f"{res.path}: {res.message}"
         print(f"  FAILED {msg}", file=sys.stderr)
     return EXIT_FAIL if failed else EXIT_OK
 
@@ -261,11 +321,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     paths = _expand(args.paths)
     failed = 0
     for p in paths:
+        tmp = p
         try:
-            report = verify(p, data=args.data)
+            ip = index_for(p, args.index_dir) if args.index_dir or is_url(p) else None
+            with _local_tar(p) as tmp:  # a remote tar: streamed once, then rescanned
+                report = verify(tmp, data=args.data) if ip is None else verify(tmp, ip, data=args.data)
         except (TarIndexError, OSError) as e:
             failed += 1
-            msg = _describe(e)  # messages already start with the file's path
+            msg = _named(_describe(e), tmp, p)  # messages already start with the file's path
             print(f"FAIL {msg if msg.startswith(p) else f'{p}: {msg}'}", file=sys.stderr)
             continue
         print(f"ok   {p}: {report}")
@@ -274,7 +337,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 # -- info, ls, cat ----------------------------------------------------------------------------
+_INDEX_DIR_HELP = "the indexes are in DIR (<tar name>.tidx), not beside the tars"
 _LS_BLOCK = 1 << 16  # samples per kernel read in info/ls (tables only)
+
+
+def _index_of(path: str, args: argparse.Namespace) -> str | None:
+    d = getattr(args, "index_dir", None)
+    return index_for(path, d) if d else None
 
 
 def _blocks(r: ShardReader) -> Iterator[Block]:
@@ -289,7 +358,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     n_samples = n_members = data_bytes = tar_bytes = index_bytes = 0
     exts: Counter[str] = Counter()
     for p in paths:
-        with ShardReader(p) as r:
+        with ShardReader(p, _index_of(p, args)) as r:
             counts = np.zeros(len(r.exts), np.int64)
             for blk in _blocks(r):
                 counts += np.bincount(blk.ext_id, minlength=len(r.exts))
@@ -297,7 +366,11 @@ def cmd_info(args: argparse.Namespace) -> int:
                 n_members += len(blk.ext_id)
             n_samples += r.n_samples
             tar_bytes += r.tar_size
-            index_bytes += os.path.getsize(r.index_path)
+            index_bytes += (
+                len(load_indexes([r.index_path], [p])[0][0])
+                if is_url(r.index_path)
+                else os.path.getsize(r.index_path)
+            )
             for name, c in zip(r.exts, counts.tolist(), strict=True):
                 exts[name] += c
     info = {
@@ -334,7 +407,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     esc = escape_name
     if args.members or args.skipped:
         for s, p in enumerate(paths):
-            m = scan_members(p)
+            with _local_tar(p) as tmp:
+                m = scan_members(tmp)
             if len(paths) > 1:
                 write(("\n" if s else "") + f"==> {esc(p)} <==\n")
             if args.skipped:
@@ -346,7 +420,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return EXIT_OK
     start = 0
     for p in paths:
-        with ShardReader(p) as r:
+        with ShardReader(p, _index_of(p, args)) as r:
             exts = [esc(e) for e in r.exts]
             for blk in _blocks(r):
                 ptr = blk.member_ptr.tolist()
@@ -379,7 +453,8 @@ def _resolve(ss: ShardSet, which: str, by: str) -> tuple[int, int]:
 def cmd_cat(args: argparse.Namespace) -> int:
     """``tarindex cat``: write one member's bytes, unchanged, to stdout."""
     paths = _expand([args.source])
-    ss = ShardSet(args.source if is_manifest(args.source) else paths)  # a manifest: no header reads
+    # a manifest: no header reads
+    ss = ShardSet(args.source if is_manifest(args.source) else paths, index_dir=args.index_dir)
     try:
         s, j = _resolve(ss, args.sample, args.by)
         r = ss.reader(s)
@@ -592,6 +667,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also record each member's crc32 (reads all the data), for `tarindex verify "
         "--data` and reads with verify_data=True",
     )
+    s.add_argument(
+        "-o",
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write the indexes into DIR as <tar name>.tidx instead of beside the tars (needed "
+        "for remote tars, which are streamed once; read them with index_dir=DIR)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_index)
 
@@ -608,11 +691,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also check every member's bytes against the crc32s the index records (reads all "
         "the data; indexes from the writer or `tarindex index --checksums`)",
     )
+    s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("info", help="shards, samples, members, extensions, bytes")
     s.add_argument("sources", nargs="+", metavar="SOURCE")
     s.add_argument("--json", action="store_true", help="print a JSON object")
+    s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser(
@@ -634,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
         "devices, sparse files, and regular files the key rule leaves out (README, .hidden, "
         "name., a __ extension), one line each: name, reason",
     )
+    s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
     s.set_defaults(func=cmd_ls)
 
     s = sub.add_parser(
@@ -657,6 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
         const="index",
         help="KEY_OR_INDEX is a global sample index",
     )
+    s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
     s.set_defaults(func=cmd_cat, by="auto")
 
     s = sub.add_parser(

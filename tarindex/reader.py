@@ -1453,7 +1453,9 @@ class ShardSet:
         idx = idx[(idx >= 0) & (idx < total)]
         sid = np.searchsorted(self.starts, idx, side="right") - 1
         items = []
-        for s in np.unique(sid).tolist():
+        shards = np.unique(sid).tolist()
+        self._open_many(shards)
+        for s in shards:
             r = self.reader(s)
             src = r.source
             if isinstance(src, RemoteSource):
@@ -1476,6 +1478,7 @@ class ShardSet:
         """
         if not self.remote:
             return len(pieces)
+        self._open_many([p[0] for p in pieces])
         for n, (s, j0, j1) in enumerate(pieces):
             r = self.reader(s)
             src = r.source
@@ -1487,6 +1490,44 @@ class ShardSet:
             if not src.queue_ahead(b.tar_offset, b.tar_offset + b.size):
                 return n
         return len(pieces)
+
+    def _open_many(self, shards: Sequence[int]) -> None:
+        """Open the remote shards of ``shards`` that are not open, concurrently.
+
+        Each open waits on a few network round trips (index, size, the open-time checks);
+        threads overlap them. Within :attr:`open_bound`; a shard that fails to open here is
+        left for :meth:`reader` to open (and raise) in order.
+        """
+        if self._gen != _fork_generation[0] or len(shards) < 2:
+            return  # reader() drops what a fork inherited first
+        room = self.open_bound - len(self._readers)
+        todo = [s for s in dict.fromkeys(shards) if s not in self._readers]
+        todo = [s for s in todo if is_url(self.paths[s])][: max(0, room)]
+        if len(todo) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(todo)), thread_name_prefix="tarindex-open") as ex:
+            futs = [(s, ex.submit(self._open, s)) for s in todo]
+        for s, f in futs:
+            try:
+                r = f.result()
+            except Exception:
+                continue
+            n = self._starts_list[s + 1] - self._starts_list[s]
+            if r.n_samples != n or s in self._readers:
+                r.close()
+                continue
+            self._readers[s] = r
+
+    def drop_prefetched(self) -> None:
+        """Drop the bytes fetched ahead and not read yet, in this process's open remote shards."""
+        if not self.remote or self._gen != _fork_generation[0]:
+            return
+        for r in self._readers.values():
+            src = r.source
+            if isinstance(src, RemoteSource):
+                src.drop_ahead()
 
     def _drop_inherited(self) -> None:
         readers, self._readers = self._readers, OrderedDict()

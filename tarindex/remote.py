@@ -52,6 +52,7 @@ __all__ = [
     "load_indexes",
     "prefetch_many",
     "expand_remote",
+    "download",
     "stats",
 ]
 
@@ -541,7 +542,7 @@ class _Pool:
 
     def take(self, n: int, force: bool = False) -> bool:
         with self.lock:
-            if not force and self.used + n > self.budget and self.used:
+            if not force and (self.used + n > self.budget and self.used or not self.budget):
                 return False
             self.used += n
             return True
@@ -827,13 +828,17 @@ class RemoteSource:
     def close(self) -> None:
         """Drop the read-ahead store (pending reads finish in the background; idempotent)."""
         self._closed = True
+        self.drop_ahead()
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+
+    def drop_ahead(self) -> None:
+        """Drop every range fetched ahead and not read yet (frees the read-ahead budget)."""
         with self._lock:
             entries, self._entries, self._starts = self._entries, [], []
         for e in entries:
             e.pool.give(e.end - e.start)
-        if self._local is not None:
-            self._local.close()
-            self._local = None
 
     # -- store ----------------------------------------------------------------------------
     def _find(self, a: int, b: int) -> _Entry | None:
@@ -986,3 +991,43 @@ def prefetch_many(items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[in
         pool = _the_pool(src.opts)
         pool.take(sum(b - a for a, b in plan), force=True)
         src._store(plan, finish(mine), pool)
+
+
+DOWNLOAD_CHUNK = 8 << 20
+"""Bytes per ranged read when a remote tar is streamed to a local file."""
+
+
+def download(url: str, dest: str, opts: RemoteOptions = DEFAULT) -> int:
+    """Stream the remote file ``url`` once into the local file ``dest``; return its size.
+
+    Sequential ranged reads of :data:`DOWNLOAD_CHUNK` bytes (each retried as in
+    :func:`fetch`), so memory stays bounded; a server that ignores Range is read with one
+    plain GET instead.
+
+    Raises:
+        FileNotFoundError: No such file.
+        RemoteError: As :func:`fetch`; ``dest`` is then incomplete (the caller removes it).
+    """
+    size = file_size(url, opts)
+    with open(dest, "wb") as f:
+        pos = 0
+        while pos < size:
+            end = min(pos + DOWNLOAD_CHUNK, size)
+            try:
+                (data,) = fetch([(url, pos, end)], opts)
+            except RangeNotSupportedError:
+                if pos:
+                    raise
+                f.seek(0)
+                f.truncate()
+                fs = filesystem(url, opts)
+                with fs.open(_fs_path(fs, url), "rb", block_size=0) as r:
+                    while chunk := r.read(DOWNLOAD_CHUNK):
+                        f.write(chunk)
+                break
+            f.write(data)
+            pos = end
+    n = os.path.getsize(dest)
+    if n != size:
+        raise RemoteError(f"{url}: streamed {n} bytes, the server said {size}; try again")
+    return n

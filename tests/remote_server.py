@@ -36,6 +36,17 @@ class RangeServer(ThreadingHTTPServer):
         self.requests = 0
         self.bytes_sent = 0
         self.log: list[tuple[str, str, int, int]] = []  # (method, path, start, end)
+        self.conns: set[socket.socket] = set()
+
+    def close_connections(self) -> None:
+        """Close kept-alive connections: their handler threads outlive ``shutdown()``."""
+        with self.lock:
+            conns, self.conns = set(self.conns), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     @property
     def url(self) -> str:
@@ -59,6 +70,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.lock:
+            self.server.conns.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     def _file(self) -> str | None:
         rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
@@ -134,17 +158,22 @@ class _Handler(BaseHTTPRequestHandler):
             if drop:  # half the body, then the connection goes away
                 half = max(1, n // 2) if n > 1 else 0
                 data = f.read(half)
-                self.wfile.write(data)
-                self.wfile.flush()
                 with srv.lock:
                     srv.bytes_sent += len(data)
                     srv.log.append(("GET", self.path, start, start + len(data)))
+                self.wfile.write(data)
+                self.wfile.flush()
                 self.close_connection = True
                 try:
                     self.connection.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
                 return
+            # counted before the body goes out: the client may act on the last byte before
+            # this thread runs again
+            with srv.lock:
+                srv.bytes_sent += n
+                srv.log.append(("GET", self.path, start, end))
             sent = 0
             while sent < n:
                 chunk = f.read(min(1 << 20, n - sent))
@@ -152,9 +181,6 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 self.wfile.write(chunk)
                 sent += len(chunk)
-            with srv.lock:
-                srv.bytes_sent += sent
-                srv.log.append(("GET", self.path, start, start + sent))
 
 
 @contextmanager
@@ -167,5 +193,6 @@ def serve(root: str) -> Iterator[RangeServer]:
         yield srv
     finally:
         srv.shutdown()
+        srv.close_connections()
         srv.server_close()
         t.join(5)

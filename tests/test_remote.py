@@ -249,3 +249,47 @@ def test_file_urls_are_local_paths(make_shards: MakeShards) -> None:
     ss = tarindex.ShardSet(f"file://{d}/train-{{000000..000001}}.tar")
     assert ss.paths == paths
     assert ss.get(5)["__key__"] == f"{5:08d}"
+
+
+def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
+    served: tuple[RangeServer, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tarindex.cli import main
+
+    srv, paths = served
+    _fresh()
+    src = f"{srv.url}/{PAT}"
+    assert main(["info", src, "--json"]) == 0
+    import json
+
+    info = json.loads(capsys.readouterr().out)
+    assert info["samples"] == sum(SIZES) and info["shards"] == 3
+    assert info["index_bytes"] == sum(os.path.getsize(p + ".tidx") for p in paths)
+    assert main(["ls", src]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == sum(SIZES) and lines[41].split("\t")[1] == f"{41:08d}"
+    assert main(["cat", src, f"{44:08d}", "txt"]) == 0
+    assert capsys.readouterr().out == "sample 44"
+    ref = tarindex.ShardSet(paths).get(7)["bin"]
+    assert main(["verify", src]) == 0
+    assert "verified 3 shard(s): 3 ok" in capsys.readouterr().out
+    # a tar one cannot write beside: index it into a local directory, read with index_dir
+    for p in paths:
+        os.remove(p + ".tidx")
+    url0 = f"{srv.url}/train-000000.tar"
+    assert main(["index", url0]) == 2
+    assert "--out DIR" in capsys.readouterr().err
+    out = tmp_path / "idx"
+    srv.reset()
+    assert main(["index", src, "--out", str(out), "-q", "-j", "1"]) == 0
+    assert "3 built" in capsys.readouterr().out
+    assert srv.bytes_for(".tar") == sum(os.path.getsize(p) for p in paths)  # streamed once
+    assert sorted(os.listdir(out)) == [os.path.basename(p) + ".tidx" for p in paths]
+    assert main(["index", src, "--out", str(out), "-q"]) == 0
+    assert "3 up to date" in capsys.readouterr().out
+    ss = tarindex.ShardSet(src, index_dir=str(out))
+    assert ss.get(7)["bin"] == ref
+    assert main(["info", src, "--index-dir", str(out)]) == 0
+    assert f"samples:     {sum(SIZES)}" in capsys.readouterr().out
+    assert main(["verify", src, "--index-dir", str(out)]) == 0
+    capsys.readouterr()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, cast
 
@@ -551,20 +552,36 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         end = p.n_samples if stop is None else min(int(stop), p.n_samples)
         if start >= end:
             return
-        if not (p.shuffle and p.buffer_size > 1):
-            for piece in plan_mod.slice_blocks(p.segments, start, end).tolist():
-                yield from self._samples(piece, self._read1(piece, False))
-            return
-        w = p.buffer_size
-        for k in range(start // w, (end - 1) // w + 1):
-            pieces, perm = p.window(k)
-            buf: list[Sample | None] = []
-            for piece in pieces.tolist():  # each block is unpacked (and freed) at once
-                buf.extend(self._samples(piece, self._read1(piece, True)))
-            order = perm.tolist() if perm is not None else range(len(buf))
-            skip = start - k * w if start > k * w else 0
-            for i in order[skip : end - k * w]:
-                yield buf[i]
+        ra = _ReadAhead.over(self.shards, self.fields)
+        try:
+            if not (p.shuffle and p.buffer_size > 1):
+                pieces = plan_mod.slice_blocks(p.segments, start, end).tolist()
+                if ra is not None:
+                    ra.add(pieces)
+                for piece in pieces:
+                    yield from self._samples(piece, self._read1(piece, False, ra))
+                return
+            w = p.buffer_size
+            k_end = (end - 1) // w + 1
+            nxt = p.window(start // w)
+            if ra is not None:
+                ra.add(nxt[0].tolist())
+            for k in range(start // w, k_end):
+                pieces, perm = nxt
+                if k + 1 < k_end:
+                    nxt = p.window(k + 1)
+                    if ra is not None:
+                        ra.add(nxt[0].tolist())
+                buf: list[Sample | None] = []
+                for piece in pieces.tolist():  # each block is unpacked (and freed) at once
+                    buf.extend(self._samples(piece, self._read1(piece, True, ra)))
+                order = perm.tolist() if perm is not None else range(len(buf))
+                skip = start - k * w if start > k * w else 0
+                for i in order[skip : end - k * w]:
+                    yield buf[i]
+        finally:
+            if ra is not None:
+                ra.close()
 
     @staticmethod
     def _samples(piece: list[int], blk: Block | None) -> list[Sample | None]:
@@ -572,10 +589,17 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             return [None] * (piece[2] - piece[1])
         return cast("list[Sample | None]", blk.to_samples())
 
-    def _read1(self, piece: list[int], prefetch: bool) -> Block | None:
-        """Kernel read of a planned piece ``(shard, j0, j1)``; ``None`` if skipped."""
+    def _read1(
+        self, piece: list[int], prefetch: bool, ra: _ReadAhead | None = None
+    ) -> Block | None:
+        """Kernel read of a planned piece ``(shard, j0, j1)``; ``None`` if skipped.
+
+        ``ra`` (remote shards): the plan's next blocks are queued for read-ahead first.
+        """
         s, j0, j1 = piece
         try:
+            if ra is not None:
+                ra.pump()
             return self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
         except Exception as e:
             if self.on_error != "skip":
@@ -587,7 +611,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             )
             return None
 
-    def _read_window(self, pieces: NDArray[np.int64], prefetch: bool) -> list[Block | None]:
+    def _read_window(
+        self, pieces: NDArray[np.int64], prefetch: bool, ra: _ReadAhead | None = None
+    ) -> list[Block | None]:
         """Kernel reads of a window's pieces, held until packed.
 
         Detached when they span more shards than may stay open, so descriptors stay within
@@ -596,7 +622,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         detach = len(np.unique(pieces[:, 0])) > self.shards.open_bound
         out: list[Block | None] = []
         for piece in pieces.tolist():
-            b = self._read1(piece, prefetch)
+            b = self._read1(piece, prefetch, ra)
             out.append(b.detach() if detach and b is not None else b)
         return out
 
@@ -614,6 +640,24 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         # per window: its blocks joined into one, window position -> position in it (-1:
         # skipped under on_error="skip"), and the yield order
         wins: dict[int, tuple[Block | None, NDArray[np.int64], Any]] = {}
+        ra = _ReadAhead.over(self.shards, self.fields)
+        try:
+            yield from self._batches(p, start, bsz, n, mixing, w, wins, ra)
+        finally:
+            if ra is not None:
+                ra.close()
+
+    def _batches(
+        self,
+        p: plan_mod.WorkerPlan,
+        start: int,
+        bsz: int,
+        n: int,
+        mixing: bool,
+        w: int,
+        wins: dict[int, tuple[Block | None, NDArray[np.int64], Any]],
+        ra: _ReadAhead | None,
+    ) -> Iterator[BatchedSamples]:
         pos = start
         while pos < n:
             end = min((pos // bsz + 1) * bsz, n)
@@ -621,7 +665,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             for k in range(pos // w, (end - 1) // w + 1):
                 got = wins.get(k)
                 if got is None:
-                    got = wins[k] = self._window(p, k, w, mixing)
+                    got = wins[k] = self._window(p, k, w, mixing, ra)
                 whole, at, perm = got
                 a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
                 sel = at[perm[a:b]] if perm is not None else at[a:b]
@@ -636,15 +680,25 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 yield pack_blocks(parts, None, self.int_fields)
 
     def _window(
-        self, p: plan_mod.WorkerPlan, k: int, w: int, mixing: bool
+        self,
+        p: plan_mod.WorkerPlan,
+        k: int,
+        w: int,
+        mixing: bool,
+        ra: _ReadAhead | None = None,
     ) -> tuple[Block | None, NDArray[np.int64], Any]:
-        """Read window ``k`` of the plan (``w`` positions) as one block."""
-        if mixing:
-            pieces, perm = p.window(k)
-        else:
-            pieces = plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, p.n_samples))
-            perm = None
-        blocks = self._read_window(pieces, mixing)
+        """Read window ``k`` of the plan (``w`` positions) as one block.
+
+        ``ra`` (remote shards): windows ``k`` and ``k + 1`` are queued for read-ahead.
+        """
+
+        def pieces_of(k: int) -> tuple[NDArray[np.int64], Any]:
+            if mixing:
+                return p.window(k)
+            return plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, p.n_samples)), None
+
+        pieces, perm = ra.window(k, pieces_of, k < (p.n_samples - 1) // w) if ra else pieces_of(k)
+        blocks = self._read_window(pieces, mixing, ra)
         lens = (pieces[:, 2] - pieces[:, 1]).tolist()
         at = np.full(sum(lens), -1, np.int64)
         pos = done = 0
@@ -706,3 +760,60 @@ class _Skip:
 
 
 _SKIP = _Skip()
+
+
+class _ReadAhead:
+    """The plan's blocks not read yet, queued to the shards' read-ahead (remote shards only).
+
+    :meth:`pump` (before each block read) hands the queue's head to
+    :meth:`~tarindex.reader.ShardSet.prefetch_blocks` until the per-process budget
+    (``RemoteOptions.readahead_bytes``) is full; what was fetched ahead and not read is dropped
+    by :meth:`close` (the iteration ended or was abandoned).
+    """
+
+    DEPTH = 256
+    """Blocks looked at per pump at most."""
+
+    def __init__(self, shards: ShardSet, fields: Sequence[str] | None) -> None:
+        self.shards = shards
+        self.fields = fields
+        self.queue: deque[list[int]] = deque()
+        self._windows: dict[int, tuple[NDArray[np.int64], Any]] = {}
+
+    @classmethod
+    def over(cls, shards: ShardSet, fields: Sequence[str] | None) -> _ReadAhead | None:
+        """A read-ahead for ``shards``, or ``None`` if none is remote."""
+        return cls(shards, fields) if shards.remote else None
+
+    def add(self, pieces: list[list[int]]) -> None:
+        """Append blocks ``(shard, j0, j1)``, in the order they will be read."""
+        self.queue.extend(pieces)
+
+    def window(
+        self,
+        k: int,
+        pieces_of: Callable[[int], tuple[NDArray[np.int64], Any]],
+        has_next: bool,
+    ) -> tuple[NDArray[np.int64], Any]:
+        """Window ``k``'s pieces (planned once), queueing it and window ``k + 1``."""
+        for q in (k, k + 1) if has_next else (k,):
+            if q not in self._windows:
+                self._windows[q] = pieces_of(q)
+                self.add(self._windows[q][0].tolist())
+        for q in [q for q in self._windows if q < k]:
+            del self._windows[q]
+        return self._windows[k]
+
+    def pump(self) -> None:
+        """Queue the next blocks for background reads while the budget has room."""
+        q = self.queue
+        if not q:
+            return
+        head = [q[i] for i in range(min(len(q), self.DEPTH))]
+        for _ in range(self.shards.prefetch_blocks(head, self.fields)):
+            q.popleft()
+
+    def close(self) -> None:
+        """Drop what was fetched ahead and not read (frees the budget)."""
+        self.queue.clear()
+        self.shards.drop_prefetched()
