@@ -563,11 +563,13 @@ def _the_pool(opts: RemoteOptions) -> _Pool:
 
 
 class _Entry:
-    __slots__ = ("start", "end", "future", "data", "pool")
+    __slots__ = ("start", "end", "need", "served", "future", "data", "pool")
 
-    def __init__(self, start: int, end: int, pool: _Pool) -> None:
+    def __init__(self, start: int, end: int, pool: _Pool, need: int | None = None) -> None:
         self.start = start
         self.end = end
+        self.need = end - start if need is None else need  # bytes the hint asked for
+        self.served = 0  # bytes handed out by reads so far
         self.future: Future[bytes] | None = None
         self.data: bytes | None = None
         self.pool = pool
@@ -578,6 +580,24 @@ class _Entry:
             self.data = self.future.result()
             self.future = None
         return self.data
+
+
+def coalesce_need(
+    starts: Sequence[int], ends: Sequence[int], gap: int = COALESCE_GAP
+) -> list[tuple[int, int, int]]:
+    """:func:`coalesce`, with the bytes of the given ranges (their union) in each merged range."""
+    out: list[list[int]] = []
+    for a, b in sorted(zip(starts, ends, strict=True)):
+        if b <= a:
+            continue
+        if out and a - out[-1][1] <= gap:
+            last = out[-1]
+            if b > last[1]:
+                last[2] += b - max(a, last[1])
+                last[1] = b
+        else:
+            out.append([a, b, b - a])
+    return [(a, b, n) for a, b, n in out]
 
 
 def coalesce(
@@ -740,7 +760,7 @@ class RemoteSource:
         if n and hits[0] is not None and all(h is hits[0] for h in hits):
             e = hits[0]
             data = self._result(e)
-            self._release_reached([e], max(en))
+            self._consume(e, int((ends - starts).sum()))
             return data, starts - e.start
         parts: list[bytes | None] = [None] * n
         miss = [i for i in range(n) if hits[i] is None]
@@ -754,9 +774,9 @@ class RemoteSource:
                 d = self._result(h)
                 parts[i] = d[st[i] - h.start : en[i] - h.start]
                 prev = used.get(id(h))
-                used[id(h)] = (h, max(en[i], prev[1] if prev else 0))
-        for h, reach in used.values():
-            self._release_reached([h], reach)
+                used[id(h)] = (h, en[i] - st[i] + (prev[1] if prev else 0))
+        for h, nbytes in used.values():
+            self._consume(h, nbytes)
         bases = np.zeros(n, np.int64)
         if n > 1:
             np.cumsum(ends[:-1] - starts[:-1], out=bases[1:])
@@ -786,8 +806,8 @@ class RemoteSource:
             return
         pool = _the_pool(self.opts)
         if wait:
-            pool.take(sum(b - a for a, b in plan), force=True)
-            datas = self._fetch_ranges(plan)
+            pool.take(sum(b - a for a, b, _ in plan), force=True)
+            datas = self._fetch_ranges([(a, b) for a, b, _ in plan])
             self._store(plan, datas, pool)
             return
         self._queue(plan, pool)
@@ -799,28 +819,35 @@ class RemoteSource:
         plan = self.plan_prefetch(starts.tolist(), ends.tolist())
         return self._queue(plan, _the_pool(self.opts)) if plan else True
 
-    def _queue(self, plan: list[tuple[int, int]], pool: _Pool) -> bool:
-        for a, b in plan:
+    def _queue(self, plan: list[tuple[int, int, int]], pool: _Pool) -> bool:
+        for a, b, need in plan:
             if not pool.take(b - a):
                 return False
-            e = _Entry(a, b, pool)
+            e = _Entry(a, b, pool, need)
             e.future = pool.executor.submit(self._fetch_one, a, b)
             if not self._insert(e):
                 pool.give(b - a)
         return True
 
-    def plan_prefetch(self, starts: Sequence[int], ends: Sequence[int]) -> list[tuple[int, int]]:
-        """The coalesced ranges of ``starts``/``ends`` not already stored (clipped to the tar)."""
+    def plan_prefetch(
+        self, starts: Sequence[int], ends: Sequence[int]
+    ) -> list[tuple[int, int, int]]:
+        """The coalesced ranges ``(start, end, bytes asked)`` not already stored.
+
+        A stored range is dropped once reads have taken as many bytes from it as were asked
+        for (the union of the given ranges in it), whatever their order.
+        """
         out = []
-        for a, b in coalesce(starts, ends):
-            a, b = max(a, 0), min(b, self.size)
-            if b > a and self._find(a, b) is None:
-                out.append((a, b))
+        for a, b, need in coalesce_need(starts, ends):
+            if a >= 0 and b <= self.size and self._find(a, b) is None:
+                out.append((a, b, need))
         return out
 
-    def _store(self, plan: list[tuple[int, int]], datas: list[bytes], pool: _Pool) -> None:
-        for (a, b), d in zip(plan, datas, strict=True):
-            e = _Entry(a, b, pool)
+    def _store(
+        self, plan: list[tuple[int, int, int]], datas: list[bytes], pool: _Pool
+    ) -> None:
+        for (a, b, need), d in zip(plan, datas, strict=True):
+            e = _Entry(a, b, pool, need)
             e.data = d
             if not self._insert(e):
                 pool.give(b - a)
@@ -855,7 +882,7 @@ class RemoteSource:
         try:
             return e.result()
         except BaseException:
-            self._release_reached([e], e.end)
+            self._drop_entry(e)
             raise
 
     def _insert(self, e: _Entry) -> bool:
@@ -869,18 +896,20 @@ class RemoteSource:
             self._starts.insert(k, e.start)
             return True
 
-    def _release_reached(self, entries: list[_Entry], reach: int) -> None:
-        """Drop entries whose last byte has been read (each stored read is read once)."""
-        for e in entries:
-            if reach >= e.end:
-                with self._lock:
-                    k = bisect_right(self._starts, e.start) - 1
-                    if k >= 0 and self._entries[k] is e:
-                        del self._entries[k]
-                        del self._starts[k]
-                    else:
-                        continue
-                e.pool.give(e.end - e.start)
+    def _consume(self, e: _Entry, nbytes: int) -> None:
+        """Count ``nbytes`` read from ``e``; drop it once the bytes asked for were all read."""
+        e.served += nbytes
+        if e.served >= e.need:
+            self._drop_entry(e)
+
+    def _drop_entry(self, e: _Entry) -> None:
+        with self._lock:
+            k = bisect_right(self._starts, e.start) - 1
+            if not (k >= 0 and self._entries[k] is e):
+                return
+            del self._entries[k]
+            del self._starts[k]
+        e.pool.give(e.end - e.start)
 
     # -- network (through the cache) --------------------------------------------------------
     def _fetch_one(self, a: int, b: int) -> bytes:
@@ -977,7 +1006,7 @@ def prefetch_many(items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[in
         plan = src.plan_prefetch(starts, ends)
         if not plan:
             continue
-        net, finish = src.plan_fetch(plan)
+        net, finish = src.plan_fetch([(a, b) for a, b, _ in plan])
         jobs.append((src, plan, finish, len(reqs), len(net)))
         reqs.extend((src.path, a, b) for a, b in net)
         opts = src.opts
@@ -989,7 +1018,7 @@ def prefetch_many(items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[in
         src.requests += n
         src.bytes_fetched += sum(len(g) for g in mine)
         pool = _the_pool(src.opts)
-        pool.take(sum(b - a for a, b in plan), force=True)
+        pool.take(sum(b - a for a, b, _ in plan), force=True)
         src._store(plan, finish(mine), pool)
 
 

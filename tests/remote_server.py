@@ -9,6 +9,7 @@ every reply), ``ignore_range`` (answer ranged GETs with the whole file, like a n
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -24,6 +25,7 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 class RangeServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # the default (5) drops SYNs of a burst of concurrent requests
     allow_reuse_address = True
 
     def __init__(self, root: str) -> None:
@@ -111,8 +113,36 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "none" if srv.ignore_range else "bytes")
         self.end_headers()
 
+    def _control(self) -> bool:
+        """Control URLs for a server in another process (benchmarks).
+
+        ``/__stats`` (JSON counters), ``/__reset`` (the counters, then reset them),
+        ``/__set?latency=S&ignore_range=0|1``.
+        """
+        u = urllib.parse.urlsplit(self.path)
+        if not u.path.startswith("/__"):
+            return False
+        srv = self.server
+        if u.path == "/__set":
+            q = urllib.parse.parse_qs(u.query)
+            if "latency" in q:
+                srv.latency = float(q["latency"][0])
+            if "ignore_range" in q:
+                srv.ignore_range = q["ignore_range"][0] == "1"
+        with srv.lock:
+            body = json.dumps({"requests": srv.requests, "bytes_sent": srv.bytes_sent}).encode()
+        if u.path == "/__reset":  # the counters before the reset
+            srv.reset()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
+
     def do_GET(self) -> None:
         srv = self.server
+        if self._control():
+            return
         if srv.latency:
             time.sleep(srv.latency)
         p = self._file()
@@ -196,3 +226,17 @@ def serve(root: str) -> Iterator[RangeServer]:
         srv.close_connections()
         srv.server_close()
         t.join(5)
+
+
+def main() -> None:
+    """``python -m tests.remote_server ROOT [LATENCY]``: serve until killed; prints the URL."""
+    import sys
+
+    srv = RangeServer(sys.argv[1])
+    srv.latency = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    print(srv.url, flush=True)
+    srv.serve_forever(poll_interval=0.05)
+
+
+if __name__ == "__main__":
+    main()
