@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for i in picks:
             ds[i]
         dt = time.perf_counter() - t
-        row("random access ds[i] (one ranged read per sample)", k, dt, srv.stats()["bytes_sent"], want, open_note)
+        row("random access ds[i] (one ranged read per sample)", k, dt, srv.stats()["bytes_sent"],
+            want, open_note)
 
         srv.stats(reset=True)
         t = time.perf_counter()
