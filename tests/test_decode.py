@@ -208,3 +208,38 @@ def test_cbor_and_msgpack_and_a_clear_error_when_missing(tmp_path: Path) -> None
     assert "needs the 'torch' package" in lines[1] and "image spec 'torchrgb8'" in lines[1]
     assert "torch is not installed: pip install torch" in lines[2]
     assert lines[3] == "(4, 5, 3)"
+
+
+class Big:
+    """A decoded value whose lifetime the test watches."""
+
+
+_ALIVE: list[Any] = []
+
+
+def _big(key: str, data: bytes) -> Any:
+    import weakref
+
+    if key != ".bin":
+        return None
+    b = Big()
+    _ALIVE.append(weakref.ref(b))
+    return b
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "mixed"])
+def test_streaming_holds_no_decoded_sample_once_yielded(make_shards: Any, shuffle: bool) -> None:
+    """A decoded image is freed when the consumer drops it, not when its block or window ends."""
+    paths = make_shards([40, 30])
+    ds = tarindex.TarIterableDataset(
+        paths, shuffle=shuffle, block_size=16, buffer_size=32, decode=_big
+    )
+    _ALIVE.clear()
+    most = n = 0
+    for s in ds:
+        assert isinstance(s["bin"], Big)
+        n += 1
+        del s
+        most = max(most, sum(r() is not None for r in _ALIVE))
+    assert n == 70 and len(_ALIVE) == 70
+    assert most <= 1, most  # before: a block's (16) or a window's (32) decoded values stayed

@@ -552,6 +552,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         end = p.n_samples if stop is None else min(int(stop), p.n_samples)
         if start >= end:
             return
+        # a sample is let go once yielded: the consumer decodes it in place, and a decoded
+        # block (or window) held here would keep every decoded image of it alive
         ra = _ReadAhead.over(self.shards, self.fields)
         try:
             if not (p.shuffle and p.buffer_size > 1):
@@ -559,7 +561,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 if ra is not None:
                     ra.add(pieces)
                 for piece in pieces:
-                    yield from self._samples(piece, self._read1(piece, False, ra))
+                    got = self._samples(piece, self._read1(piece, False, ra))
+                    for i in range(len(got)):
+                        smp, got[i] = got[i], None
+                        yield smp
                 return
             w = p.buffer_size
             k_end = (end - 1) // w + 1
@@ -578,7 +583,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 order = perm.tolist() if perm is not None else range(len(buf))
                 skip = start - k * w if start > k * w else 0
                 for i in order[skip : end - k * w]:
-                    yield buf[i]
+                    smp, buf[i] = buf[i], None
+                    yield smp
         finally:
             if ra is not None:
                 ra.close()
