@@ -4,6 +4,7 @@ Public API (torch is imported only by the torch layer, on first use of its names
 
     ShardWriter, TarWriter, write_shards, build_index, scan, ShardReader, ShardSet,
     write_manifest, read_manifest, check_manifest, task_pattern,
+    split_by_key, split_keys, ShardSubset,
     TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
     MixedDataset, MixSampler (need torch)
 """
@@ -47,6 +48,7 @@ from .remote import RemoteOptions
 from .scan import Members, scan
 from .select import ToTuple, to_tuple
 from .sources import expand_source
+from .split import ShardSubset, split_by_key, split_keys
 from .writer import ShardWriter, TarWriter
 
 _TORCH_NAMES = {
@@ -77,6 +79,9 @@ __all__ = [
     "read_manifest",
     "check_manifest",
     "task_pattern",
+    "split_by_key",
+    "split_keys",
+    "ShardSubset",
     "TarIndexError",
     "FormatError",
     "BadMagicError",

@@ -63,7 +63,6 @@ from .format.index import (
     key_table,
     read_header,
 )
-from .format.keyhash import LOOKUP_SEED, key_hash
 from .format.keys import normalize_name
 from .format.spec import (
     BLOCK,
@@ -1211,7 +1210,7 @@ class ShardReader:
 
     def _find(self, kb: bytes) -> int | None:
         kp, blob = self._key_ptr, self._key_blob
-        for j in self.key_table().candidates(kb).tolist():
+        for j in self.key_table().candidates(kb):
             self._range(j, j + 1)
             if blob[kp[j] : kp[j + 1]] == kb:
                 return int(j)
@@ -1659,9 +1658,9 @@ class ShardSet:
                 r.close()
                 raise self._unlisted(s, f"changed: {name} {got!r}, the manifest says {want!r}")
 
-    _keyidx: tuple[NDArray[np.uint32], NDArray[np.int64]] | None = None
+    _keyidx: KeyTable | None = None
 
-    def _key_index(self) -> tuple[NDArray[np.uint32], NDArray[np.int64]]:
+    def _key_index(self) -> KeyTable:
         """Every shard's key table in one: hashes ascending, global indices (made once)."""
         ki = self._keyidx
         if ki is None:
@@ -1675,7 +1674,7 @@ class ShardSet:
             if len(hs) > 1:
                 order = np.argsort(h, kind="stable")  # equal hashes stay in global order
                 h, g = h[order], g[order]
-            ki = self._keyidx = (h, g)
+            ki = self._keyidx = KeyTable(h, g)
         return ki
 
     def indices_of(self, key: str) -> list[int]:
@@ -1696,12 +1695,8 @@ class ShardSet:
         if self.n_shards == 1:
             j = self.reader(0)._find(kb)
             return [] if j is None else [j]
-        h, g = self._key_index()
-        hv = np.uint32(key_hash(kb, LOOKUP_SEED) >> 32)
-        lo = int(np.searchsorted(h, hv, side="left"))
-        hi = int(np.searchsorted(h, hv, side="right"))
         out = []
-        for i in g[lo:hi].tolist():
+        for i in self._key_index().candidates(kb):
             s, j = self.locate(i)
             r = self.reader(s)
             r._range(j, j + 1)

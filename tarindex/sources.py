@@ -18,7 +18,7 @@ from typing import Union
 import numpy as np
 from numpy.typing import NDArray
 
-from .format.manifest import ManifestTable, decode_manifest, resolve_path
+from .format.manifest import ManifestTable, decode_manifest, resolve_paths
 from .format.spec import INDEX_SUFFIX
 from .remote import DEFAULT, RemoteOptions, expand_remote, fetch, file_size, is_url, local_path
 
@@ -126,7 +126,7 @@ def read_manifest(path: str, remote: RemoteOptions | None = None) -> ManifestTab
 
     Returns:
         The table, with :attr:`~tarindex.format.manifest.ManifestTable.paths` resolved
-        (:func:`tarindex.format.manifest.resolve_path`: relative ones against the manifest's
+        (:func:`tarindex.format.manifest.resolve_paths`: relative ones against the manifest's
         directory, a local path or a URL); no shard is touched.
 
     Raises:
@@ -142,7 +142,7 @@ def read_manifest(path: str, remote: RemoteOptions | None = None) -> ManifestTab
         with open(path, "rb") as f:
             data = f.read()
     t = decode_manifest(data, path)
-    t.paths = [resolve_path(path, p) for p in t.paths]
+    t.paths = resolve_paths(path, t.paths)
     return t
 
 

@@ -14,6 +14,7 @@ README = Path(__file__).parent.parent / "README.md"
 
 @pytest.mark.timeout(120)
 def test_readme_many_shards_snippet_runs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
     code = re.search(r"### Many shards[^\n]*\n\n```python\n(.*?)```", README.read_text(), re.S)
     assert code is not None, "README lost its Many shards snippet"
     script = tmp_path / "snippet.py"

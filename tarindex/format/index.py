@@ -20,7 +20,9 @@ Layout (little-endian; every section starts on an 8-byte boundary)::
 
 from __future__ import annotations
 
+import bisect
 import json
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -727,27 +729,53 @@ def check_samples(
             )
 
 
-@dataclass(frozen=True)
 class KeyTable:
     """A shard's keys by hash (FORMAT.md §2.8.3): the one lookup structure, O(log n) per key.
 
     From the index's ``KHSH`` record, or computed (vectorised) for an index without one.
+
+    Attributes:
+        hash: ``uint32 (n,)``: the high 32 bits of each key's hash (FORMAT.md §8, seed 0),
+            ascending.
+        order: ``uint32`` or ``int64 (n,)``: the sample number of each entry (ties in
+            ascending sample order).
     """
 
-    hash: NDArray[np.uint32]
-    """Shape ``(n,)``: the high 32 bits of each key's hash (FORMAT.md §8, seed 0), ascending."""
-    order: NDArray[np.uint32] | NDArray[np.int64]
-    """Shape ``(n,)``: the sample number of each entry (ties in ascending sample order)."""
+    __slots__ = ("hash", "order", "_h", "_o")
 
-    def candidates(self, key: bytes) -> NDArray[np.int64]:
+    def __init__(
+        self, hash: NDArray[np.uint32], order: NDArray[np.uint32] | NDArray[np.int64]
+    ) -> None:
+        self.hash = hash
+        self.order = order
+        # scalar probes through memoryviews: bisect on them is ~10x faster than searchsorted
+        self._h = _scalar_view(hash)
+        self._o = _scalar_view(order)
+
+    def candidates(self, key: bytes) -> list[int]:
         """Return the sample numbers whose key hash equals ``key``'s (a superset of the hits).
 
-        Two binary searches, O(log n); the caller compares the keys' bytes.
+        A binary search, O(log n); the caller compares the keys' bytes.
         """
-        h = np.uint32(key_hash(key, LOOKUP_SEED) >> 32)
-        lo = int(np.searchsorted(self.hash, h, side="left"))
-        hi = int(np.searchsorted(self.hash, h, side="right"))
-        return np.asarray(self.order[lo:hi], np.int64)
+        hv = key_hash(key, LOOKUP_SEED) >> 32
+        h = self._h
+        lo = bisect.bisect_left(h, hv)
+        out = []
+        n = len(h)
+        while lo < n and h[lo] == hv:
+            out.append(int(self._o[lo]))
+            lo += 1
+        return out
+
+
+def _scalar_view(a: NDArray[Any]) -> Any:
+    """A zero-copy view of a little-endian table that indexes to Python ints quickly."""
+    if sys.byteorder == "little" and len(a) and a.flags.c_contiguous:
+        kind = (a.dtype.kind, a.dtype.itemsize)
+        code = {("u", 4): "I", ("i", 8): "q", ("u", 8): "Q"}.get(kind)
+        if code is not None:
+            return memoryview(a).cast("B").cast(code)  # type: ignore[arg-type,call-overload]
+    return a  # big-endian host, empty or other: numpy scalars work too
 
 
 def key_table_of(blob: bytes | memoryview, ptr: NDArray[np.int64]) -> KeyTable:

@@ -51,6 +51,9 @@ def _fmix(h: int) -> int:
     return h ^ (h >> 33)
 
 
+_SEEDED0 = _seeded(0)
+
+
 def key_hash(key: bytes, seed: int = 0) -> int:
     """Return the 64-bit key hash of ``key`` (FORMAT.md §8), as a Python int.
 
@@ -61,7 +64,7 @@ def key_hash(key: bytes, seed: int = 0) -> int:
     Raises:
         ValueError: If ``seed`` is out of range.
     """
-    h = _seeded(seed)
+    h = _SEEDED0 if seed == 0 else _seeded(seed)
     for b in key:
         h = ((h ^ b) * _PRIME) & _MASK
     return _fmix(h)

@@ -33,6 +33,7 @@ __all__ = [
     "encode_manifest",
     "decode_manifest",
     "resolve_path",
+    "resolve_paths",
     "relative_path",
 ]
 
@@ -55,6 +56,7 @@ COLUMNS = (
 _INT_COLUMNS = ("samples", "members", "tar_bytes", "index_bytes", "head_crc", "tail_crc")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HEX32 = re.compile(r"^(?:[0-9a-f]{32})?$")
+_HEX = re.compile(r"[0-9a-f]*")
 
 
 @dataclass
@@ -184,12 +186,19 @@ def decode_manifest(buf: bytes | memoryview, where: str = "<manifest>") -> Manif
     if low.any():
         raise _bad(where, f"shard {int(np.argmax(low))} has fewer members than samples")
     paths, sids = shards["path"], shards["shard_id"]
-    for k, p in enumerate(paths):
-        if not isinstance(p, str) or not p or "\0" in p:
-            raise _bad(where, f"column 'path': shard {k} is {p!r}, expected a non-empty path")
-    for k, s in enumerate(sids):
-        if not isinstance(s, str) or not _HEX32.match(s):
-            raise _bad(where, f"column 'shard_id': shard {k} is {s!r}, expected 32 hex digits")
+    # one pass each over joined strings; the per-entry loop only finds the culprit
+    if not (all(type(p) is str and p for p in paths) and "\0" not in "".join(paths)):
+        k, p = next(
+            (k, p) for k, p in enumerate(paths) if not isinstance(p, str) or not p or "\0" in p
+        )
+        raise _bad(where, f"column 'path': shard {k} is {p!r}, expected a non-empty path")
+    if not (
+        all(type(x) is str and len(x) in (0, 32) for x in sids) and _HEX.fullmatch("".join(sids))
+    ):
+        k, x = next(
+            (k, x) for k, x in enumerate(sids) if not isinstance(x, str) or not _HEX32.match(x)
+        )
+        raise _bad(where, f"column 'shard_id': shard {k} is {x!r}, expected 32 hex digits")
     total = doc.get("n_samples")
     if total != int(ints["samples"].sum()):
         raise _bad(where, f"'n_samples' is {total!r}, the shards hold {int(ints['samples'].sum())}")
@@ -239,6 +248,23 @@ def resolve_path(manifest: str, entry: str) -> str:
         scheme, rest = base.split("://", 1)
         return f"{scheme}://{posixpath.normpath(posixpath.join(rest, entry))}"
     return posixpath.normpath(posixpath.join(base, entry))
+
+
+def resolve_paths(manifest: str, entries: list[str]) -> list[str]:
+    """:func:`resolve_path` of every entry; plain relative names are joined without parsing.
+
+    100k entries in milliseconds (the manifest's directory is worked out once).
+    """
+    base = _dirname(manifest)
+    if not base:
+        return [resolve_path(manifest, e) for e in entries]
+    prefix = base.rstrip("/") + "/"
+    return [
+        prefix + e
+        if not (e.startswith(("/", "./", "../")) or "://" in e or "/." in e or "//" in e)
+        else resolve_path(manifest, e)
+        for e in entries
+    ]
 
 
 def relative_path(manifest: str, path: str) -> str:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+import numpy as np
 import torch.utils.data
+from numpy.typing import NDArray
 
 from ..codecs import Decoder, DecodeSpec, ExtDecoder, make_decoder
 from ..reader import Sample, ShardSet
 from ..remote import RemoteOptions
 from ..select import ToTuple, make_select
 from ..sources import Source
+from ..split import ShardSubset
 
 __all__ = ["TarDataset", "decode_sample"]
 
@@ -88,6 +91,10 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             retries, cache directory, read-ahead). Over remote shards ``ds[i]`` makes one
             ranged read for the sample's members and ``__getitems__`` one concurrent batch of
             coalesced ranges for the whole batch. Defaults to ``RemoteOptions()``.
+        subset: Global sample indices of the source: the dataset is just those samples, in
+            source order (``ds[i]`` is source sample ``sorted(set(subset))[i]``; its
+            ``__index__`` is the source index). For splits, :func:`tarindex.split_by_key`.
+            Defaults to ``None`` (all samples).
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
@@ -122,6 +129,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         batched: bool = False,
         index_dir: str | None = None,
         remote: RemoteOptions | None = None,
+        subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
     ) -> None:
         self.shards = ShardSet(
             source,
@@ -132,6 +140,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             index_dir=index_dir,
             remote=remote,
         )
+        if subset is not None:  # a view: ds[i] is sample subset[i] of the source
+            self.shards = ShardSubset(self.shards, subset)
         self.select = make_select(select)
         if self.select is not None:
             if fields is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import zlib
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, cast
@@ -23,6 +24,7 @@ from ..reader import Block, Sample, ShardSet
 from ..remote import RemoteOptions
 from ..select import ToTuple, make_select
 from ..sources import Source
+from ..split import ShardSubset
 from ._dist import RankEpoch
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
 from .dataset import decode_sample
@@ -39,6 +41,7 @@ _PLAN_KEYS = (
     "world_size",
     "rank",
     "batch_size",
+    "subset",
 )
 
 
@@ -152,6 +155,12 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             with one ``batch_size`` resumes only with the same one.
         int_fields: With ``batched=True``, extensions parsed into ``int64`` columns
             (``batch.ints(ext)``) instead of stored as bytes. Defaults to ``("cls",)``.
+        subset: Global sample indices of the source: stream just those samples (a split,
+            :func:`tarindex.split_by_key`). The plan is made over the subset's per-shard
+            counts, so the counts, remainder policy and exactly-once rules above hold for
+            the subset; each block reads only the subset's members; ``__index__`` is the
+            source index. A state saved with one subset resumes only with the same one.
+            Defaults to ``None`` (all samples).
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
@@ -194,6 +203,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         remote: RemoteOptions | None = None,
         batch_size: int | None = None,
         int_fields: Sequence[str] = INT_FIELDS,
+        subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
     ) -> None:
         if int(block_size) < 1:
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
@@ -209,6 +219,11 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             index_dir=index_dir,
             remote=remote,
         )
+        self._subset_crc: int | None = None
+        if subset is not None:  # plans, counts and resume over just these samples
+            view = ShardSubset(self.shards, subset)
+            self.shards = view
+            self._subset_crc = zlib.crc32(view.indices.tobytes())
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.block_size = int(block_size)
@@ -367,6 +382,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             "world_size": ws,
             "rank": rank,
             "batch_size": self.batch_size,
+            "subset": self._subset_crc,
         }
 
     def state_dict(self) -> dict[str, Any]:
