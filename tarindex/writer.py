@@ -472,8 +472,9 @@ class ShardWriter:
             single larger sample still goes in one shard, alone). Defaults to ``3e9``.
         start_shard: Number of the first shard. Defaults to ``0``.
         mtime: Integer mtime for every member header. Defaults to the time of construction.
-        encoder: ``(ext, value) -> bytes``, called with the extension without ``.zst``.
-            Defaults to :func:`tarindex.encode.encode_value`.
+        encoder: ``(ext, value) -> bytes``, called with the extension without ``.zst``;
+            ``True`` is the default, ``False`` takes only ``bytes`` and ``str`` values (as
+            webdataset's ``encoder=False``). Defaults to :func:`tarindex.encode.encode_value`.
         durable: ``fsync`` every tar, index and the directory when a shard is finished, so
             finished shards survive a power loss. ``False`` for scratch data. Defaults to
             ``True``.
@@ -514,7 +515,7 @@ class ShardWriter:
         *,
         start_shard: int = 0,
         mtime: int | None = None,
-        encoder: Callable[[str, Any], bytes] = encode_value,
+        encoder: Callable[[str, Any], bytes] | bool = encode_value,
         durable: bool = True,
         seed: int | None = None,
         compress: bool | str | Collection[str] = False,
@@ -537,7 +538,9 @@ class ShardWriter:
         self.mtime = _check_mtime(mtime)
         # a bad pattern fails here, not after the first shard is written
         self._has_field = False if self._single_file else check_pattern(self.pattern, start_shard)
-        self.encoder = encoder
+        self.encoder: Callable[[str, Any], bytes] = (
+            encode_value if encoder is True else _bytes_only if encoder is False else encoder
+        )
         self.durable = durable
         self.seed = seed
         self._compress_all, self._compress = _compress_set(compress)
@@ -766,6 +769,18 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+def _bytes_only(ext: str, value: Any) -> bytes:
+    """``encoder=False``: bytes as they are, str as UTF-8, nothing else."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(
+        f"extension {ext!r}: encoder=False takes bytes or str, got a {type(value).__name__} "
+        f"(drop encoder=False to encode it by extension)"
+    )
 
 
 ZSTD_DICT_BYTES = 32 * 1024

@@ -90,6 +90,8 @@ def test_pth_roundtrip(tmp_path: Path) -> None:
     raw = tarindex.ShardSet(path).get(0)["pth"]
     got = torch.load(io.BytesIO(raw), weights_only=True)
     assert torch.equal(got["w"], value["w"]) and got["step"] == 4
+    ours = _ours(path, allow_pickle=False)["pth"]  # torch.load(weights_only=True)
+    assert torch.equal(ours["w"], value["w"]) and ours["step"] == 4
     wgot = _wds(path)["pth"]
     assert torch.equal(wgot["w"], value["w"])
 
@@ -101,6 +103,7 @@ def test_msgpack_roundtrip(tmp_path: Path, ext: str) -> None:
     path = _write_one(tmp_path / "one.tar", {ext: value})
     raw = tarindex.ShardSet(path).get(0)[ext]
     assert msgpack.unpackb(raw) == value
+    assert _ours(path)[ext] == value
     if ext != "msgpack":  # webdataset decodes mp and msg (its writer also writes msgpack)
         assert _wds(path)[ext] == value
 
@@ -110,6 +113,7 @@ def test_cbor_roundtrip(tmp_path: Path) -> None:
     value = {"a": [1, 2], "b": b"\x01", "f": 1.5}
     path = _write_one(tmp_path / "one.tar", {"cbor": value})
     assert cbor2.loads(tarindex.ShardSet(path).get(0)["cbor"]) == value
+    assert _ours(path)["cbor"] == value
 
 
 def test_missing_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,3 +254,14 @@ def test_tutorial_tarwriter_with_pyd(tmp_path: Path) -> None:
     # without allow_pickle the pickles stay bytes
     assert isinstance(ExtDecoder()(ours.get(0))["input.pyd"], bytes)
     assert pickle.loads(ours.get(0)["output.pyd"]) == dataset[0][1]
+
+
+def test_encoder_true_and_false_as_webdataset(tmp_path: Path) -> None:
+    with tarindex.TarWriter(str(tmp_path / "f.tar"), encoder=False) as w:
+        w.write({"__key__": "a", "txt": "é", "bin": b"\x00"})
+        with pytest.raises(tarindex.WriterError, match="encoder=False takes bytes or str"):
+            w.write({"__key__": "b", "cls": 3})
+    assert tarindex.ShardSet(str(tmp_path / "f.tar")).get(0)["txt"] == "é".encode()
+    with tarindex.TarWriter(str(tmp_path / "t.tar"), encoder=True) as w:
+        w.write({"__key__": "a", "cls": 3})
+    assert tarindex.ShardSet(str(tmp_path / "t.tar")).get(0)["cls"] == b"3"
