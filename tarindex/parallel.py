@@ -332,13 +332,19 @@ class _Run:
             self.poll(0.5)
 
     def kill(self) -> None:
-        """Stop the workers now (an exception in the caller, Ctrl-C), cleaning up their shards."""
+        """Stop the workers now (an exception in the caller, Ctrl-C), cleaning up their shards.
+
+        Each killed worker's last reports are read first (a shard it finished, the one it
+        had begun), so the shard it was writing is the one cleaned up.
+        """
         for w, p in enumerate(self.procs):
             if w not in self.exited and p.is_alive():
                 p.kill()
         for w in range(len(self.procs)):
             if w not in self.exited:
                 self.procs[w].join(5)
+                self._drain(w)  # up to EOF, which ends in _dead(w): its shard is removed
+            if w not in self.exited:
                 self.exited.add(w)
                 self._orphan(w, "stopped")
         for c in (*self.tasks, *self.results):
