@@ -67,9 +67,11 @@ from .format.keys import normalize_name
 from .format.spec import (
     BLOCK,
     END_CHECK_BYTES,
+    EXT_ID_DTYPE,
     FINGERPRINT_BYTES,
     HEADER,
     HEADER_CHECKS,
+    OFFSET_DTYPE,
     REGULAR_TYPES,
     TAR_SIZE,
     TAR_TYPEFLAG,
@@ -592,13 +594,39 @@ class ShardReader:
         self._key_ptr = _fast(t.key_ptr)
         self._key_blob = memoryview(t.key_blob)
         self._exts_key = tuple(self.exts)
-        self._hot = (  # for ShardSet.gather: its tables, in one lookup (no self: no cycle)
+        # keys are sliced from the index mapping (bytes.decode beats str(memoryview)); an
+        # index read into memory (remote) keeps a bytes copy of its key blob instead
+        keys: Any = self._imm if self._imm is not None else bytes(t.key_blob)
+        kbase = t.sections["key_blob"][0] if self._imm is not None else 0
+        # for ShardSet.gather: chunk flags, key tables, and the member tables as raw
+        # little-endian bytes (a sample's run of them is copied with one slice)
+        self._gather: tuple[Any, ...] = (
+            self._checked,
             self._key_ptr,
             self._sample_ptr,
-            self._key_blob,
-            self._ext_id,
-            self._size,
-            self._offset,
+            keys,
+            kbase,
+            memoryview(t.offset).cast("B"),
+            memoryview(t.size).cast("B"),
+            memoryview(t.ext_id).cast("B"),
+        )
+        # for ShardSet.get, the one-sample hot path: everything it needs in one lookup, or
+        # None when a read needs more than slices of a mapping (pread, verify_data)
+        self._scalar: tuple[Any, ...] | None = (
+            None
+            if self._mm is None or verify_data
+            else (
+                self._checked,
+                self._key_ptr,
+                self._sample_ptr,
+                keys,
+                kbase,
+                self.exts,
+                self._ext_id,
+                self._offset,
+                self._size,
+                self._mm,
+            )
         )
         try:
             self._check_end()
@@ -1238,8 +1266,9 @@ class ShardReader:
             "_key_blob",
             "index",
             "_mm",
-            "_hot",
             "_keytab",
+            "_scalar",
+            "_gather",
         ):
             if hasattr(self, attr):
                 setattr(self, attr, None)
@@ -1394,11 +1423,15 @@ class ShardSet:
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
         self._starts_list: list[int] = self.starts.tolist()
+        c0 = counts[0] if counts else 0  # equal counts but maybe the last: i // c0 finds i
+        self._per = c0 if c0 > 0 and all(c == c0 for c in counts[:-1]) else 0
+        self._last = len(counts) - 1
         self.max_open = DEFAULT_MAX_OPEN if max_open is None else max(1, int(max_open))
         self.use_mmap = use_mmap
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._gen = _fork_generation[0]
         self._bound = 0  # this process's bound, sized on first open
+        self._evicts = True  # more shards than the bound: keep the LRU order on hits
         _live_sets.add(self)
 
     def _counts(self, known: NDArray[np.int64]) -> list[int]:
@@ -1531,7 +1564,7 @@ class ShardSet:
     def _drop_inherited(self) -> None:
         readers, self._readers = self._readers, OrderedDict()
         self._gen = _fork_generation[0]
-        self._bound = 0
+        self._set_bound(0)
         for r in readers.values():
             try:
                 r.close()
@@ -1550,8 +1583,12 @@ class ShardSet:
     def open_bound(self) -> int:
         """Open shards this process keeps at most (``max_open`` within the descriptor limit)."""
         if not self._bound:
-            self._bound = open_shard_bound(self.max_open)
+            self._set_bound(open_shard_bound(self.max_open))
         return self._bound
+
+    def _set_bound(self, bound: int) -> None:
+        self._bound = bound
+        self._evicts = not bound or len(self.paths) > bound
 
     def locate(self, i: int) -> tuple[int, int]:
         """Map global sample index ``i`` (negative counts from the end) to ``(shard, j)``.
@@ -1584,7 +1621,7 @@ class ShardSet:
                 if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._readers:
                     raise
                 n = max(1, len(self._readers) // 2)
-                self._bound = max(1, len(self._readers) - n)
+                self._set_bound(max(1, len(self._readers) - n))
                 warnings.warn(
                     f"{self.paths[s]}: too many open files ({e.strerror}) with "
                     f"{len(self._readers)} shards open; closing {n} and keeping at most "
@@ -1607,7 +1644,7 @@ class ShardSet:
         if self._gen != _fork_generation[0]:  # forked: the parent's mmaps and fds are not ours
             self._readers = OrderedDict()
             self._gen = _fork_generation[0]
-            self._bound = 0
+            self._set_bound(0)
         r = self._readers.get(s)
         if r is not None:
             self._readers.move_to_end(s)
@@ -1746,7 +1783,8 @@ class ShardSet:
             StaleIndexError: As :meth:`reader`.
             FormatError: As :meth:`ShardReader.sample`.
         """
-        # locate() and the LRU hit of reader(), inlined: this is the per-sample hot path
+        # locate(), the LRU hit of reader() and ShardReader.sample() on a mapping, inlined:
+        # this is the per-sample hot path (every step costs ~1% of a small sample's read)
         starts = self._starts_list
         if type(i) is not int:
             i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing
@@ -1754,13 +1792,39 @@ class ShardSet:
             i += starts[-1]
         if not 0 <= i < starts[-1]:
             raise SampleIndexError(f"sample index {i} out of range for {starts[-1]} samples")
-        s = bisect.bisect_right(starts, i) - 1
-        r = self._readers.get(s) if self._gen == _fork_generation[0] else None
+        per = self._per
+        if per:  # shards of equal counts (the writer's maxcount): no search
+            s = i // per
+            if s > self._last:
+                s = self._last
+        else:
+            s = bisect.bisect_right(starts, i) - 1
+        r = self._readers.get(s)  # a forked child dropped its parent's (_bump_fork_generation)
         if r is None:
             r = self.reader(s)
-        elif len(self._readers) > 1:
+        elif self._evicts:
             self._readers.move_to_end(s)
-        out = r.sample(i - starts[s], fields)
+        j = i - starts[s]
+        hot = r._scalar
+        if hot is None:  # pread or verify_data: the reader's own path
+            out = r.sample(j, fields)
+        else:
+            checked, kp, sp, imm, kb, exts, eids, offs, sizes, mm = hot
+            if not checked[j >> CHUNK_SHIFT]:
+                r._check_chunk(j >> CHUNK_SHIFT)
+            if mm.size() < r.tar_size:  # cut while mapped: SIGBUS otherwise (READING.md)
+                raise r._cut(mm.size())
+            out = {"__key__": imm[kb + kp[j] : kb + kp[j + 1]].decode("utf-8", "surrogateescape")}
+            if fields is None:
+                for m in range(sp[j], sp[j + 1]):
+                    o = offs[m]
+                    out[exts[eids[m]]] = mm[o : o + sizes[m]]
+            else:
+                for m in range(sp[j], sp[j + 1]):
+                    name = exts[eids[m]]
+                    if name in fields:
+                        o = offs[m]
+                        out[name] = mm[o : o + sizes[m]]
         out["__shard__"] = self.paths[s]
         out["__index__"] = i
         return out
@@ -1819,156 +1883,196 @@ class ShardSet:
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= total):
             bad = int(idx[(idx < 0) | (idx >= total)][0])
             raise SampleIndexError(f"sample index {bad} out of range for {total} samples")
-        sid = np.searchsorted(self.starts, idx, side="right") - 1
+        if self._per:
+            sid = np.minimum(idx // self._per, self._last)
+        else:
+            sid = np.searchsorted(self.starts, idx, side="right") - 1
         local = idx - self.starts[sid]
-        sl = sid.tolist()
-        copy = len(set(sl)) > self.open_bound  # more shards than may stay open
-        want = None if fields is None else frozenset(fields)
-        slot_of: dict[int, int] = {}
-        paths: list[str] = []
-        datas: list[Buffer] = []
-        ebase: list[int] = []  # per slot: where its extensions start in codes
-        codes: list[int] = []  # (slot's ebase + local ext id) -> global extension code
-        keep_of: list[list[bool] | None] = []
-        later: list[list[tuple[int, int, int]] | None] = []  # per slot, unless mapped: to read
-        skipped: list[list[tuple[int, int]]] = []  # per slot, pread: left-out (offset, size)
-        ext_code: dict[str, int] = {}
-        ebase_of: dict[tuple[str, ...], int] = {}
-        shard_col: list[int] = []
-        keys: list[str] = []
-        mp = [0]
-        eid: list[int] = []
-        sz: list[int] = []
-        of: list[int] = []
-        src: list[int] = []
-        readers = self._readers if self._gen == _fork_generation[0] else {}
-        verify = self.verify_data
-        hot: list[tuple[Any, ...]] = []  # per slot: the reader's tables, looked up once
-        crcs: list[Any] = []  # per slot, with verify_data: the recorded member crc32s
-        mid: list[int] = []  # with verify_data: each member's number in its index
-        for s, j in zip(sl, local.tolist(), strict=True):
-            slot = slot_of.get(s)
-            if slot is None:
-                r = readers.get(s)
-                if r is None:
-                    r = self.reader(s)
-                    readers = self._readers
-                slot = slot_of[s] = len(paths)
-                paths.append(self.paths[s])
-                eb = ebase_of.get(r._exts_key)  # shards with the same extension table share it
-                if eb is None:
-                    eb = ebase_of[r._exts_key] = len(codes)
-                    codes.extend([ext_code.setdefault(e, len(ext_code)) for e in r.exts])
-                ebase.append(eb)
-                keep_of.append(None if want is None else [e in want for e in r.exts])
-                mm = None if copy else r._mm
+        uniq, col = np.unique(sid, return_inverse=True)  # slot: rank among the batch's shards
+        slots: list[int] = uniq.tolist()
+        n_slots = len(slots)
+        copy = n_slots > self.open_bound  # more shards than may stay open: copy out
+        slot_exts: list[tuple[str, ...]] = [()] * n_slots
+        crcs: list[Any] = [None] * n_slots  # with verify_data: the recorded member crc32s
+        tables: dict[int, tuple[Any, ...]] = {}
+        seen = bytearray(n_slots)
+        if not copy:
+            for slot, s in enumerate(slots):
+                r = self.reader(s)
                 if r._mm is not None and r._mm.size() < r.tar_size:
-                    raise r._cut(r._mm.size())
-                datas.append(b"" if mm is None else mm)
-                later.append([] if mm is None else None)  # mapped: the buffer is the mapping
-                skipped.append([])
-                hot.append((r, *r._hot))
-                crcs.append(r.index.member_crc)
-            elif copy:  # readers come and go: use the open one
-                r = readers.get(s) or self.reader(s)
-                readers = self._readers
-                hot[slot] = (r, *r._hot)
-            r, kp, sp, blob, eids, sizes, offs = hot[slot]
-            if not r._checked[j >> CHUNK_SHIFT]:
-                r._check_chunk(j >> CHUNK_SHIFT)
-            keys.append(str(blob[kp[j] : kp[j + 1]], "utf-8", "surrogateescape"))
-            lo, hi = sp[j], sp[j + 1]
-            keep, todo = keep_of[slot], later[slot]
-            if keep is None and todo is None:  # every member, from a mapping: slices of tables
-                eid += eids[lo:hi]
-                sz += sizes[lo:hi]
-                of += offs[lo:hi]
-                src += [slot] * (hi - lo)
-                if verify:
-                    mid += range(lo, hi)
+                    raise r._cut(r._mm.size())  # cut while mapped: SIGBUS otherwise
+                tables[s] = (r, *r._gather)
+                slot_exts[slot], crcs[slot] = r._exts_key, r.index.member_crc
+        # One scalar pass: per sample its key and member count; its run of member offsets,
+        # sizes and extension ids is appended as raw little-endian table bytes (one memcpy
+        # each whatever the member count). Everything per member is vectorised afterwards.
+        keys: list[str] = []
+        cnts: list[int] = []
+        off_b, size_b, ext_b = bytearray(), bytearray(), bytearray()
+        for s, j, slot in zip(sid.tolist(), local.tolist(), col.tolist(), strict=True):
+            if copy:  # readers come and go: the open one (its tables stay valid while open)
+                r = self.reader(s)
+                h = (r, *r._gather)
+                if not seen[slot]:
+                    seen[slot] = 1
+                    slot_exts[slot], crcs[slot] = r._exts_key, r.index.member_crc
             else:
-                for m in range(lo, hi):
-                    e = eids[m]
-                    if keep is not None and not keep[e]:
-                        if todo is not None:
-                            skipped[slot].append((offs[m], sizes[m]))
-                        continue
-                    if todo is not None:
-                        todo.append((len(of), offs[m], sizes[m]))
-                    if verify:
-                        mid.append(m)
-                    eid.append(e)
-                    sz.append(sizes[m])
-                    of.append(offs[m])
-                    src.append(slot)
-            mp.append(len(of))
-            shard_col.append(slot)
-        src_a = np.array(src, np.int64)
-        tar_off = np.array(of, np.int64)
-        offset = tar_off.copy() if any(t for t in later) else tar_off
-        for s, slot in slot_of.items():
-            todo = later[slot]
-            if todo:
-                datas[slot] = self._fetch(s, todo, skipped[slot], offset)
-        ext = np.array(eid, np.int64)
-        if len(ebase_of) > 1:
-            ext = np.asarray(codes, np.int64)[ext + np.asarray(ebase, np.int64)[src_a]]
-        blk = Block(
-            paths,
-            np.array(shard_col, np.int64),
+                h = tables[s]
+            r, checked, kp, sp, imm, kb, ob, sb, eb = h
+            if not checked[j >> CHUNK_SHIFT]:
+                r._check_chunk(j >> CHUNK_SHIFT)
+            keys.append(imm[kb + kp[j] : kb + kp[j + 1]].decode("utf-8", "surrogateescape"))
+            lo, hi = sp[j], sp[j + 1]
+            off_b += ob[lo << 3 : hi << 3]
+            size_b += sb[lo << 3 : hi << 3]
+            ext_b += eb[lo << 2 : hi << 2]
+            cnts.append(hi - lo)
+        return self._assemble(
+            slots,
+            slot_exts,
+            crcs,
+            keys,
             local,
             idx,
-            keys,
-            np.array(mp, np.int64),
-            ext,
-            np.array(sz, np.int64),
-            tar_off,
-            offset,
-            src_a,
-            datas,
-            list(ext_code),
+            cnts,
+            col.astype(np.int64, copy=False),
+            off_b,
+            size_b,
+            ext_b,
+            fields,
+            copy,
         )
-        if verify:
+
+    def _assemble(
+        self,
+        slots: list[int],
+        slot_exts: list[tuple[str, ...]],
+        crcs: list[Any],
+        keys: list[str],
+        local: NDArray[np.int64],
+        idx: NDArray[np.int64],
+        cnts: list[int],
+        shard_col: NDArray[np.int64],
+        off_b: bytearray,
+        size_b: bytearray,
+        ext_b: bytearray,
+        fields: Fields,
+        copy: bool,
+    ) -> Block:
+        """The vectorised half of :meth:`gather`: member arrays, projection, reads, the block."""
+        cnt = np.asarray(cnts, np.int64)
+        tar_off = np.frombuffer(off_b, OFFSET_DTYPE).astype(np.int64)
+        size = np.frombuffer(size_b, OFFSET_DTYPE).astype(np.int64)
+        eid = np.frombuffer(ext_b, EXT_ID_DTYPE).astype(np.int64)
+        src = np.repeat(shard_col, cnt)
+        mp = np.zeros(len(keys) + 1, np.int64)
+        np.cumsum(cnt, out=mp[1:])
+        ext_code: dict[str, int] = {}  # global extension codes; equal tables share a range
+        ebase_of: dict[tuple[str, ...], int] = {}
+        codes: list[int] = []
+        ebase: list[int] = []
+        for exts in slot_exts:
+            eb = ebase_of.get(exts)
+            if eb is None:
+                eb = ebase_of[exts] = len(codes)
+                codes.extend([ext_code.setdefault(e, len(ext_code)) for e in exts])
+            ebase.append(eb)
+        if len(ebase_of) > 1:
+            eid = np.asarray(codes, np.int64)[eid + np.asarray(ebase, np.int64)[src]]
+        names = list(ext_code)
+        mid = None  # with verify_data: each member's number in its index
+        if self.verify_data:  # each member's number in its index: sample_ptr[j] + rank
+            sps = [self.reader(s).index.sample_ptr for s in slots] if copy else None
+            first = np.empty(len(keys), np.int64)
+            for c in range(len(slots)):
+                at = shard_col == c
+                sp = sps[c] if sps is not None else self._readers[slots[c]].index.sample_ptr
+                first[at] = sp[local[at]]
+            mid = np.arange(len(eid), dtype=np.int64) + np.repeat(first - mp[:-1], cnt)
+        keep = None  # members kept by fields (pread reads no byte of the others)
+        if fields is not None:
+            keep = np.asarray([e in fields for e in names], np.bool_)[eid]
+            if keep.all():
+                keep = None
+        maps = [None if copy else getattr(self._readers.get(s), "_mm", None) for s in slots]
+        offset = tar_off if all(m is not None for m in maps) else tar_off.copy()
+        datas: list[Buffer] = []
+        for slot, s in enumerate(slots):
+            mm = maps[slot]
+            if mm is not None:
+                datas.append(mm)  # mapped: the buffer is the mapping
+                continue
+            mine = src == slot
+            want = np.flatnonzero(mine if keep is None else mine & keep)
+            left = np.flatnonzero(mine & ~keep) if keep is not None else want[:0]
+            datas.append(self._fetch(s, want, tar_off, size, left, offset) if len(want) else b"")
+        if keep is not None:
+            kc = np.zeros(len(keep) + 1, np.int64)
+            np.cumsum(keep, out=kc[1:])
+            mp = kc[mp]
+            tar_off, size, eid, src, offset = (
+                tar_off[keep],
+                size[keep],
+                eid[keep],
+                src[keep],
+                offset[keep],
+            )
+            if mid is not None:
+                mid = mid[keep]
+        paths = [self.paths[s] for s in slots]
+        blk = Block(
+            paths, shard_col, local, idx, keys, mp, eid, size, tar_off, offset, src, datas, names
+        )
+        if mid is not None:
             for b, k, got, recorded in crc_mismatches(blk, mid, crcs):
-                path = paths[src[k]]
+                path = paths[int(src[k])]
                 raise data_error(
-                    path, index_path_for(path), keys[b], blk.exts[int(ext[k])], of[k], got, recorded
+                    path,
+                    index_path_for(path),
+                    keys[b],
+                    names[int(eid[k])],
+                    int(tar_off[k]),
+                    got,
+                    recorded,
                 )
         return blk
 
     def _fetch(
         self,
         s: int,
-        todo: list[tuple[int, int, int]],
-        skipped: list[tuple[int, int]],
+        want: NDArray[np.int64],
+        tar_off: NDArray[np.int64],
+        size: NDArray[np.int64],
+        left: NDArray[np.int64],
         offset: NDArray[np.int64],
     ) -> Buffer:
-        """Read members ``todo`` (``(position, tar offset, size)``) of shard ``s`` into a buffer.
+        """Read members ``want`` (positions in ``tar_off``/``size``) of shard ``s`` into a buffer.
 
-        Sets their ``offset`` in it; with ``pread`` the reads are runs that skip ``skipped``.
+        Sets ``offset[want]`` to where they are in it. With ``pread`` the reads are runs that
+        read no byte of the members ``left`` (left out by ``fields``).
         """
         r = self.reader(s)
-        t = np.asarray(todo, np.int64).reshape(-1, 3)
-        pos, toff, size = t[:, 0], t[:, 1], t[:, 2]
+        toff, sz = tar_off[want], size[want]
         src = r.source
         if src.zero_copy:  # mapped, but more shards than may stay open: copy the members out
             mm = r._mm
             assert mm is not None
-            buf, offset[pos] = _joined(
-                [mm[a : a + n] for a, n in zip(toff.tolist(), size.tolist(), strict=True)]
+            if mm.size() < r.tar_size:
+                raise r._cut(mm.size())  # cut while mapped: SIGBUS otherwise
+            buf, offset[want] = _joined(
+                [mm[a : a + n] for a, n in zip(toff.tolist(), sz.tolist(), strict=True)]
             )
             return buf
-        if skipped:
-            k = np.asarray(skipped, np.int64).reshape(-1, 2)
-            all_off = np.concatenate([toff, k[:, 0]])
-            all_end = np.concatenate([toff + size, k[:, 0] + k[:, 1]])
+        if len(left):
+            all_off = np.concatenate([toff, tar_off[left]])
+            all_end = np.concatenate([toff + sz, tar_off[left] + size[left]])
             keep = np.zeros(len(all_off), np.bool_)
             keep[: len(toff)] = True
-            got = r._read_runs(src, all_off, all_end, keep)
+            buf, at = r._read_runs(src, all_off, all_end, keep)
         else:
-            got = r._read_runs(src, toff, toff + size, None)
-        offset[pos] = got[1]
-        return got[0]
+            buf, at = r._read_runs(src, toff, toff + sz, None)
+        offset[want] = at
+        return buf
 
     def close(self) -> None:
         """Close every open reader of this process."""
@@ -1981,6 +2085,7 @@ class ShardSet:
         state["_readers"] = OrderedDict()  # handles are reopened lazily, never pickled
         state["_bound"] = 0  # sized again from the receiving process's descriptor limit
         state.pop("_keyidx", None)  # per process, made again on first lookup
+        state["_evicts"] = True
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

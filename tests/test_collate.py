@@ -140,12 +140,18 @@ def test_dataloader_per_sample_path_with_collate(make_shards: MakeShards) -> Non
 
 
 _LEAK_SCRIPT = """
-import sys, torch, tarindex
+import os, sys, torch, tarindex
 from tarindex.torch.collate import collate_batched
+
+def say_pid(_):
+    print("pid", os.getpid(), flush=True)
+
 if __name__ == "__main__":
+    say_pid(0)
     ds = tarindex.TarDataset(sys.argv[1:], batched=True)
     dl = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
-                                     collate_fn=collate_batched, prefetch_factor=4)
+                                     collate_fn=collate_batched, prefetch_factor=4,
+                                     worker_init_fn=say_pid)
     it = iter(dl)
     keep = [next(it) for _ in range(2)]   # stop early: batches still in flight
     assert all(b.data.untyped_storage().is_shared() for b in keep)
@@ -165,14 +171,23 @@ def test_shared_buffers_are_released_after_early_stop(
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     paths = make_shards([40, 40], seed=5)
-    before = {f for f in os.listdir("/dev/shm") if f.startswith("torch_")}
     script = tmp_path / "early.py"
     script.write_text(_LEAK_SCRIPT)
-    subprocess.run([sys.executable, str(script), *paths], check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(script), *paths], check=True, timeout=120, capture_output=True
+    ).stdout.decode()
+    # segments are named torch_<pid of the creating process>_...: only this script's count
+    # (other test runs on the machine may hold segments of their own meanwhile)
+    pids = {ln.split()[1] for ln in out.splitlines() if ln.startswith("pid ")}
+    assert len(pids) == 3, out
     deadline = time.time() + 30
     left = set()
     while time.time() < deadline:
-        left = {f for f in os.listdir("/dev/shm") if f.startswith("torch_")} - before
+        left = {
+            f
+            for f in os.listdir("/dev/shm")
+            if f.startswith("torch_") and f.split("_")[1] in pids
+        }
         if not left:
             break
         time.sleep(0.5)

@@ -101,29 +101,34 @@ def pack_blocks(
         shards = [shards[i] for i in order]
         idx = idx[inv]
     int_set = frozenset(int_fields)
-    is_int = np.asarray([nm in int_set for nm in names], np.bool_)[code]
+    int_codes = [c for c, nm in enumerate(names) if nm in int_set]
     ints: dict[str, NDArray[np.int64]] = {}
-    if is_int.any():
-        sel = np.flatnonzero(is_int)
-        for m, c, r, sr, o, sz in zip(
-            sel.tolist(),
-            code[sel].tolist(),
-            row[sel].tolist(),
-            src[sel].tolist(),
-            off[sel].tolist(),
-            size[sel].tolist(),
-            strict=True,
-        ):
-            col = ints.get(names[c])
-            if col is None:
-                col = ints[names[c]] = np.full(n, -1, np.int64)
+    if int_codes and len(code):
+        is_int = np.zeros(len(names), np.bool_)
+        is_int[int_codes] = True
+        is_int = is_int[code]
+        for c in int_codes:
+            sel = np.flatnonzero(code == c)
+            if not len(sel):
+                continue
+            so, oo = src[sel].tolist(), off[sel]
+            at = zip(so, oo.tolist(), (oo + size[sel]).tolist(), strict=True)
             try:
-                col[r] = int(datas[sr][o : o + sz])
+                vals = [int(datas[sr][o:e]) for sr, o, e in at]
             except ValueError:
-                raise FormatError(
-                    f"{shards[r]}: byte {int(tar_off[m])}: member {keys[r]}.{names[c]} is not a "
-                    f"decimal integer; pass int_fields=() to keep it as bytes"
-                ) from None
+                for k in sel.tolist():
+                    o = int(off[k])
+                    try:
+                        int(datas[int(src[k])][o : o + int(size[k])])
+                    except ValueError:
+                        r = int(row[k])
+                        raise FormatError(
+                            f"{shards[r]}: byte {int(tar_off[k])}: member {keys[r]}.{names[c]} "
+                            f"is not a decimal integer; pass int_fields=() to keep it as bytes"
+                        ) from None
+                raise
+            col = ints[names[c]] = np.full(n, -1, np.int64)
+            col[row[sel]] = vals
         keep = ~is_int
         src, code, row, size, off = src[keep], code[keep], row[keep], size[keep], off[keep]
     # byte fields in order of first appearance; field-major layout (batch.field_major)

@@ -171,7 +171,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     def __getitem__(self, i: int) -> Any:
         if self.shards.remote:  # one ranged read for the sample's members
             self.shards.prefetch([int(i)], self.fields)
-        return self._finish(self.shards.get(int(i), self.fields))
+        return self._finish(self.shards.get(i, self.fields))  # TypeError unless an int
 
     def _decode(self, sample: Sample) -> Any:
         return decode_sample(self.shards, self.decoder, sample)  # type: ignore[arg-type]
