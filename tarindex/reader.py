@@ -606,9 +606,9 @@ class ShardReader:
             self._sample_ptr,
             keys,
             kbase,
-            memoryview(t.offset).cast("B"),
-            memoryview(t.size).cast("B"),
-            memoryview(t.ext_id).cast("B"),
+            memoryview(t.offset).cast("B"),  # type: ignore[arg-type]
+            memoryview(t.size).cast("B"),  # type: ignore[arg-type]
+            memoryview(t.ext_id).cast("B"),  # type: ignore[arg-type]
         )
         # for ShardSet.get, the one-sample hot path: everything it needs in one lookup, or
         # None when a read needs more than slices of a mapping (pread, verify_data)
@@ -2059,10 +2059,11 @@ class ShardSet:
             assert mm is not None
             if mm.size() < r.tar_size:
                 raise r._cut(mm.size())  # cut while mapped: SIGBUS otherwise
-            buf, offset[want] = _joined(
+            joined, offset[want] = _joined(
                 [mm[a : a + n] for a, n in zip(toff.tolist(), sz.tolist(), strict=True)]
             )
-            return buf
+            return joined
+        buf: Buffer
         if len(left):
             all_off = np.concatenate([toff, tar_off[left]])
             all_end = np.concatenate([toff + sz, tar_off[left] + size[left]])
