@@ -176,3 +176,30 @@ def test_builtin_decoders_equal_webdatasets_defaults(tmp_path: Path) -> None:
     safe = tarindex.TarDataset(path, decode="rgb8")[0]
     assert safe["pyd"] == members["pyd"] and safe["pickle"] == members["pickle"]
     assert torch.equal(safe["pth"]["w"], torch.arange(4))
+
+
+def test_every_spec_in_both_datasets_and_in_dataloader_workers(shard: str) -> None:
+    """The same values from TarIterableDataset, and from TarDataset in worker processes."""
+    specs = list(IMAGE_SPECS)
+    theirs = {spec: _wds_samples(shard, spec) for spec in specs}
+    for spec in specs:
+        got = list(tarindex.TarIterableDataset(shard, shuffle=False, decode=spec))
+        assert len(got) == len(_KINDS)
+        for s in got:
+            for ext in s:
+                if not ext.startswith("__"):
+                    _same(s[ext], theirs[spec][s["__key__"]][ext], f"iterable {spec} {ext}")
+    # one DataLoader over a dataset per spec (one worker start for all of them)
+    parts = [tarindex.TarDataset(shard, decode=spec) for spec in specs]
+    both = torch.utils.data.ConcatDataset(parts)
+    loader = torch.utils.data.DataLoader(
+        both, batch_size=None, num_workers=2, collate_fn=lambda s: s
+    )
+    n = 0
+    for k, s in enumerate(loader):
+        spec = specs[k // len(_KINDS)]
+        for ext in s:
+            if not ext.startswith("__"):
+                _same(s[ext], theirs[spec][s["__key__"]][ext], f"worker {spec} {ext}")
+        n += 1
+    assert n == len(specs) * len(_KINDS)
