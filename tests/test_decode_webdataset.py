@@ -191,7 +191,7 @@ def test_every_spec_in_both_datasets_and_in_dataloader_workers(shard: str) -> No
                     _same(s[ext], theirs[spec][s["__key__"]][ext], f"iterable {spec} {ext}")
     # one DataLoader over a dataset per spec (one worker start for all of them)
     parts = [tarindex.TarDataset(shard, decode=spec) for spec in specs]
-    both = torch.utils.data.ConcatDataset(parts)
+    both: torch.utils.data.ConcatDataset[Any] = torch.utils.data.ConcatDataset(parts)
     loader = torch.utils.data.DataLoader(
         both, batch_size=None, num_workers=2, collate_fn=lambda s: s
     )
