@@ -10,7 +10,8 @@ Sections (one function each, ``SECTIONS`` maps a name to it; add yours there):
   (``Image.open(...).load()``, no conversion to an array), which every decoder pays. Then the
   same specs end to end over one shard in one process: ``WebDataset(tar).decode(spec)``
   against ``TarIterableDataset(tar, shuffle=False, decode=spec)`` (read + group + decode).
-  Rounds are interleaved (every contender once per round) and the best round is reported,
+  Last, samples of three small members (``cls``, ``txt``, ``json``) through the built-in
+  decoders of both. Rounds are interleaved (every contender once per round) and the best round is reported,
   in CPU seconds of the one thread that runs them all (``time.thread_time``), so load from
   other processes on a shared machine does not enter the ratios. Warm page cache.
 
@@ -178,6 +179,54 @@ def bench_decode(args: argparse.Namespace) -> list[Row]:
                 else:
                     note = f"{n} JPEGs {w}x{h}, {mb / n * 1e3:.0f} KB each"
                 rows.append(Row("decode", spec, name, rate, mb * rate / n, note))
+        # small members: a caption-with-metadata sample (cls, txt, json), the built-ins only
+        rng = np.random.default_rng(1)
+        small = [
+            {
+                "__key__": f"{i:06d}",
+                "cls": str(i % 1000).encode(),
+                "txt": ("a photo of " + "x" * int(rng.integers(20, 120))).encode(),
+                "json": (
+                    f'{{"id": {i}, "width": 512, "height": 384, "tags": ["a", "b"], '
+                    f'"score": {rng.random():.4f}}}'
+                ).encode(),
+            }
+            for i in range(2000 if args.quick else 20000)
+        ]
+        nb = sum(len(v) for s in small for k, v in s.items() if k != "__key__") / 1e6
+        theirs = wds.autodecode.Decoder([wds.autodecode.imagehandler("rgb8")])
+        ours = ExtDecoder("rgb8")
+
+        def small_run(dec: Callable[[dict[str, Any]], Any]) -> Callable[[], int]:
+            def f() -> int:
+                for s in small:
+                    dec(dict(s))
+                return len(small)
+
+            return f
+
+        got = _best({"wds": small_run(theirs), "ours": small_run(ours)}, rounds)
+        m = len(small)
+        rows.append(
+            Row(
+                "decode",
+                "cls+txt+json",
+                "webdataset Decoder (default handlers)",
+                m / got["wds"],
+                nb / got["wds"],
+                f"{m} samples of 3 small members, {nb / m * 1e6:.0f} B each",
+            )
+        )
+        rows.append(
+            Row(
+                "decode",
+                "cls+txt+json",
+                "tarindex ExtDecoder (built-ins)",
+                m / got["ours"],
+                nb / got["ours"],
+                f"{got['wds'] / got['ours']:.2f}x webdataset",
+            )
+        )
         return rows
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -192,8 +241,7 @@ def print_table(rows: list[Row]) -> None:
     print("|---|---|---|---:|---:|---|")
     for r in rows:
         print(
-            f"| {r.section} | {r.case} | {r.contender} | {r.rate:,.0f} | {r.mb_s:,.1f} | "
-            f"{r.note} |"
+            f"| {r.section} | {r.case} | {r.contender} | {r.rate:,.0f} | {r.mb_s:,.1f} | {r.note} |"
         )
 
 
