@@ -285,3 +285,35 @@ def test_mix_sampler_resume_and_world_size_change(paths: dict[str, list[str]]) -
     assert {len(r) for r in rests} == {(666 - 200) // 3 + 1}  # 466 left: 156 each, 2 repeated
     c = Counter(i for p in heads + rests for i in p)
     assert sorted(c) == list(range(666)) and sum(c.values()) == 668
+
+
+def drop_sevens(s: dict[str, Any]) -> tuple[int, int]:
+    """A transform that fails on every index divisible by 7."""
+    if s["__index__"] % 7 == 0:
+        raise ValueError("no sevens")
+    return int(s["__source__"]), int(s["__index__"])
+
+
+def test_skipped_samples_keep_the_schedule(paths: dict[str, list[str]]) -> None:
+    srcs = [
+        TarIterableDataset(
+            paths[n], block_size=8, buffer_size=16, transform=drop_sevens, on_error="skip"
+        )
+        for n in SIZES
+    ]
+    kw: dict[str, Any] = {"counts": [600, 60, 6], "seed": 2, "source_key": "__source__"}
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        got = list(MixedDataset(srcs, **kw))
+    src, idx = MixedDataset(srcs, **kw).order(0)
+    want = [(int(a), int(b)) for a, b in zip(src, idx, strict=True) if b % 7]
+    assert got == want  # the others in schedule order, none replaced
+    mix = MixedDataset(srcs, **kw)
+    it = iter(mix)
+    with pytest.warns(RuntimeWarning):
+        head = [next(it) for _ in range(100)]
+    state = mix.state_dict()
+    assert state["consumed"] > 100  # positions passed, skipped ones included
+    fresh = MixedDataset(srcs, **kw)
+    fresh.load_state_dict(state)
+    with pytest.warns(RuntimeWarning):
+        assert head + list(fresh) == want

@@ -349,20 +349,28 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
         key = self.source_key
         tag = [key is not None and _plain(src) for src in self.sources]
         skipped = _SKIPPED
-        pos = self._consumed
+        lean = not any(tag) and all(src.on_error == "raise" for src in self.sources)
+        base = self._consumed
         for c0 in range(a, b, _CHUNK):
             src, _ = plan_mod.mix_schedule(
                 self.counts, self.seed, epoch, c0, min(b, c0 + _CHUNK), self.shuffle
             )
-            for s in src.tolist():
-                x = nexts[s]()
-                pos += 1
-                self._consumed = pos
-                if x is skipped:
-                    continue
-                if tag[s]:
-                    x[key] = s
-                yield x
+            ids = src.tolist()
+            if lean:  # no marker can come (errors raise), nothing to tag
+                for pos, s in enumerate(ids, base + 1):
+                    x = nexts[s]()
+                    self._consumed = pos
+                    yield x
+            else:
+                for pos, s in enumerate(ids, base + 1):
+                    x = nexts[s]()
+                    self._consumed = pos
+                    if x is skipped:
+                        continue
+                    if tag[s]:
+                        x[key] = s
+                    yield x
+            base += len(ids)
 
     # -- pickling ---------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
