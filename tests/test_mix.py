@@ -317,3 +317,14 @@ def test_skipped_samples_keep_the_schedule(paths: dict[str, list[str]]) -> None:
     fresh.load_state_dict(state)
     with pytest.warns(RuntimeWarning):
         assert head + list(fresh) == want
+
+
+@pytest.mark.timeout(90)
+def test_persistent_workers_advance_epochs(paths: dict[str, list[str]]) -> None:
+    mix = mixed(sources(paths), counts=[600, 60, 6], seed=6)
+    loader = DataLoader(mix, batch_size=BS, num_workers=2, collate_fn=ids, persistent_workers=True)
+    for e in range(2):
+        got = list(loader)  # persistent workers never see set_epoch: they count __iter__ calls
+        w = [list(zip(*mix.order(e, k, 2), strict=True)) for k in range(2)]
+        assert [x for b in got[0::2] for x in b] == w[0], e
+        assert [x for b in got[1::2] for x in b] == w[1], e
