@@ -76,6 +76,7 @@ __all__ = [
     "mix_spans",
     "resume_segments",
     "mix_counts",
+    "plan_span",
 ]
 
 BLOCK_DTYPE = np.dtype(np.int64)
@@ -1023,3 +1024,58 @@ def mix_counts(
         raise ValueError("the mix has no sample per epoch (all counts are 0)")
     _mix_counts(c)
     return c, rep
+
+
+def plan_span(
+    counts: IntArray,
+    seed: int,
+    epoch: int,
+    block_size: int,
+    start: int,
+    stop: int,
+    *,
+    buffer_size: int = 0,
+    shuffle: bool = True,
+    blocks: Blocks | None = None,
+) -> WorkerPlan:
+    """Plan positions ``[start, stop)`` of one epoch's stream as a worker of their own.
+
+    The segments are that slice of :func:`epoch_blocks` (one sequential read per piece) and
+    the mixing windows are cut from ``start`` on, so a reader of just this range reads no
+    sample outside it (a window straddling ``start`` would otherwise be read by two workers).
+    Window ``k`` is permuted by :func:`window_order` with ``rank=0, worker=start mod 2**32``.
+    A source of a mix reads its share this way (:func:`mix_spans` gives the ranges).
+
+    Args:
+        counts: Samples per shard, shape ``(n_shards,)``.
+        seed: Base seed, ``>= 0``.
+        epoch: Epoch, ``>= 0``.
+        block_size: Contiguous samples per block, ``>= 1``.
+        start: First stream position, ``0 <= start <= stop``.
+        stop: End position, ``<= sum(counts)``.
+        buffer_size: Mixing window; ``<= 1`` disables mixing. Defaults to ``0``.
+        shuffle: Permute shards, blocks and windows. Defaults to ``True``.
+        blocks: The epoch's stream if already computed. Defaults to computing it.
+
+    Returns:
+        The :class:`WorkerPlan` of ``stop - start`` samples.
+
+    Raises:
+        ValueError: For out-of-range arguments.
+    """
+    if blocks is None:
+        blocks = epoch_blocks(counts, seed, epoch, block_size, shuffle)
+    a, b = int(start), int(stop)
+    if b < a:
+        raise ValueError(f"positions [{a}, {b}): expected start <= stop")
+    segs = slice_blocks(blocks, a, b) if b > a else np.empty((0, 3), dtype=BLOCK_DTYPE)
+    return WorkerPlan(
+        segments=segs,
+        n_samples=b - a,
+        seed=int(seed),
+        epoch=int(epoch),
+        rank=0,
+        worker=a & _MASK32,
+        buffer_size=int(buffer_size),
+        shuffle=bool(shuffle),
+    )

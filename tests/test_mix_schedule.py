@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -206,3 +207,25 @@ def test_shares_are_contiguous_windows() -> None:
                 a, b = S.slot_span(n, r, ws, w, nw)
                 src, _ = S.mix_schedule(counts, 2, 0, a, b)
                 assert (window_excess(src, counts) <= bound + 1e-9).all()
+
+
+def test_plan_span_reads_only_its_range() -> None:
+    counts = [130, 7, 64, 99]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    n = sum(counts)
+    kw: dict[str, int | bool] = {"buffer_size": 16, "shuffle": True}
+    whole = S.plan_span(counts, 4, 2, 8, 0, n, **kw)  # type: ignore[arg-type]
+    ref = S.plan_worker(counts, 4, 2, 8, buffer_size=16)
+    assert whole.order(starts).tolist() == ref.order(starts).tolist()
+    stream = S.blocks_to_indices(S.epoch_blocks(counts, 4, 2, 8), starts)
+    cuts = [0, 37, 38, 200, n]
+    parts = []
+    for a, b in pairwise(cuts):
+        p = S.plan_span(counts, 4, 2, 8, a, b, **kw)  # type: ignore[arg-type]
+        got = p.order(starts)
+        assert sorted(got.tolist()) == sorted(stream[a:b].tolist())  # only its own samples
+        assert p.n_samples == b - a and p.n_windows == -(-(b - a) // 16)
+        parts.append(got)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(n))
+    with pytest.raises(ValueError):
+        S.plan_span(counts, 4, 2, 8, 5, 4)

@@ -73,8 +73,10 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
     seeded offset each epoch; each source's samples come from the source's own block plan
     (shards, blocks, ``block_size``, ``buffer_size``, ``shuffle``, ``fields``, ``decode``,
     ``transform``, ``on_error`` of that source), seeded from this dataset's seed and the
-    source's position, so the whole order is a pure function of ``(seed, epoch)``; the
-    sources' own seeds, epochs and ranks are not used.
+    source's position, so the whole order is a pure function of ``(seed, epoch)`` (and the
+    worker layout: a worker reads just its contiguous range of each source, mixed in windows
+    cut from that range's start, :func:`tarindex.shuffle.plan_span`); the sources' own seeds,
+    epochs and ranks are not used.
 
     Samples are the sources' samples, unchanged. ``source_key="__source__"`` adds that key
     (int, the source's position in ``sources``) to each sample dict before the source's decode
@@ -190,14 +192,21 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
         """
         return plan_mod.rank_share(self.n_plan, self._rank()[1], self.drop_last)
 
-    def source_plan(self, s: int, source_epoch: int) -> plan_mod.WorkerPlan:
-        """Return source ``s``'s plan of its own epoch ``source_epoch`` (one stream, no split)."""
+    def source_plan(self, s: int, source_epoch: int, start: int, stop: int) -> plan_mod.WorkerPlan:
+        """Return positions ``[start, stop)`` of source ``s``'s own epoch ``source_epoch``.
+
+        The source's block plan with its own seed (:func:`tarindex.shuffle.source_seed`),
+        mixed in windows cut from ``start`` (:func:`tarindex.shuffle.plan_span`): a worker
+        reads no sample of the source outside its share.
+        """
         src = self.sources[s]
-        return plan_mod.plan_worker(
+        return plan_mod.plan_span(
             src.shards.counts,
             plan_mod.source_seed(self.seed, s),
             source_epoch,
             src.block_size,
+            start,
+            stop,
             buffer_size=src.buffer_size,
             shuffle=src.shuffle,
         )
@@ -226,7 +235,7 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
             if not rows:
                 continue
             starts = self.sources[s].shards.starts
-            parts = [self.source_plan(s, q).order(starts)[p0:p1] for q, p0, p1 in rows]
+            parts = [self.source_plan(s, q, p0, p1).order(starts) for q, p0, p1 in rows]
             idx[src == s] = np.concatenate(parts)
         return src, idx
 
@@ -325,33 +334,52 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
         a, b = self.span(worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
         self._consumed = min(start, b - a)
-        return self._generate(epoch, a + self._consumed, b)
+        return self._generate(epoch, a, b)
 
-    def _source_stream(self, s: int, rows: list[tuple[int, int, int]]) -> Iterator[Any]:
-        """Source ``s``'s samples of ``rows``, one item per position (``_SKIPPED`` if skipped).
+    def _source_stream(self, s: int, rows: list[tuple[int, int, int]], skip: int) -> Iterator[Any]:
+        """Source ``s``'s samples of ``rows`` after the first ``skip``, one item per position.
 
-        With ``source_key``, a source without decode/transform gets it from
-        :meth:`_generate` (no per-sample layer here); others before their decode and transform.
+        ``_SKIPPED`` marks a sample left out under ``on_error="skip"``. With ``source_key``, a
+        source without decode/transform gets it from :meth:`_generate` (no per-sample layer
+        here); others before their decode and transform.
         """
         src = self.sources[s]
         key = self.source_key
         tag = None if key is None or _plain(src) else (key, s)
+        parts = []
+        for q, p0, p1 in rows:
+            first = min(skip, p1 - p0)
+            skip -= first
+            if first < p1 - p0:
+                parts.append((q, p0, p1, first))
         return chain.from_iterable(
-            src.iter_plan(self.source_plan(s, q), p0, p1, skipped=_SKIPPED, tag=tag)
-            for q, p0, p1 in rows
+            src.iter_plan(self.source_plan(s, q, p0, p1), first, skipped=_SKIPPED, tag=tag)
+            for q, p0, p1, first in parts
         )
 
     def _generate(self, epoch: int, a: int, b: int) -> Iterator[Any]:
+        """The worker's share ``[a, b)`` from position ``a + consumed`` on.
+
+        Each source's windows are cut from the worker's first position, also when resuming,
+        so a resumed epoch reads and yields exactly what the uninterrupted one would have.
+        """
         spans = _source_spans(
             self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle
         )
-        nexts = [self._source_stream(s, rows).__next__ for s, rows in enumerate(spans)]
+        base = self._consumed
+        skips = (
+            plan_mod.mix_offsets(self.counts, self.seed, epoch, a + base, self.shuffle)
+            - plan_mod.mix_offsets(self.counts, self.seed, epoch, a, self.shuffle)
+        ).tolist()
+        nexts = [
+            self._source_stream(s, rows, k).__next__
+            for s, (rows, k) in enumerate(zip(spans, skips, strict=True))
+        ]
         key = self.source_key
         tag = [key is not None and _plain(src) for src in self.sources]
         skipped = _SKIPPED
         lean = not any(tag) and all(src.on_error == "raise" for src in self.sources)
-        base = self._consumed
-        for c0 in range(a, b, _CHUNK):
+        for c0 in range(a + base, b, _CHUNK):
             src, _ = plan_mod.mix_schedule(
                 self.counts, self.seed, epoch, c0, min(b, c0 + _CHUNK), self.shuffle
             )
