@@ -293,3 +293,37 @@ def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
     assert f"samples:     {sum(SIZES)}" in capsys.readouterr().out
     assert main(["verify", src, "--index-dir", str(out)]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.timeout(120)
+def test_readme_remote_snippet_runs_against_a_loopback_server(
+    make_shards: MakeShards, tmp_path: Path
+) -> None:
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    m = re.search(r"### Remote shards[^\n]*\n\n```python\n(.*?)```", readme, re.S)
+    assert m is not None, "README lost its remote snippet"
+    code, n = re.subn(r'^BASE = "[^"]*"', "BASE = sys.argv[1]", m.group(1), flags=re.M)
+    assert n == 1
+    make_shards([20, 20, 20, 20, 20])
+    script = tmp_path / "snippet.py"
+    script.write_text(
+        "import sys\nif __name__ == '__main__':\n"
+        + "".join("    " + line + "\n" for line in code.splitlines())
+        + "    print('samples', n)\n"
+    )
+    with serve(str(tmp_path / "train")) as srv:
+        out = subprocess.run(
+            [sys.executable, str(script), srv.url],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=110,
+        )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "samples 100" in out.stdout
+    assert any((tmp_path / "remote-cache").rglob("0"))  # the cache directory was used
