@@ -129,7 +129,7 @@ class RemoteOptions:
         so = self.storage_options
         if protocol in so and isinstance(so[protocol], dict):
             return dict(so[protocol])
-        if any(isinstance(v, dict) and k.isidentifier() and k.islower() for k, v in so.items()):
+        if so and set(so) & _protocols():
             return {}  # per-protocol form, nothing for this one
         return dict(so)
 
@@ -146,11 +146,32 @@ class RemoteOptions:
 
 DEFAULT = RemoteOptions()
 
+
+def _protocols() -> set[str]:
+    """Protocol names fsspec knows (``http``, ``s3``, ...); empty without fsspec."""
+    try:
+        import fsspec  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        return set()
+    return set(fsspec.available_protocols()) | {"http", "https", "s3", "gs", "gcs", "az", "hf"}
+
 _caches: dict[tuple[int, str, int], DirCache] = {}
 _filesystems: dict[tuple[int, str, str], Any] = {}
 _fs_lock = threading.Lock()
 _range_ok: set[tuple[int, str]] = set()
 """(pid, scheme://host) whose server answered a ranged read with a range, in this process."""
+
+
+def _after_fork_in_child() -> None:
+    # a lock held by another thread at fork time would stay held forever in the child; the
+    # read-ahead threads do not exist there: make them again on first use
+    global _fs_lock, _idx_lock
+    _fs_lock = threading.Lock()
+    _idx_lock = threading.Lock()
+    _pool[0] = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass
@@ -173,7 +194,7 @@ def stats(reset: bool = False) -> dict[str, int]:
 
 def _import_fsspec() -> Any:
     try:
-        import fsspec  # type: ignore[import-untyped]
+        import fsspec  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         raise ImportError(
             "remote shards need fsspec: pip install 'tarindex[remote]' (plus s3fs for s3://, "
