@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from .build import index_tables_for
+from .build import find_zstd_dict, index_tables_for
 from .errors import ChecksumError, StaleIndexError, TarHeaderError
 from .format.index import IndexTables
 from .format.keys import normalize_name, split_key
@@ -28,6 +28,7 @@ from .format.spec import (
     TAR_SIZE,
     TAR_TYPEFLAG,
     XHDTYPE,
+    ZSTD_DICT_META,
 )
 from .format.tar import checksum_ok, header_checksums, header_name, parse_number
 from .reader import ShardReader, crc_mismatches
@@ -121,8 +122,19 @@ def verify(
                 f"{tar}: index {ipath} does not match a fresh scan of the tar: "
                 f"{_first_difference(stored, fresh)}; rebuild it with: tarindex index --force {tar}"
             )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a bad dictionary member was reported by `index`
+            zd = find_zstd_dict(members)  # FORMAT.md §7: the same dictionary entry, or none
+        want = None if zd is None else zd.meta()
+        if stored.meta.get(ZSTD_DICT_META) != want:
+            raise StaleIndexError(
+                f"{tar}: index {ipath} records the zstd dictionary "
+                f"{stored.meta.get(ZSTD_DICT_META)!r}, a fresh scan finds {want!r} (FORMAT.md "
+                f"§7); rebuild it with: tarindex index --force {tar}"
+            )
         if data:
             _check_data(r)
+            r.zstd_dict()  # its bytes against the recorded crc32 (ChecksumError)
         return VerifyReport(
             tar, ipath, stored.n_samples, stored.n_members, long_names, data_checked=data
         )

@@ -205,6 +205,8 @@ def test_dictionary_bytes_changed_in_place_are_refused(tmp_path: Path) -> None:
     r = tarindex.ShardReader(shard)  # opens: the fingerprint does not cover it
     with pytest.raises(tarindex.ChecksumError, match=rf"byte {entry['offset']}: zstd dictionary"):
         r.zstd_dict()
+    with pytest.raises(tarindex.StaleIndexError, match="records the zstd dictionary"):
+        verify(shard)
 
 
 def test_each_shard_trains_its_own_dictionary(tmp_path: Path) -> None:
