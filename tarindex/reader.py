@@ -691,11 +691,14 @@ class ShardReader:
                 self.tar_size = self._src.size
                 self._check_size()
                 starts, ends = self._check_ranges()  # one concurrent batch for all checks
-                buf, bases = self._src.read_ranges(starts, ends)
-                self._checks = {
-                    (a, b - a): buf[o : o + b - a]
-                    for a, b, o in zip(starts.tolist(), ends.tolist(), bases.tolist(), strict=True)
-                }
+                src = self._src
+                rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
+                if isinstance(src, RemoteSource):  # from the server, never from the cache
+                    got = src.fetch_fresh(rs)
+                else:
+                    buf, bases = src.read_ranges(starts, ends)
+                    got = [buf[o : o + b - a] for (a, b), o in zip(rs, bases.tolist(), strict=True)]
+                self._checks = {(a, b - a): g for (a, b), g in zip(rs, got, strict=True)}
                 self._check_fingerprint()
                 return
             except StaleIndexError:

@@ -686,7 +686,7 @@ class RemoteSource:
         if src.size and protocol_of(url) in ("http", "https"):
             if (os.getpid(), _origin(url)) not in _range_ok:
                 try:
-                    src._fetch_ranges([(0, min(512, src.size))])
+                    src.fetch_fresh([(0, min(512, src.size))])  # not rounded to a chunk
                 except RangeNotSupportedError:
                     if not opts.download_whole:
                         raise
@@ -940,6 +940,27 @@ class RemoteSource:
         """The bytes of ``ranges``, coalesced into requests, through the cache if there is one."""
         reqs, finish = self.plan_fetch(ranges)
         return finish(self._network(reqs))
+
+    def fetch_fresh(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of ``ranges`` from the server now: not the cache, not the read-ahead store.
+
+        One concurrent batch of coalesced requests; for the open-time checks (FORMAT.md §3),
+        which must see the remote file as it is. A whole-shard download (``download_whole``)
+        is read instead, as nothing else can be.
+
+        Raises:
+            RemoteError: As :func:`fetch`.
+        """
+        if self._local is not None:
+            return [bytes(self._local.read(a, b - a)) for a, b in ranges]
+        merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
+        got = self._network(merged)
+        starts = [m[0] for m in merged]
+        out = []
+        for a, b in ranges:
+            k = bisect_right(starts, a) - 1
+            out.append(got[k][a - merged[k][0] : b - merged[k][0]])
+        return out
 
     def _network(self, reqs: list[tuple[int, int]]) -> list[bytes]:
         if not reqs:

@@ -327,3 +327,24 @@ def test_readme_remote_snippet_runs_against_a_loopback_server(
     assert out.returncode == 0, out.stderr[-3000:]
     assert "samples 100" in out.stdout
     assert any((tmp_path / "remote-cache").rglob("0"))  # the cache directory was used
+
+
+def test_cached_bytes_do_not_hide_a_changed_remote_shard(
+    served: tuple[RangeServer, list[str]], make_shards: MakeShards, tmp_path: Path
+) -> None:
+    srv, paths = served
+    _fresh()
+    url = f"{srv.url}/train-000000.tar"
+    opts = RemoteOptions(cache_dir=str(tmp_path / "cache"), chunk_bytes=4096)
+    ss = tarindex.ShardSet(url, remote=opts)
+    for i in range(SIZES[0]):  # every chunk of the shard is in the cache now
+        ss.prefetch([i])
+        ss.get(i)
+    ss.close()
+    other = make_shards([SIZES[0]], seed=9, name="other")
+    old_index = Path(paths[0] + ".tidx").read_bytes()
+    shutil.copy(other[0], paths[0])  # the server's copy changes, the index stays
+    Path(paths[0] + ".tidx").write_bytes(old_index)
+    _fresh()
+    with pytest.raises(StaleIndexError, match=r"train-000000\.tar: "):
+        tarindex.ShardSet(url, remote=opts).get(0)
