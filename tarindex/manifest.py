@@ -94,7 +94,7 @@ def build_manifest(
             cols["samples"][k] = t.n_samples
             cols["members"][k] = t.n_members
             cols["tar_bytes"][k] = t.tar_size
-            cols["index_bytes"][k] = os.path.getsize(r.index_path)
+            cols["index_bytes"][k] = t.index_bytes
             head[k], tail[k] = t.head_crc, t.tail_crc
             sids.append(t.shard_id.hex())
         local = p if is_url(p) else os.path.abspath(p)

@@ -306,6 +306,15 @@ class ShardSubset(ShardSet):
         )
         return at[ok].tolist() if len(self.indices) else []
 
+    def index_of_many(self, keys: Sequence[str]) -> NDArray[np.int64]:
+        """View indices of each key's sample, ``-1`` where none in the view (vectorised)."""
+        g = self.base.index_of_many(keys)
+        n = len(self.indices)
+        at = np.searchsorted(self.indices, g)
+        ok = (g >= 0) & (at < n)
+        ok[ok] = self.indices[at[ok]] == g[ok]
+        return np.where(ok, at, -1).astype(np.int64)
+
     def index_of(self, key: str) -> int:
         """The view index of the sample whose key is ``key`` (see :meth:`ShardSet.index_of`).
 

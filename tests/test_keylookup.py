@@ -187,7 +187,15 @@ def test_shardset_and_dataset_index_of_get_and_duplicates(tmp_path: Path) -> Non
     with pytest.raises(KeyNotFoundError, match="no sample with key 'zz'") as e:
         ss.index_of("zz")
     assert isinstance(e.value, KeyError)
+    got = ss.index_of_many(["00000123", "zz", "00000260", "./00000007", "00000000x"])
+    assert got.tolist() == [123, -1, 276, 7, -1]
+    with pytest.raises(AmbiguousKeyError, match="00000020"):
+        ss.index_of_many(["00000001", "00000020"])
+    want = [i for i in range(0, 250, 3) if i % 10]  # b holds the multiples of 10
+    assert ss.index_of_many([f"{i:08d}" for i in want]).tolist() == want
+    assert ss.index_of_many([]).tolist() == []
     one = tarindex.ShardSet(a[1])
+    assert one.index_of_many(["00000150", "00000050"]).tolist() == [50, -1]
     assert one.index_of("00000150") == 50 and one.indices_of("00000050") == []
     pytest.importorskip("torch")
     ds = tarindex.TarDataset(a, decode=True)

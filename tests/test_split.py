@@ -108,6 +108,8 @@ def test_subset_view_map_style(tmp_path: Path) -> None:
     assert blk.index.tolist() == [int(parts["val"][j]) for j in (3, 0, 3)]
     k = val.get(5)["__key__"]
     assert val.index_of(k) == 5
+    outside = ss.get(int(parts["train"][0]))["__key__"]
+    assert val.index_of_many([k, outside, "nope"]).tolist() == [5, -1, -1]
     with pytest.raises(KeyNotFoundError):
         val.index_of(ss.get(int(parts["train"][0]))["__key__"])  # in the dataset, not the part
     with pytest.raises(SampleIndexError):

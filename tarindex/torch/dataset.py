@@ -219,6 +219,16 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         """
         return self.shards.index_of(key)
 
+    def index_of_many(self, keys: Sequence[str]) -> NDArray[np.int64]:
+        """Return the index of each key's sample, ``-1`` where none (vectorised; a join).
+
+        See :meth:`tarindex.ShardSet.index_of_many`.
+
+        Raises:
+            AmbiguousKeyError: As :meth:`index_of`.
+        """
+        return self.shards.index_of_many(keys)
+
     def indices_of(self, key: str) -> list[int]:
         """Return the index of every sample whose key is ``key``, ascending (maybe empty)."""
         return self.shards.indices_of(key)

@@ -159,8 +159,9 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             :func:`tarindex.split_by_key`). The plan is made over the subset's per-shard
             counts, so the counts, remainder policy and exactly-once rules above hold for
             the subset; each block reads only the subset's members; ``__index__`` is the
-            source index. A state saved with one subset resumes only with the same one.
-            Defaults to ``None`` (all samples).
+            source index; ``plan(...).order(ds.shards.starts)`` gives positions in the
+            subset (``ds.shards.indices[order]`` the source indices). A state saved with one
+            subset resumes only with the same one. Defaults to ``None`` (all samples).
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
