@@ -192,6 +192,69 @@ def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
     return [blob[ptr[i] : ptr[i + 1]].decode("utf-8", "surrogateescape") for i in range(n)]
 
 
+def _uniform_layout(mp: NDArray[np.int64], ext_id: NDArray[np.int64]) -> list[int] | None:
+    """The extension ids every sample has, in order, if all samples have the same; else None."""
+    n = len(mp) - 1
+    if n <= 0:
+        return None
+    k = int(mp[1])
+    if mp[0] != 0 or k == 0 or int(mp[-1]) != n * k or not (np.diff(mp) == k).all():
+        return None
+    ids = ext_id[: n * k].reshape(n, k)
+    if not (ids == ids[0]).all():
+        return None
+    return [int(e) for e in ids[0]]
+
+
+def _uniform_samples(
+    data: Any,
+    path: str,
+    keys: list[str],
+    idx: list[int],
+    names: list[str],
+    offs: list[int],
+    ends: list[int],
+) -> list[Sample]:
+    """Sample dicts of a one-buffer block whose samples all have members ``names``, in order."""
+    k = len(names)
+    if k == 1:
+        (n0,) = names
+        return [
+            {"__key__": key, "__shard__": path, "__index__": i, n0: data[a:b]}
+            for key, i, a, b in zip(keys, idx, offs, ends, strict=True)
+        ]
+    if k == 2:
+        n0, n1 = names
+        return [
+            {"__key__": key, "__shard__": path, "__index__": i, n0: data[a0:b0], n1: data[a1:b1]}
+            for key, i, a0, b0, a1, b1 in zip(
+                keys, idx, offs[0::2], ends[0::2], offs[1::2], ends[1::2], strict=True
+            )
+        ]
+    n0, n1, n2 = names
+    return [
+        {
+            "__key__": key,
+            "__shard__": path,
+            "__index__": i,
+            n0: data[a0:b0],
+            n1: data[a1:b1],
+            n2: data[a2:b2],
+        }
+        for key, i, a0, b0, a1, b1, a2, b2 in zip(
+            keys,
+            idx,
+            offs[0::3],
+            ends[0::3],
+            offs[1::3],
+            ends[1::3],
+            offs[2::3],
+            ends[2::3],
+            strict=True,
+        )
+    ]
+
+
 def _joined(parts: list[bytes]) -> tuple[bytes, NDArray[np.int64]]:
     """Concatenate member bytes into one buffer; return it and each part's offset in it."""
     at = np.zeros(len(parts), np.int64)
@@ -496,12 +559,24 @@ class Block:
         offs = offset.tolist()
         ends = (offset + self.size).tolist()
         exts = self.exts
+        idx = self.index.tolist()
+        if len(self.data) == 1 and len(self.paths) == 1:  # one shard: the common case
+            uniform = _uniform_layout(self.member_ptr, self.ext_id)
+            if uniform is not None and len(uniform) <= 3:  # one dict display per sample
+                return _uniform_samples(
+                    self.data[0],
+                    self.paths[0],
+                    self.keys,
+                    idx,
+                    [exts[e] for e in uniform],
+                    offs,
+                    ends,
+                )
         names = [exts[e] for e in self.ext_id.tolist()]
         mp = self.member_ptr.tolist()
-        idx = self.index.tolist()
         out: list[Sample] = []
         append = out.append
-        if len(self.data) == 1 and len(self.paths) == 1:  # one shard: the common case
+        if len(self.data) == 1 and len(self.paths) == 1:
             data, path = self.data[0], self.paths[0]
             for i, key in enumerate(self.keys):
                 d: Sample = {"__key__": key, "__shard__": path, "__index__": idx[i]}

@@ -169,9 +169,13 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         return self.shards.get(int(i), self.fields)
 
     def __getitem__(self, i: int) -> Any:
-        if self.shards.remote:  # one ranged read for the sample's members
-            self.shards.prefetch([int(i)], self.fields)
-        return self._finish(self.shards.get(i, self.fields))  # TypeError unless an int
+        shards = self.shards
+        if shards.remote:  # one ranged read for the sample's members
+            shards.prefetch([int(i)], self.fields)
+        sample = shards.get(i, self.fields)  # TypeError unless an int, as list indexing
+        if self.select is None and self.decoder is None and self.transform is None:
+            return sample  # raw bytes: the common hot path, no call more
+        return self._finish(sample)
 
     def _decode(self, sample: Sample) -> Any:
         return decode_sample(self.shards, self.decoder, sample)  # type: ignore[arg-type]
