@@ -2168,10 +2168,10 @@ class ShardSet:
         )
         if mid is not None:
             for b, k, got, recorded in crc_mismatches(blk, mid, crcs):
-                path = paths[int(src[k])]
+                slot = int(src[k])
                 raise data_error(
-                    path,
-                    index_path_for(path),
+                    paths[slot],
+                    self.index_paths[slots[slot]],  # beside the tar, or in index_dir
                     keys[b],
                     names[int(eid[k])],
                     int(tar_off[k]),
