@@ -192,3 +192,23 @@ def test_shared_buffers_are_released_after_early_stop(
             break
         time.sleep(0.5)
     assert not left, f"shared-memory segments left behind: {sorted(left)}"
+
+
+def test_a_label_that_is_not_a_decimal_integer_names_shard_offset_and_member(
+    tmp_path: Path,
+) -> None:
+    import tarindex
+    from tarindex.errors import FormatError
+
+    pattern = str(tmp_path / "s-%03d.tar")
+    with tarindex.ShardWriter(pattern, maxcount=10) as w:
+        for i in range(6):
+            w.write({"__key__": f"k{i}", "bin": bytes([i]) * 700, "cls": b"x7" if i == 4 else i})
+    ds = tarindex.TarDataset(str(tmp_path / "s-000.tar"), batched=True)
+    got = fetch_batched(ds.shards, [0, 1, 2, 3, 5])  # the good ones pack
+    assert got.cls.tolist() == [0, 1, 2, 3, 5]
+    r = tarindex.ShardReader(str(tmp_path / "s-000.tar"))
+    off = int(r.index.offset[9])  # sample 4's cls member (bin, cls per sample)
+    with pytest.raises(FormatError, match=rf"s-000\.tar: byte {off}: member k4\.cls is not a"):
+        fetch_batched(ds.shards, [3, 4, 1])
+    assert fetch_batched(ds.shards, [4], int_fields=()).bytes("cls", 0) == b"x7"

@@ -101,57 +101,53 @@ def pack_blocks(
         shards = [shards[i] for i in order]
         idx = idx[inv]
     int_set = frozenset(int_fields)
-    int_codes = [c for c, nm in enumerate(names) if nm in int_set]
-    ints: dict[str, NDArray[np.int64]] = {}
-    if int_codes and len(code):
-        is_int = np.zeros(len(names), np.bool_)
-        is_int[int_codes] = True
-        is_int = is_int[code]
-        for c in int_codes:
-            sel = np.flatnonzero(code == c)
-            if not len(sel):
-                continue
-            so, oo = src[sel].tolist(), off[sel]
-            at = zip(so, oo.tolist(), (oo + size[sel]).tolist(), strict=True)
-            try:
-                vals = [int(datas[sr][o:e]) for sr, o, e in at]
-            except ValueError:
-                for k in sel.tolist():
-                    o = int(off[k])
-                    try:
-                        int(datas[int(src[k])][o : o + int(size[k])])
-                    except ValueError:
-                        r = int(row[k])
-                        raise FormatError(
-                            f"{shards[r]}: byte {int(tar_off[k])}: member {keys[r]}.{names[c]} "
-                            f"is not a decimal integer; pass int_fields=() to keep it as bytes"
-                        ) from None
-                raise
-            col = ints[names[c]] = np.full(n, -1, np.int64)
-            col[row[sel]] = vals
-        keep = ~is_int
-        src, code, row, size, off = src[keep], code[keep], row[keep], size[keep], off[keep]
+    is_int = np.asarray([nm in int_set for nm in names] or [False], np.bool_)[code]
+    byte = ~is_int
     # byte fields in order of first appearance; field-major layout (batch.field_major)
-    used = list(dict.fromkeys(code.tolist()))
+    bcode, brow = code[byte], row[byte]
+    used = list(dict.fromkeys(bcode.tolist()))
     fmap = np.zeros(len(names), np.int64)
     fmap[used] = np.arange(len(used), dtype=np.int64)
-    f = fmap[code]
+    f = fmap[bcode]
     lens = np.full((len(used), n), -1, np.int64)
-    lens[f, row] = size
+    lens[f, brow] = size[byte]
     offsets, present = field_major(lens)
-    dest = offsets[f, row]
+    dest = np.full(len(code), -1, np.int64)  # -1: an integer member, parsed instead
+    dest[byte] = offsets[f, brow]
     data = alloc_buffer(int(offsets[-1, -1]) if used else 0)
     out = memoryview(data.numpy())  # type: ignore[arg-type]
-    # The one copy: source buffer (mapped tar or pread bytes) -> batch buffer.
+    # One pass in member order, where a sample's members are neighbours in its tar (pages
+    # touched once, as a per-item read does): each byte member copied once, source buffer
+    # (mapped tar or pread bytes) -> batch buffer; each integer member parsed.
     views = [memoryview(d) for d in datas]
+    vals: list[int] = []
+    ends = off + size
     try:
-        for sr, o, sz, d in zip(
-            src.tolist(), off.tolist(), size.tolist(), dest.tolist(), strict=True
+        for sr, o, e, d in zip(
+            src.tolist(), off.tolist(), ends.tolist(), dest.tolist(), strict=True
         ):
-            out[d : d + sz] = views[sr][o : o + sz]
+            if d < 0:
+                vals.append(int(datas[sr][o:e]))
+            else:
+                out[d : d + e - o] = views[sr][o:e]
+    except ValueError:
+        k = int(np.flatnonzero(is_int)[len(vals)])
+        r, c = int(row[k]), int(code[k])
+        raise FormatError(
+            f"{shards[r]}: byte {int(tar_off[k])}: member {keys[r]}.{names[c]} is not a "
+            f"decimal integer; pass int_fields=() to keep it as bytes"
+        ) from None
     finally:
         for v in views:
             v.release()
+    ints: dict[str, NDArray[np.int64]] = {}
+    if vals:
+        isel = np.flatnonzero(is_int)
+        icode, irow, ival = code[isel], row[isel], np.asarray(vals, np.int64)
+        for c in dict.fromkeys(icode.tolist()):
+            m = icode == c
+            col = ints[names[c]] = np.full(n, -1, np.int64)
+            col[irow[m]] = ival[m]
     return BatchedSamples([names[c] for c in used], data, offsets, present, keys, idx, ints, shards)
 
 
