@@ -1,10 +1,12 @@
 """Decode member bytes to values (readers), by extension; encoding is :mod:`tarindex.encode`.
 
 The codec is chosen by the *last* dot-component of the extension (``"seg.png"`` -> ``png``),
-as webdataset does; a trailing ``.zst`` means zstandard-compressed bytes of the inner
-extension (``"npy.zst"``), possibly compressed with the shard's trained dictionary
-(docs/FORMAT.md §7, passed by the datasets as ``ExtDecoder(sample, zstd_dict)``); a decoded
-sample names such an entry without ``.zst``. Images go through Pillow. Unpickling
+as webdataset does. A trailing compression suffix (:data:`COMPRESSION_SUFFIXES`, one table
+used by every reader-side rule) means compressed bytes of the inner extension: ``.zst``
+zstandard (``"npy.zst"``), possibly with the shard's trained dictionary (docs/FORMAT.md §7,
+passed by the datasets as ``ExtDecoder(sample, zstd_dict)``), and ``.gz`` gzip
+(``"json.gz"``, webdataset's ``gzfilter``); a decoded sample names such an entry without the
+suffix. Images go through Pillow. Unpickling
 (``pickle``, ``pyd``) happens only with ``allow_pickle=True``: pickle runs arbitrary code.
 
 **Decoding the webdataset way** (docs/DECODING.md): ``decode=`` takes webdataset's image
@@ -22,9 +24,10 @@ or a ``.pth`` member is decoded, so ``import tarindex`` works without it.
   never started. A ``.jpg`` that holds PNG bytes is refused too.
 - An image of more than :data:`MAX_IMAGE_PIXELS` pixels (``width * height``, read from its
   header) is refused before its pixels are decoded.
-- The bytes that ``.zst`` frames and ``.npz`` entries expand to count against one budget per
-  sample, :data:`ZSTD_MAX_OUTPUT`, shared by all its members, and are checked before the
-  output is allocated.
+- The bytes that ``.zst`` frames, ``.gz`` streams and ``.npz`` entries expand to count
+  against one budget per sample, :data:`ZSTD_MAX_OUTPUT`, shared by all its members: checked
+  before the output is allocated (``.zst``, ``.npz``), or counted while inflating and refused
+  once past the budget (``.gz``, holding at most 64 MiB of output until it is known to fit).
 - A ``.npy`` header that declares more data than the member holds is refused before
   allocating.
 
@@ -38,7 +41,8 @@ twice that), raise that too.
 Every failure to decode a member raises :class:`tarindex.DecodeError` (a ``ValueError``)
 naming the shard, sample key and extension, with the decoder's exception chained as
 ``__cause__``; a failure of the zstandard stage raises its subclass
-``tarindex.codecs.ZstdDecodeError``, which is also a ``zstandard.ZstdError``.
+``tarindex.codecs.ZstdDecodeError``, which is also a ``zstandard.ZstdError`` (a failure of
+the gzip stage is a plain ``DecodeError``, its ``zlib.error`` chained).
 ``MemoryError`` propagates unchanged.
 """
 
@@ -49,6 +53,7 @@ import json
 import math
 import sys
 import threading
+import zlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -58,6 +63,7 @@ import numpy as np
 from .errors import DecodeError
 
 __all__ = [
+    "COMPRESSION_SUFFIXES",
     "IMAGE_EXTS",
     "IMAGE_FORMATS",
     "IMAGE_MODES",
@@ -65,6 +71,7 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "ZSTD_MAX_OUTPUT",
     "DecodeError",
+    "compression_layers",
     "decode_value",
     "Decoder",
     "DecodeSpec",
@@ -73,6 +80,7 @@ __all__ = [
     "Handler",
     "is_handler",
     "make_decoder",
+    "strip_compression",
 ]
 
 IMAGE_FORMATS: Mapping[str, str] = MappingProxyType(
@@ -142,8 +150,9 @@ this size Pillow holds at most 128 MiB of pixels (4 bytes per pixel), and decodi
 ZSTD_MAX_OUTPUT = 1 << 30
 """Decompressed bytes one sample may produce, all its members together: 1 GiB.
 
-Counts the output of ``.zst`` frames and ``.npz`` entries, checked before it is allocated
-(from the frame header's size, else by a first counting pass in 1 MiB steps). A 100 KB tar
+Counts the output of ``.zst`` frames, ``.gz`` streams and ``.npz`` entries, checked before
+it is allocated (from the frame header's size, else by a first counting pass in 1 MiB steps;
+``.gz``: counted while inflating in 1 MiB steps, see :func:`_gunzip`). A 100 KB tar
 sample of three members that each expand to 1 GiB costs 1 GiB (measured), not 3: the
 second member is refused. Read by
 :func:`decode_value` at each call (a budget for that one member) and by
@@ -151,6 +160,7 @@ second member is refused. Read by
 """
 _NPY_MAGIC = b"\x93NUMPY"
 _COUNT_STEP = 1 << 20
+_GZ_KEEP = 1 << 26  # .gz output held while inflating; past it, count first, inflate again
 
 
 def _last(ext: str) -> str:
@@ -304,6 +314,108 @@ def _unzstd(data: bytes, budget: _Budget) -> bytes:
     return out
 
 
+def _inflate(data: bytes, left: int, keep: int) -> tuple[int, list[bytes] | None]:
+    """Inflate every gzip member of ``data`` in 1 MiB steps: ``(bytes out, chunks)``.
+
+    Stops as soon as the output passes ``left`` (the count returned is then ``> left``).
+    The chunks are kept while the output is at most ``keep`` bytes, else ``None``.
+    """
+    parts: list[bytes] | None = []
+    n = 0
+    rest: Any = data
+    member = 0
+    while True:
+        d = zlib.decompressobj(wbits=31)  # gzip wrapper: header, crc32 and size are checked
+        buf = rest
+        try:
+            while not d.eof:
+                chunk = d.decompress(buf, min(left - n + 1, _COUNT_STEP))  # max_length >= 1
+                buf = d.unconsumed_tail
+                n += len(chunk)
+                if n > left:
+                    return n, None
+                if not chunk and not buf and not d.eof:  # input used up, no trailer
+                    raise _Refused(
+                        f"gzip stream is truncated: member {member + 1} ends after "
+                        f"{len(rest)} bytes, without its end of stream and trailer"
+                    )
+                if parts is not None and chunk:
+                    if n > keep:
+                        parts = None
+                    else:
+                        parts.append(chunk)
+        except zlib.error as e:
+            at = len(data) - len(rest)
+            raise _Refused(
+                f"cannot inflate gzip member {member + 1} at byte {at} of {len(data)}: {e} "
+                f"(starts {bytes(rest[:12])!r}; a gzip member starts b'\\x1f\\x8b')"
+            ) from e
+        member += 1
+        rest = d.unused_data.lstrip(b"\0")  # zero padding after a member: skipped, as gzip does
+        if not rest:
+            return n, parts
+
+
+def _gunzip(data: bytes, budget: _Budget) -> bytes:
+    """Decompress a gzip stream (RFC 1952) within ``budget``: all its members, concatenated.
+
+    As Python's ``gzip`` (webdataset's ``gzfilter``) and ``gunzip`` do: members follow one
+    another (``cat a.gz b.gz``), zero bytes between or after them are skipped, any other
+    trailing bytes are an error, each member's crc32 and size are checked; empty data is
+    empty output. The output is counted while it is inflated and refused once past the
+    budget, holding at most :data:`_GZ_KEEP` bytes of it (a stream that inflates to more is
+    counted first, then inflated again). The trailer's size field is not used to refuse
+    early: it is only mod 2**32, and in a truncated or corrupt stream it is noise.
+    """
+    if not data:
+        return b""
+    n, parts = _inflate(data, budget.left, _GZ_KEEP)
+    what = "to at least" if n > budget.left else "to"
+    budget.take(n, f"gzip stream expands {what}", False)
+    if parts is None:  # more than _GZ_KEEP: counted only; inflate again, keeping it all
+        n, parts = _inflate(data, n, n)
+    return b"".join(parts or ())
+
+
+_DECOMPRESS: Mapping[str, Callable[[bytes, _Budget], bytes]] = MappingProxyType(
+    {".zst": _unzstd, ".gz": _gunzip}
+)
+COMPRESSION_SUFFIXES = tuple(_DECOMPRESS)
+"""Extension suffixes that mean compressed bytes of the inner extension: ``.zst``, ``.gz``.
+
+The one table of the reader side: decoding decompresses them (:func:`compression_layers`),
+decoded samples name the entry without them (:func:`strip_compression`), selection finds
+``EXT`` stored as ``EXT.zst`` or ``EXT.gz`` (:class:`tarindex.ToTuple`). Case-sensitive, as
+webdataset's ``.gz`` rule; layers may nest (``npy.gz.zst``); an extension that is only the
+suffix (a member ``x.gz``) is not a compressed member (it stays bytes).
+"""
+
+
+def compression_layers(ext: str) -> tuple[str, ...]:
+    """The compression suffixes ending ``ext``, outermost first.
+
+    ``"npy.gz.zst"`` -> ``(".zst", ".gz")``; ``"json"`` -> ``()``.
+    """
+    if not ext.endswith(COMPRESSION_SUFFIXES):  # the common case, one C call
+        return ()
+    out: list[str] = []
+    while True:
+        for sfx in COMPRESSION_SUFFIXES:
+            if ext.endswith(sfx) and len(ext) > len(sfx):
+                out.append(sfx)
+                ext = ext[: -len(sfx)]
+                break
+        else:
+            return tuple(out)
+
+
+def strip_compression(ext: str) -> str:
+    """``ext`` without its compression suffixes: ``"meta.json.gz"`` -> ``"meta.json"``."""
+    for sfx in compression_layers(ext):
+        ext = ext[: -len(sfx)]
+    return ext
+
+
 def _npy(data: bytes, allow_pickle: bool) -> Any:
     """``np.load`` of ``.npy`` bytes, refusing a header that declares more than the data."""
     fmt: Any = np.lib.format  # untyped in numpy's stubs
@@ -453,9 +565,7 @@ def _builtin(last: str, data: bytes, allow_pickle: bool, budget: _Budget) -> Any
 
 
 def _kind(ext: str) -> str:
-    while ext.endswith(".zst"):
-        ext = ext[:-4]
-    last = _last(ext)
+    last = _last(strip_compression(ext))
     if last in IMAGE_EXTS:
         return f"a {IMAGE_FORMATS[last]} image"
     if last in _INT_EXTS:
@@ -481,8 +591,8 @@ Handler = Callable[[str, bytes], Any]
 """A webdataset-style member decoder ``f(key, data) -> value | None``.
 
 ``key`` is a dot plus the member's extension (``".jpg"``, ``".seg.png"``; for ``EXT.zst``
-members the inner ``".EXT"``, with ``data`` already decompressed); ``None`` means "not mine,
-try the next handler".
+and ``EXT.gz`` members the inner ``".EXT"``, with ``data`` already decompressed); ``None``
+means "not mine, try the next handler".
 """
 
 DecodeSpec = Any
@@ -631,10 +741,10 @@ def _run(
     max_pixels: int,
     budget: _Budget,
 ) -> Any:
-    """Decode one member: unwrap ``.zst``, the steps in order, then the built-ins."""
-    while ext.endswith(".zst"):
-        data = _unzstd(data, budget)
-        ext = ext[:-4]
+    """Decode one member: decompress (``.zst``, ``.gz``), the steps in order, the built-ins."""
+    for sfx in compression_layers(ext):
+        data = _DECOMPRESS[sfx](data, budget)
+        ext = ext[: -len(sfx)]
     last = _last(ext)
     for step in steps:
         if step.__class__ is str:
@@ -691,14 +801,12 @@ def _decode_member(
         raise cls(f"{where}extension {ext!r}: {head}: {type(cause).__name__}: {msg}") from cause
 
 
-def _strip_zst(sample: dict[str, Any], shard: str | None, key: str | None) -> None:
-    """Rename each decoded ``EXT.zst`` entry of ``sample`` to ``EXT``, in place, in order."""
+def _strip_compressed(sample: dict[str, Any], shard: str | None, key: str | None) -> None:
+    """Rename each decoded ``EXT.zst``/``EXT.gz`` entry of ``sample`` to ``EXT``, in place."""
     items = list(sample.items())
     sample.clear()
     for k, v in items:
-        name = k
-        while name.endswith(".zst") and len(name) > 4 and not k.startswith("__"):
-            name = name[:-4]
+        name = k if k.startswith("__") else strip_compression(k)
         if name in sample:
             where = (f"{shard}: " if shard is not None else "") + (
                 f"sample {key!r}, " if key is not None else ""
@@ -739,7 +847,8 @@ def decode_value(
     """Decode one member's bytes by extension (reader side), within the bounds.
 
     Args:
-        ext: The member's extension (``"png"``, ``"seg.png"``, ``"npy.zst"`` ...).
+        ext: The member's extension (``"png"``, ``"seg.png"``, ``"npy.zst"``, ``"json.gz"``
+            ...).
         data: The member's bytes.
         image: An image spec of :data:`IMAGE_SPECS` (webdataset's: ``"rgb8"`` is a ``uint8``
             array ``(H, W, 3)``, ``"rgb"`` a ``float32`` one in ``[0, 1]``, ``"torchrgb8"`` a
@@ -750,9 +859,10 @@ def decode_value(
             Defaults to ``False``, because unpickling runs code from the file.
         max_image_pixels: Largest image decoded, in pixels (``width * height``), ``>= 1``.
             Defaults to :data:`MAX_IMAGE_PIXELS` (``2**25``), read at this call.
-        max_decompressed_bytes: Bytes the ``.zst`` frames and ``.npz`` entries of this member
-            may expand to, ``>= 0``. Defaults to :data:`ZSTD_MAX_OUTPUT` (1 GiB), read at this
-            call. (:class:`ExtDecoder` shares one such budget among a sample's members.)
+        max_decompressed_bytes: Bytes the ``.zst`` frames, ``.gz`` streams and ``.npz``
+            entries of this member may expand to, ``>= 0``. Defaults to
+            :data:`ZSTD_MAX_OUTPUT` (1 GiB), read at this call. (:class:`ExtDecoder` shares
+            one such budget among a sample's members.)
         shard: Shard path, for error messages only. Defaults to ``None`` (not named).
         key: Sample key, for error messages only. Defaults to ``None`` (not named).
         zstd_dict: The shard's zstd dictionary (:meth:`tarindex.ShardReader.zstd_dict`), for
@@ -769,7 +879,8 @@ def decode_value(
             nesting too deep for the JSON parser, ``.npy``/``.npz``, pickle); an image that is
             not in the format its extension names (:data:`IMAGE_FORMATS`) or has more than
             ``max_image_pixels`` pixels; a ``.npy`` header declaring more data than the member
-            holds; ``.zst`` or ``.npz`` output over ``max_decompressed_bytes``; a package
+            holds; a corrupt or truncated ``.gz`` stream; ``.zst``, ``.gz`` or ``.npz``
+            output over ``max_decompressed_bytes``; a package
             needed for the extension (``torch``, ``msgpack``, ``cbor2``) not installed. The
             message names ``shard``, ``key`` and ``ext``; the decoder's exception is
             ``__cause__``. Zstandard failures raise ``ZstdDecodeError``, a subclass that is
@@ -837,13 +948,14 @@ def make_decoder(decode: DecodeSpec, allow_pickle: bool = False) -> Decoder | No
 class ExtDecoder:
     """Picklable decoder: decodes every non-``__`` entry of a sample, webdataset's way.
 
-    For each member: ``.zst`` layers are decompressed, then ``decode``'s steps are tried in
-    order (an image spec decodes the image extensions of :data:`IMAGE_FORMATS`; a handler is
-    called as ``f("." + ext, data)``, ``None`` passing it on), then the built-in decoder of
-    the extension (``cls`` -> ``int``, ``json`` -> objects, ...); see :func:`make_decoder`
-    and :func:`decode_value`. Errors name the sample's ``__shard__`` and ``__key__``. The
-    sample's ``.zst`` and ``.npz`` members share one budget of ``max_decompressed_bytes``, so a
-    sample of many small compressed members cannot expand past it either.
+    For each member: ``.zst`` and ``.gz`` layers are decompressed, then ``decode``'s steps
+    are tried in order (an image spec decodes the image extensions of :data:`IMAGE_FORMATS`;
+    a handler is called as ``f("." + ext, data)``, ``None`` passing it on), then the built-in
+    decoder of the extension (``cls`` -> ``int``, ``json`` -> objects, ...); see
+    :func:`make_decoder` and :func:`decode_value`. Errors name the sample's ``__shard__`` and
+    ``__key__``. The sample's ``.zst``, ``.gz`` and ``.npz`` members share one budget of
+    ``max_decompressed_bytes``, so a sample of many small compressed members cannot expand
+    past it either.
 
     Args:
         decode: An image spec, a handler, a dict ``{extension: f(data)}``, or a list of those
@@ -851,9 +963,9 @@ class ExtDecoder:
         allow_pickle: See :func:`decode_value`. Defaults to ``False``.
         max_image_pixels: Largest image decoded, in pixels (``width * height``), ``>= 1``.
             Defaults to :data:`MAX_IMAGE_PIXELS` (``2**25``) at construction.
-        max_decompressed_bytes: Bytes all ``.zst`` frames and ``.npz`` entries of one sample
-            may expand to together, ``>= 0``. Defaults to :data:`ZSTD_MAX_OUTPUT` (1 GiB) at
-            construction.
+        max_decompressed_bytes: Bytes all ``.zst`` frames, ``.gz`` streams and ``.npz``
+            entries of one sample may expand to together, ``>= 0``. Defaults to
+            :data:`ZSTD_MAX_OUTPUT` (1 GiB) at construction.
 
     Raises:
         ValueError: An unknown image spec or list item, or a bound below its minimum. Calls
@@ -891,9 +1003,10 @@ class ExtDecoder:
     def __call__(self, sample: dict[str, Any], zstd_dict: Any = None) -> dict[str, Any]:
         """Decode ``sample`` in place and return it.
 
-        A ``EXT.zst`` member is decompressed and decoded as ``EXT``, and its entry renamed
-        ``EXT``: ``sample["json"]`` is the same object whether the shard stored ``json`` or
-        ``json.zst`` (FORMAT.md §7).
+        A ``EXT.zst`` or ``EXT.gz`` member is decompressed and decoded as ``EXT``, and its
+        entry renamed ``EXT``: ``sample["json"]`` is the same object whether the shard stored
+        ``json``, ``json.zst`` or ``json.gz`` (FORMAT.md §7; webdataset keeps the name
+        ``json.gz`` for the decoded value).
 
         Args:
             sample: A raw sample (``__key__``, ``__shard__``, extension -> bytes).
@@ -903,21 +1016,21 @@ class ExtDecoder:
 
         Raises:
             DecodeError: A member cannot be decoded within the bounds, or a handler raised
-                (see :func:`decode_value`), or a sample holds both ``EXT`` and ``EXT.zst``;
-                the message names shard, key and extension.
+                (see :func:`decode_value`), or a sample holds both ``EXT`` and ``EXT.zst``
+                (or ``EXT.gz``); the message names shard, key and extension.
         """
         budget = _Budget(self.max_decompressed_bytes, zstd_dict)
         shard, key = sample.get("__shard__"), sample.get("__key__")
         shard = None if shard is None else str(shard)
         key = None if key is None else str(key)
         steps, pickle_ok, pixels = self.steps, self.allow_pickle, self.max_image_pixels
-        zst = False
+        compressed = False
         for k, v in sample.items():
             if not k.startswith("__"):
                 sample[k] = _decode_member(k, v, steps, pickle_ok, pixels, budget, shard, key)
-                zst = zst or k.endswith(".zst")
-        if zst:
-            _strip_zst(sample, shard, key)
+                compressed = compressed or bool(compression_layers(k))
+        if compressed:
+            _strip_compressed(sample, shard, key)
         return sample
 
     def __repr__(self) -> str:

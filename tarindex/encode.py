@@ -26,14 +26,18 @@ any other                              ``str``: UTF-8; ``int``: decimal text (``
 
 A trailing ``.zst`` (``"json.zst"``) zstd-compresses the encoded bytes of the inner extension
 (:func:`zstd_compress`); :class:`tarindex.ShardWriter` does that itself, with the shard's
-trained dictionary when it has one (docs/FORMAT.md §7).
+trained dictionary when it has one (docs/FORMAT.md §7). A trailing ``.gz`` (``"json.gz"``)
+gzips them (:func:`gzip_compress`, one member, mtime 0: the same bytes every run), as
+webdataset's writer does; readers decompress both (:data:`tarindex.codecs.COMPRESSION_SUFFIXES`).
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,6 +49,7 @@ __all__ = [
     "PICKLE_EXTS",
     "SERIALIZER_EXTS",
     "encode_value",
+    "gzip_compress",
     "zstd_compress",
     "zstd_compressor",
     "image_from_array",
@@ -104,6 +109,20 @@ def zstd_compress(data: bytes, level: int = 3, zstd_dict: Any = None) -> bytes:
     """Compress ``data`` into one zstd frame (:func:`zstd_compressor`'s, for one member)."""
     out: bytes = zstd_compressor(level, zstd_dict).compress(data)
     return out
+
+
+def gzip_compress(data: bytes, level: int = 6) -> bytes:
+    """Gzip ``data`` into one member (RFC 1952) with mtime 0 and no file name: deterministic.
+
+    Args:
+        data: The bytes.
+        level: zlib level, 0-9. Defaults to ``6``, the ``gzip`` tool's (``gzip.compress``: 9).
+    """
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+_COMPRESS: dict[str, Callable[[bytes], bytes]] = {".zst": zstd_compress, ".gz": gzip_compress}
+"""Writer side of ``tarindex.codecs.COMPRESSION_SUFFIXES``: suffix -> compressor."""
 
 
 def image_from_array(ext: str, value: np.ndarray[Any, Any]) -> Any:
@@ -219,7 +238,8 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
     """Encode one sample value for extension ``ext`` (writer side); see the module table.
 
     Args:
-        ext: The member's extension (``"png"``, ``"input.pyd"``, ``"json.zst"`` ...).
+        ext: The member's extension (``"png"``, ``"input.pyd"``, ``"json.zst"``, ``"json.gz"``
+            ...).
         value: The value.
         quality: JPEG/WebP quality, 1-100. Defaults to :data:`JPEG_QUALITY` (95).
 
@@ -233,8 +253,9 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
         ModuleNotFoundError: ``pth``, ``msgpack`` or ``cbor`` without torch, msgpack or cbor2
             installed (the message names the package to install).
     """
-    if ext.endswith(".zst") and len(ext) > 4:
-        return zstd_compress(encode_value(ext[:-4], value, quality=quality))
+    for sfx, compress in _COMPRESS.items():
+        if ext.endswith(sfx) and len(ext) > len(sfx):
+            return compress(encode_value(ext[: -len(sfx)], value, quality=quality))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     last = _last(ext)

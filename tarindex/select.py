@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .codecs import COMPRESSION_SUFFIXES, strip_compression
 from .errors import MissingFieldError
 
 __all__ = ["ToTuple", "to_tuple", "make_select"]
@@ -24,7 +25,8 @@ class ToTuple:
     Args:
         *fields: One string per tuple entry, each a ``;``-separated list of alternatives
             (``"jpg;png"``: the first extension the sample has wins; ``"json"`` also matches
-            a compressed ``json.zst`` member, decoded as ``json``). A single string with
+            a compressed ``json.zst`` or ``json.gz`` member, decoded as ``json``; see
+            :data:`tarindex.codecs.COMPRESSION_SUFFIXES`). A single string with
             spaces is split into fields, as webdataset does (``"jpg;png json"``). Names
             starting with ``__`` (``"__key__"``, ``"__index__"``, ``"__shard__"``) are the
             sample's own entries, not members.
@@ -58,10 +60,12 @@ class ToTuple:
     def fields(self) -> frozenset[str]:
         """The member extensions to read: every alternative not starting with ``__``.
 
-        Each also as ``EXT.zst`` (a compressed member, FORMAT.md §7, decodes to ``EXT``).
+        Each also with every compression suffix (``EXT.zst``, ``EXT.gz``: a compressed
+        member, FORMAT.md §7, decodes to ``EXT``), unless it names one itself.
         """
         exts = [a for alt in self.alternatives for a in alt if not a.startswith("__")]
-        return frozenset(exts + [a + ".zst" for a in exts if not a.endswith(".zst")])
+        packed = [a + s for a in exts if strip_compression(a) == a for s in COMPRESSION_SUFFIXES]
+        return frozenset(exts + packed)
 
     def __call__(
         self,
@@ -89,8 +93,8 @@ class ToTuple:
         names: list[tuple[str, str] | None] = []  # (name asked, member picked)
         for alt in self.alternatives:
             for a in alt:
-                raw = a if a in sample else a + ".zst"  # EXT.zst decodes to EXT
-                if raw in sample:
+                raw = a if a in sample else _packed(sample, a)  # EXT.zst/EXT.gz decode to EXT
+                if raw is not None:
                     picked[raw] = sample[raw]
                     names.append((a, raw))
                     break
@@ -100,10 +104,9 @@ class ToTuple:
                 names.append(None)
         if decode is not None:
             picked = decode(picked)
-        # decoded: the entry is named as asked; raw (or a sample function): as stored
-        return tuple(
-            None if n is None else (picked[n[0]] if n[0] in picked else picked[n[1]]) for n in names
-        )
+        # decoded: the entry is named without compression suffixes; raw (or a sample
+        # function): as stored
+        return tuple(None if n is None else _entry(picked, *n) for n in names)
 
     def _missing(self, sample: dict[str, Any], alt: tuple[str, ...]) -> str:
         have = sorted(k for k in sample if not k.startswith("__"))
@@ -117,6 +120,22 @@ class ToTuple:
         args = ", ".join(repr(";".join(a)) for a in self.alternatives)
         extra = "" if self.missing_is_error else ", missing_is_error=False"
         return f"to_tuple({args}{extra})"
+
+
+def _packed(sample: dict[str, Any], ext: str) -> str | None:
+    """The member of ``sample`` holding ``ext`` compressed (``EXT.zst``, ``EXT.gz``), or None."""
+    for s in COMPRESSION_SUFFIXES:
+        if ext + s in sample:
+            return ext + s
+    return None
+
+
+def _entry(picked: dict[str, Any], asked: str, raw: str) -> Any:
+    """The value of the picked member ``raw`` (asked for as ``asked``) after decoding."""
+    for name in (asked, strip_compression(raw)):
+        if name in picked:
+            return picked[name]
+    return picked[raw]
 
 
 def to_tuple(*fields: str, missing_is_error: bool = True) -> ToTuple:

@@ -9,7 +9,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs import Decoder, DecodeSpec, ExtDecoder, make_decoder
+from ..codecs import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
 from ..reader import Sample, ShardSet
 from ..remote import RemoteOptions
 from ..select import ToTuple, make_select
@@ -24,12 +24,13 @@ def decode_sample(shards: ShardSet, decoder: Decoder, sample: Sample) -> Any:
 
     tarindex's own decoder (:class:`~tarindex.codecs.ExtDecoder`, what ``decode=`` makes)
     also gets the zstd dictionary of the sample's shard (:meth:`ShardReader.zstd_dict`,
-    FORMAT.md §7) when the sample has ``.zst`` members; a sample function gets the sample
-    only (raw ``EXT.zst`` bytes stay as stored).
+    FORMAT.md §7) when a member has a ``.zst`` layer (``json.zst``, ``npy.zst.gz``; ``.gz``
+    needs no dictionary); a sample function gets the sample only (raw ``EXT.zst`` and
+    ``EXT.gz`` bytes stay as stored).
     """
     if isinstance(decoder, ExtDecoder):
         for k in sample:
-            if k.endswith(".zst"):
+            if ".zst" in k and ".zst" in compression_layers(k):
                 s, _ = shards.locate(sample["__index__"])
                 return decoder(sample, shards.reader(s).zstd_dict())
     return decoder(sample)
