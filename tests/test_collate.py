@@ -144,7 +144,7 @@ import os, sys, torch, tarindex
 from tarindex.torch.collate import collate_batched
 
 def say_pid(_):
-    print("pid", os.getpid(), flush=True)
+    os.write(1, f"pid {os.getpid()}\\n".encode())  # one write: workers' lines never interleave
 
 if __name__ == "__main__":
     say_pid(0)
