@@ -215,7 +215,8 @@ def _encode_npz(ext: str, value: Any) -> bytes:
         if a.dtype.hasobject:
             raise TypeError(f"extension {ext!r}: entry {k!r} is an object array (needs pickle)")
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    savez: Any = np.savez_compressed  # numpy's stubs type **kwds against allow_pickle: bool
+    savez(buf, **arrays)
     return buf.getvalue()
 
 
