@@ -8,6 +8,7 @@ Rank and world size are resolved in the parent process, never inside DataLoader 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch.utils.data
 
@@ -141,3 +142,30 @@ class RankEpoch:
     def resume(self, epoch: int) -> None:
         """Continue ``epoch`` now (a loaded state); the next :meth:`next_epoch` is ``epoch + 1``."""
         self.epoch, self.since_set = int(epoch), 1
+
+    def begin_iter(self, loaded: dict[str, Any] | None) -> tuple[int, int, int, int]:
+        """``(worker, num_workers, epoch, start)`` of a new ``__iter__`` in this process.
+
+        Resolves the rank first (the parent may resolve now; fork workers inherit an
+        initialised group, spawned ones were resolved when pickled; anything else raises).
+        ``loaded`` is a state from ``load_state_dict`` (its ``epoch`` is resumed from its
+        ``consumed`` samples), or ``None`` for the next epoch from position 0.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved.
+            ValueError: If ``loaded`` came from another worker layout.
+        """
+        info = torch.utils.data.get_worker_info()
+        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        self.get()
+        if loaded is None:
+            return worker, nw, self.next_epoch(), 0
+        if (loaded["worker"], loaded["num_workers"]) != (worker, nw):
+            raise ValueError(
+                f"state saved by worker {loaded['worker']} of {loaded['num_workers']} loaded "
+                f"into worker {worker} of {nw}: restore it with the same num_workers (with "
+                f"workers, through torchdata's StatefulDataLoader)"
+            )
+        epoch = int(loaded["epoch"])
+        self.resume(epoch)
+        return worker, nw, epoch, int(loaded["consumed"])

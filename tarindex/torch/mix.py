@@ -315,22 +315,8 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
             RuntimeError: If the rank cannot be resolved.
             ValueError: If a loaded state came from a different worker layout.
         """
-        info = torch.utils.data.get_worker_info()
-        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._rank()
-        start = 0
-        if self._loaded is not None:
-            st, self._loaded = self._loaded, None
-            if (st["worker"], st["num_workers"]) != (worker, nw):
-                raise ValueError(
-                    f"state saved by worker {st['worker']} of {st['num_workers']} loaded into "
-                    f"worker {worker} of {nw}: restore it with the same num_workers (with "
-                    "workers, through torchdata's StatefulDataLoader)"
-                )
-            epoch, start = int(st["epoch"]), int(st["consumed"])
-            self._re.resume(epoch)
-        else:
-            epoch = self._re.next_epoch()
+        worker, nw, epoch, start = self._re.begin_iter(self._loaded)
+        self._loaded = None  # a loaded state is consumed by one __iter__
         a, b = self.span(worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
         self._consumed = min(start, b - a)
