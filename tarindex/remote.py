@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 import time
 import urllib.parse
@@ -42,6 +41,7 @@ from numpy.typing import NDArray
 
 from .cache import DirCache
 from .errors import IndexMissingError, RangeNotSupportedError, RemoteError, TruncatedError
+from .format.url import is_url, url_scheme
 
 __all__ = [
     "RemoteOptions",
@@ -56,29 +56,20 @@ __all__ = [
     "stats",
 ]
 
-_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
-
 COALESCE_GAP = 2048
 """Largest gap in bytes between two ranges that one request spans (tar headers, padding)."""
 
 
-def is_url(path: str) -> bool:
-    """True if ``path`` is a remote URL (``scheme://...``, any scheme but ``file``)."""
-    m = _URL.match(path)
-    return m is not None and m.group(1).lower() != "file"
-
-
 def local_path(path: str) -> str:
     """``file:///x/y`` -> ``/x/y`` (percent-decoded); any other string unchanged."""
-    if path[:7].lower() == "file://":
+    if url_scheme(path) == "file":
         return urllib.parse.unquote(urllib.parse.urlsplit(path).path)
     return path
 
 
 def protocol_of(url: str) -> str:
     """The URL's scheme, lower case (``"https"``, ``"s3"``)."""
-    m = _URL.match(url)
-    return m.group(1).lower() if m else "file"
+    return url_scheme(url) or "file"
 
 
 @dataclass(frozen=True)
@@ -541,7 +532,7 @@ def expand_remote(pattern: str, opts: RemoteOptions = DEFAULT) -> list[str]:
     else:
         found = [p for p in fs.ls(_fs_path(fs, pattern), detail=False) if p.endswith(".tar")]
     urls = sorted(
-        (p if _URL.match(p) else f"{proto}://{p.lstrip('/')}")
+        (p if url_scheme(p) else f"{proto}://{p.lstrip('/')}")
         for p in found
         if not p.endswith((INDEX_SUFFIX, ".tmp"))
     )

@@ -14,6 +14,7 @@ import tarindex
 from tarindex.cli import main
 from tarindex.errors import FormatError, StaleManifestError
 from tarindex.format.manifest import decode_manifest, relative_path, resolve_path
+from tarindex.format.url import is_url, url_scheme
 from tarindex.manifest import check_manifest, write_manifest
 
 
@@ -102,6 +103,11 @@ def test_paths_and_urls() -> None:
     assert relative_path("s3://b/d/data.json", "s3://other/x.tar") == "s3://other/x.tar"
     assert relative_path("/d/data.json", "https://h/x.tar") == "https://h/x.tar"
     assert relative_path("/d/data.json", "/d/a/x.tar") == "a/x.tar"
+    # file:// is a scheme for the path arithmetic (not collapsed to "file:/d"), yet local
+    assert resolve_path("file:///d/data.json", "sub/../x.tar") == "file:///d/x.tar"
+    assert url_scheme("S3://b/x.tar") == "s3" and url_scheme("file:///d") == "file"
+    assert url_scheme("d/x.tar") is None and url_scheme("1s://x") is None
+    assert is_url("hf://d/x.tar") and not is_url("file:///d/x.tar") and not is_url("/a://b")
 
 
 def test_a_changed_or_missing_shard_is_reported_by_name(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
+from .url import url_scheme
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -54,7 +55,6 @@ COLUMNS = (
 """The per-shard columns (FORMAT.md §9), each a JSON array of ``n_shards`` entries."""
 
 _INT_COLUMNS = ("samples", "members", "tar_bytes", "index_bytes", "head_crc", "tail_crc")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HEX32 = re.compile(r"^(?:[0-9a-f]{32})?$")
 _HEX = re.compile(r"[0-9a-f]*")
 
@@ -220,13 +220,8 @@ def decode_manifest(buf: bytes | memoryview, where: str = "<manifest>") -> Manif
     )
 
 
-def _is_url(path: str) -> bool:
-    """True if ``path`` starts with a URL scheme (``s3://``, ``https://``, ...)."""
-    return bool(_URL.match(path))
-
-
 def _dirname(location: str) -> str:
-    if _is_url(location):
+    if url_scheme(location):
         scheme, rest = location.split("://", 1)
         return f"{scheme}://{posixpath.dirname(rest)}"
     return posixpath.dirname(location) if "/" in location else ""
@@ -239,12 +234,12 @@ def resolve_path(manifest: str, entry: str) -> str:
     of ``manifest`` (a local path or a URL: ``s3://b/d/data.json`` + ``x.tar`` gives
     ``s3://b/d/x.tar``).
     """
-    if _is_url(entry) or entry.startswith("/"):
+    if url_scheme(entry) or entry.startswith("/"):
         return entry
     base = _dirname(manifest)
     if not base:
         return entry
-    if _is_url(base):
+    if url_scheme(base):
         scheme, rest = base.split("://", 1)
         return f"{scheme}://{posixpath.normpath(posixpath.join(rest, entry))}"
     return posixpath.normpath(posixpath.join(base, entry))
@@ -274,9 +269,9 @@ def relative_path(manifest: str, path: str) -> str:
     both are URLs under the same directory; otherwise ``path`` unchanged (an absolute local
     path needs ``manifest`` absolute too: both are made absolute by the caller).
     """
-    if _is_url(path) or _is_url(manifest):
+    if url_scheme(path) or url_scheme(manifest):
         base = _dirname(manifest) + "/"
-        if _is_url(path) and _is_url(manifest) and path.startswith(base):
+        if url_scheme(path) and url_scheme(manifest) and path.startswith(base):
             return path[len(base) :]
         return path
     base = _dirname(manifest) or "."
