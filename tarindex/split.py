@@ -17,7 +17,6 @@ over the subset's samples).
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -177,27 +176,20 @@ class ShardSubset(ShardSet):
         if idx.size and (int(idx[0]) < 0 or int(idx[-1]) >= n):
             bad = int(idx[0]) if int(idx[0]) < 0 else int(idx[-1])
             raise SampleIndexError(f"subset index {bad} out of range for {n} samples")
+        # Everything a ShardSet has (configuration, listing, reader bookkeeping, and whatever
+        # ShardSet.__init__ sets later), as a pickled copy of the base would have it; then the
+        # view's own numbering. The copy's reader cache stays empty: reads go to the base's.
+        self.__setstate__(base.__getstate__())
         self.base: ShardSet = base
         self.indices: NDArray[np.int64] = idx
         sid = np.searchsorted(base.starts, idx, side="right") - 1
         self.local = idx - base.starts[sid]
-        self.paths = base.paths
         self.counts = np.bincount(sid, minlength=base.n_shards).astype(np.int64)
         self.starts = np.zeros(len(self.counts) + 1, np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
         self._starts_list = self.starts.tolist()
-        self.max_open = base.max_open
-        self.use_mmap = base.use_mmap
-        self.check_crc = base.check_crc
-        self.verify_data = base.verify_data
-        self._listing = None
-        self.remote = base.remote
-        self.remote_options = base.remote_options
-        self.index_dir = base.index_dir
-        self.index_paths = base.index_paths
-        self._readers: OrderedDict[int, ShardReader] = OrderedDict()  # unused: the base's
-        self._gen = -1  # the base keeps the readers and their fork generation
-        self._bound = 0
+        self._per = 0  # no equal-count shortcut in the view's numbering
+        self._last = len(self.counts) - 1
 
     @property
     def open_bound(self) -> int:
@@ -332,6 +324,10 @@ class ShardSubset(ShardSet):
             f"key {key!r} is in {len(hits)} samples of the subset: {places}; keys are unique "
             f"only within a shard: use indices_of(key) for every one"
         )
+
+    def drop_prefetched(self) -> None:
+        """Drop what the base's open remote shards fetched ahead and did not read yet."""
+        self.base.drop_prefetched()
 
     def close(self) -> None:
         """Close the base's readers."""

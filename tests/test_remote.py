@@ -126,6 +126,19 @@ def test_batched_fetch_and_block_read(served: tuple[RangeServer, list[str]]) -> 
         assert smp["bin"] == local.get(smp["__index__"])["bin"]
 
 
+def test_subset_drops_what_the_base_fetched_ahead(served: tuple[RangeServer, list[str]]) -> None:
+    srv, _ = served
+    _fresh()
+    sub = tarindex.ShardSubset(tarindex.ShardSet(f"{srv.url}/{PAT}"), list(range(30, 50)))
+    for drop, fetched in ((False, 0), (True, 1)):
+        sub.prefetch(range(20), wait=True)  # into the base's readers' read-ahead stores
+        if drop:
+            sub.drop_prefetched()  # what a streaming iterator's close() calls
+        srv.reset()
+        sub.gather(range(20))
+        assert (srv.bytes_for(".tar") > 0) == fetched  # read again only once dropped
+
+
 def test_streaming_reads_each_shard_once(served: tuple[RangeServer, list[str]]) -> None:
     pytest.importorskip("torch")
     srv, paths = served

@@ -97,6 +97,9 @@ def test_subset_view_map_style(tmp_path: Path) -> None:
     ss = tarindex.ShardSet(paths)
     parts = split_by_key(ss, FRACTIONS, seed=0)
     val = ShardSubset(ss, parts["val"])
+    # a proper ShardSet: every attribute the base has (whatever ShardSet.__init__ sets)
+    assert set(vars(ss)) - set(vars(val)) == set()
+    assert val.paths == ss.paths and val.max_open == ss.max_open
     assert len(val) == len(parts["val"]) and int(val.counts.sum()) == len(val)
     for i in (0, 7, -1):
         smp = val.get(i)
