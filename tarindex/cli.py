@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import warnings
 from collections import Counter
@@ -431,16 +432,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _resolve(ss: ShardSet, which: str, by: str) -> tuple[int, int]:
-    """Map a key or a global index to ``(shard, j)``; see the ``cat`` help for the rule."""
+def _resolve(ss: ShardSet, args: argparse.Namespace) -> tuple[int, int]:
+    """Map a key or a global index to ``(shard, j)``; see the ``cat`` help for the rule.
+
+    Raises:
+        NotFoundError: No such key (or index), or a key held by several shards (naming each
+            and the commands that pick one).
+    """
+    which, by = args.sample, args.by
     if by in ("auto", "key"):
-        try:
-            return ss.locate(ss.index_of(which))  # the one key lookup (key tables)
-        except KeyError:
-            if by == "key":
-                raise NotFoundError(
-                    f"no sample with key {which!r} in {ss.n_shards} shard(s)"
-                ) from None
+        hits = ss.indices_of(which)  # the one key lookup (key tables)
+        if len(hits) == 1:
+            return ss.locate(hits[0])
+        if len(hits) > 1:
+            raise NotFoundError(_ambiguous(ss, args, hits))
+        if by == "key":
+            raise NotFoundError(f"no sample with key {which!r} in {ss.n_shards} shard(s)")
     try:
         i = int(which)
     except ValueError:
@@ -450,13 +457,30 @@ def _resolve(ss: ShardSet, which: str, by: str) -> tuple[int, int]:
     return ss.locate(i)
 
 
+def _ambiguous(ss: ShardSet, args: argparse.Namespace, hits: list[int]) -> str:
+    """The error for a key held by samples of several shards: each place, and how to pick one."""
+    places = []
+    for i in hits[:5]:
+        s, j = ss.locate(i)
+        places.append(f"{i} ({ss.paths[s]}, sample {j})")
+    more = ", ..." if len(hits) > 5 else ""
+    opts = f" --index-dir {shlex.quote(args.index_dir)}" if args.index_dir else ""
+    by_index = shlex.join(["tarindex", "cat", "--index", args.source, str(hits[0]), args.ext])
+    by_shard = shlex.join(["tarindex", "cat", ss.paths[ss.locate(hits[0])[0]], args.sample, args.ext])
+    return (
+        f"key {args.sample!r} is in {len(hits)} samples: {', '.join(places)}{more}; keys are "
+        f"unique only within a shard: pick one by its global index ({by_index}{opts}) or pass "
+        f"its shard as SOURCE ({by_shard}{opts})"
+    )
+
+
 def cmd_cat(args: argparse.Namespace) -> int:
     """``tarindex cat``: write one member's bytes, unchanged, to stdout."""
     paths = _expand([args.source])
     # a manifest: no header reads
     ss = ShardSet(args.source if is_manifest(args.source) else paths, index_dir=args.index_dir)
     try:
-        s, j = _resolve(ss, args.sample, args.by)
+        s, j = _resolve(ss, args)
         r = ss.reader(s)
         smp = r.sample(j, (args.ext,))
         if args.ext not in smp:
@@ -583,7 +607,8 @@ _CAT_HELP = """\
 KEY_OR_INDEX is looked up as a sample key first (e.g. 00000042 or cat/0001); if no sample
 has that key and it is an integer, it is the global sample index (negative counts from the
 end). --key or --index forces one reading. A key held by samples of several shards is an
-error naming each (keys are unique only within a shard): pass one shard as SOURCE."""
+error naming each (keys are unique only within a shard): pass that shard as SOURCE, or the
+sample's global index with --index; the error prints both commands."""
 
 _PACK_HELP = """\
 layouts:
@@ -820,6 +845,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--seed", type=int, default=0, help="seed of everything (default: 0)")
     s.set_defaults(func=cmd_demo)
+    for s in sub.choices.values():
+        s.set_defaults(subparser=s)  # main() reports a stray option with this usage line
     return p
 
 
@@ -835,7 +862,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the subcommand's parser: its usage line, not the top level's
+            sub: argparse.ArgumentParser = getattr(args, "subparser", parser)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version (0) or a usage error (2, already printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if args.command is None:

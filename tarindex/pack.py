@@ -47,7 +47,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -436,6 +436,26 @@ def _failed(e: OSError, path: str, doing: str, n_done: int) -> OSError:
     )
 
 
+def _classes_path(first_shard: str) -> str:
+    """Where ``classes.json`` goes: beside the first shard, named as it is (relative stays so)."""
+    return os.path.join(os.path.dirname(first_shard), "classes.json")
+
+
+def _write_classes(path: str, classes: list[str]) -> None:
+    """Write the class names as a JSON list (id = position), atomically."""
+    write_atomic(path, (json.dumps(classes, ensure_ascii=False, indent=1) + "\n").encode())
+
+
+def _remove_shards(tars: Sequence[str]) -> None:
+    """Delete shards this run wrote, with their indexes (after a failure)."""
+    for tar in tars:
+        for path in (tar, index_path_for(tar)):
+            try:
+                os.remove(path)
+            except OSError:  # already gone, or cannot: keep the error that stopped the pack
+                pass
+
+
 def write_pack(
     plan: PackPlan,
     out_pattern: str,
@@ -523,11 +543,9 @@ def write_pack(
         except OSError as e:
             raise _failed(e, shard(), "writing this shard", len(sink.paths)) from None
         if plan.classes is not None:
-            first = os.path.dirname(os.path.abspath(sink.paths[0]))
-            classes_json = os.path.join(first, "classes.json")
-            text = json.dumps(plan.classes, ensure_ascii=False, indent=1) + "\n"
+            classes_json = _classes_path(sink.paths[0])
             try:
-                write_atomic(classes_json, text.encode())
+                _write_classes(classes_json, plan.classes)
             except OSError as e:
                 raise _failed(e, classes_json, "writing this file", len(sink.paths)) from None
     except BaseException:
@@ -595,12 +613,7 @@ def _write_pack_jobs(
             on_progress=progress,
         )
     except ParallelWriteError as e:
-        for tar in e.result.paths:
-            for path in (tar, index_path_for(tar)):
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
+        _remove_shards(e.result.paths)
         raise ParallelWriteError(
             f"{e}; removed the {len(e.result.paths)} shard(s) this run had finished: nothing "
             f"of this pack was kept",
@@ -608,9 +621,12 @@ def _write_pack_jobs(
         ) from None
     classes_json = None
     if plan.classes is not None:
-        classes_json = os.path.join(os.path.dirname(os.path.abspath(res.paths[0])), "classes.json")
-        text = json.dumps(plan.classes, ensure_ascii=False, indent=1) + "\n"
-        write_atomic(classes_json, text.encode())
+        classes_json = _classes_path(res.paths[0])
+        try:
+            _write_classes(classes_json, plan.classes)
+        except OSError as e:
+            _remove_shards(res.paths)
+            raise _failed(e, classes_json, "writing this file", len(res.paths)) from None
     n_files = sum(len(files) for _, files, _ in plan.samples)
     return PackResult(res.paths, n_files, classes_json, removed)
 
@@ -625,9 +641,4 @@ def _discard(sink: ShardWriter, ours: set[str]) -> None:
         sink.abort()  # the shard in progress: its temp file
     except OSError:  # a close that fails again (disk still full): the file is unlinked anyway
         pass
-    for tar in sorted(ours | set(sink.paths)):
-        for path in (tar, index_path_for(tar)):
-            try:
-                os.remove(path)
-            except OSError:  # already gone, or cannot: keep the error that stopped the pack
-                pass
+    _remove_shards(sorted(ours | set(sink.paths)))

@@ -1744,7 +1744,7 @@ class ShardSet:
         except FileNotFoundError as e:
             if not listed:
                 raise
-            raise self._unlisted(s, f"is missing ({type(e).__name__}: {e})") from e
+            raise self._unlisted(s, str(e.strerror or e), missing=True) from e
         if listed:
             self._check_listed(s, r)
         if r.n_samples != self._starts_list[s + 1] - self._starts_list[s]:
@@ -1757,12 +1757,19 @@ class ShardSet:
         self._readers[s] = r
         return r
 
-    def _unlisted(self, s: int, what: str) -> StaleManifestError:
+    def _unlisted(self, s: int, what: str, missing: bool = False) -> StaleManifestError:
         assert self._listing is not None
         m = self._listing.origin[s]
+        if missing:  # the manifest cannot be made again from itself: name the shards
+            return StaleManifestError(
+                f"{self.paths[s]}: shard {s} of manifest {m} is missing ({what}); restore it, "
+                f"or make the manifest again from the shards there are: tarindex manifest "
+                f"SHARDS... -o {m}"
+            )
         return StaleManifestError(
-            f"{self.paths[s]}: shard {s} of manifest {m} {what} since the manifest was made; "
-            f"restore the shard, or make the manifest again: tarindex manifest SHARDS... -o {m}"
+            f"{self.paths[s]}: shard {s} of manifest {m} changed since the manifest was made "
+            f"({what}); if the new shard is the one you want, rebuild the manifest over the same "
+            f"shards: tarindex manifest {m} -o {m}; otherwise restore the shard"
         )
 
     def _check_listed(self, s: int, r: ShardReader) -> None:
@@ -1779,7 +1786,9 @@ class ShardSet:
         ):
             if want != got and (name != "shard id" or (want and got)):  # `index` records none
                 r.close()
-                raise self._unlisted(s, f"changed: {name} {got!r}, the manifest says {want!r}")
+                if "crc32" in name:
+                    got, want = f"0x{got:08x}", f"0x{want:08x}"
+                raise self._unlisted(s, f"{name} now {got}, the manifest says {want}")
 
     _keyidx: KeyTable | None = None
 

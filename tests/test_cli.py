@@ -530,3 +530,84 @@ def test_index_reports_interleaved_samples(tmp_path: Path, capsys: Cap) -> None:
     assert "tarindex index: warning:" in err and "not adjacent" in err
     code, out, _ = run(["ls", str(p)], capsys)
     assert out.splitlines() == ["0\ta\tpng,cls", "1\tb\tpng,cls"]
+
+
+# -- a fresh user's findings, through the real command ----------------------------------------
+def _tarindex(*args: str, cwd: Path) -> tuple[int, str, str]:
+    r = _python("-m", "tarindex", *args, cwd=cwd)
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+def test_a_bad_option_shows_the_subcommands_usage(tmp_path: Path) -> None:
+    for argv in (["ls", "--bogus", "x.tar"], ["ls", "x.tar", "--bogus"]):
+        code, out, err = _tarindex(*argv, cwd=tmp_path)
+        assert code == 2 and out == "", err
+        assert err.startswith("usage: tarindex ls [-h]") and "--members" not in err, err
+        assert err.splitlines()[-1] == "tarindex ls: error: unrecognized arguments: --bogus"
+    code, _, err = _tarindex("--bogus", cwd=tmp_path)  # no subcommand: the top-level usage
+    assert code == 2 and err.startswith("usage: tarindex [-h] [--version] COMMAND")
+
+
+def test_an_ambiguous_key_names_the_commands_that_pick_one(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        with tarindex.ShardWriter(str(tmp_path / f"{name}-%02d.tar"), maxcount=3) as w:
+            for i in range(4):
+                w.write({"__key__": f"k{i}", "txt": f"{name}{i}"})
+    code, out, err = _tarindex("cat", "*.tar", "k3", "txt", cwd=tmp_path)
+    assert code == 1 and out == ""
+    one_clear_line(err)
+    assert "3 (a-01.tar, sample 0), 7 (b-01.tar, sample 0)" in err, err
+    assert "indices_of" not in err  # a CLI user gets CLI commands, not a Python call
+    by_index = "tarindex cat --index '*.tar' 3 txt"
+    by_shard = "tarindex cat a-01.tar k3 txt"
+    assert by_index in err and by_shard in err, err
+    for cmd in (by_index, by_shard):  # both run as printed
+        code, out, err = _tarindex(*cmd.replace("'", "").split()[1:], cwd=tmp_path)
+        assert (code, out) == (0, "a3"), err
+
+
+def test_pack_prints_classes_json_as_the_shards_are_named(tmp_path: Path) -> None:
+    for rel in ("src/cat/1.png", "src/dog/2.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(_png(1))
+    for jobs in ("1", "2"):
+        out_pattern = f"out{jobs}/p-%02d.tar"
+        argv = ("pack", "src", out_pattern, "--maxcount", "1", "--jobs", jobs, "-q")
+        code, out, err = _tarindex(*argv, cwd=tmp_path)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[1:3] == [f"  out{jobs}/p-00.tar", f"  out{jobs}/p-01.tar"], out
+        assert lines[3].endswith(f": out{jobs}/classes.json"), out
+        # classes.json cannot be written: nothing of the pack is kept (with --jobs too)
+        bad = tmp_path / f"bad{jobs}"
+        (bad / "classes.json").mkdir(parents=True)
+        code, out, err = _tarindex(
+            "pack", "src", f"bad{jobs}/p-%02d.tar", "--jobs", jobs, "-q", cwd=tmp_path
+        )
+        assert code == 1, (out, err)
+        assert f"bad{jobs}/classes.json" in err and "nothing of this pack was kept" in err, err
+        assert sorted(os.listdir(bad)) == ["classes.json"]
+
+
+def test_a_changed_shard_of_a_manifest_says_how_to_rebuild_it(tmp_path: Path) -> None:
+    def write(text: str) -> None:
+        with tarindex.ShardWriter(str(tmp_path / "d-%02d.tar"), maxcount=2) as w:
+            for i in range(3):
+                w.write({"__key__": f"k{i}", "txt": f"{text}{i}"})
+
+    write("old")
+    assert _tarindex("manifest", "d-*.tar", "-o", "m.json", cwd=tmp_path)[0] == 0
+    write("new")
+    code, out, err = _tarindex("cat", "m.json", "k0", "txt", cwd=tmp_path)
+    assert code == 1 and out == ""
+    one_clear_line(err)
+    assert "d-00.tar: shard 0 of manifest m.json changed since the manifest was made" in err
+    assert "(head crc32 now 0x" in err, err
+    fix = "tarindex manifest m.json -o m.json"
+    assert fix in err, err
+    assert _tarindex(*fix.split()[1:], cwd=tmp_path)[0] == 0  # the fix, as printed
+    assert _tarindex("cat", "m.json", "k0", "txt", cwd=tmp_path)[1] == "new0"
+    os.unlink(tmp_path / "d-01.tar")
+    code, out, err = _tarindex("manifest", "--check", "m.json", cwd=tmp_path)
+    assert code == 1 and "d-01.tar: shard 1 of manifest m.json is missing" in err, err
+    assert "tarindex manifest SHARDS... -o m.json" in err
