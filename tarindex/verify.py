@@ -58,14 +58,23 @@ class VerifyReport:
     their names were confirmed through the fresh header walk."""
     data_checked: bool = False
     """Whether every member's bytes were checked against the recorded crc32s."""
+    require_end: bool = True
+    """False if the shard was indexed with ``require_end=False`` (``--no-require-end``): a
+    copy of it cut at a member boundary would verify too (docs/TAR_DIALECTS.md)."""
     ok: bool = True
     """Always True: a failed check raises."""
 
     def __str__(self) -> str:
         data = ", data crc32" if self.data_checked else ""
+        end = (
+            ""
+            if self.require_end
+            else "; indexed with --no-require-end, so a copy cut at a member boundary would "
+            "match too"
+        )
         return (
             f"{self.n_samples} samples, {self.n_members} members{data}: index crc32, fingerprint, "
-            f"{self.n_members} member headers and a fresh scan all match"
+            f"{self.n_members} member headers and a fresh scan all match{end}"
         )
 
 
@@ -112,8 +121,12 @@ def verify(
         ipath = r.index_path
         long_names = _check_headers(tar, ipath, stored)
         # the walk also takes the fingerprint; a tar indexed with --no-require-end is
-        # rescanned the same way (its index's metadata says so)
-        members = scan_members(tar, require_end=bool(stored.meta.get("require_end", True)))
+        # rescanned the same way (its index's metadata says so); what the walk warns of (no
+        # end marker, members skipped) was reported by `index`, and the report says the first
+        require_end = bool(stored.meta.get("require_end", True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            members = scan_members(tar, require_end=require_end)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # interleaving/duplicates were reported by `index`
             fresh = index_tables_for(members)
@@ -136,7 +149,13 @@ def verify(
             _check_data(r)
             r.zstd_dict()  # its bytes against the recorded crc32 (ChecksumError)
         return VerifyReport(
-            tar, ipath, stored.n_samples, stored.n_members, long_names, data_checked=data
+            tar,
+            ipath,
+            stored.n_samples,
+            stored.n_members,
+            long_names,
+            data_checked=data,
+            require_end=require_end,
         )
 
 
