@@ -8,13 +8,13 @@ and return the tuple; see docs/DECODING.md, "Selection".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from .codecs import COMPRESSION_SUFFIXES, strip_compression
 from .errors import MissingFieldError
 
-__all__ = ["ToTuple", "to_tuple", "make_select"]
+__all__ = ["ToTuple", "to_tuple", "make_select", "select_fields"]
 
 _META = ("__key__", "__shard__", "__index__")
 
@@ -166,3 +166,22 @@ def make_select(select: ToTuple | str | Iterable[str] | None) -> ToTuple | None:
         f"select={select!r}: expected tarindex.to_tuple(...), a field string like 'jpg;png' "
         f"or a sequence of them"
     )
+
+
+def select_fields(
+    select: ToTuple | str | Iterable[str] | None, fields: Collection[str] | None
+) -> tuple[ToTuple | None, Collection[str] | None]:
+    """The datasets' ``select=`` with their ``fields=``: the selection and the members to read.
+
+    A selection reads the fields it names (:attr:`ToTuple.fields`), so it takes the place of
+    ``fields=``; without one, ``fields`` as given.
+
+    Raises:
+        ValueError: Both ``select`` and ``fields`` given, or as :func:`make_select`.
+    """
+    sel = make_select(select)
+    if sel is None:
+        return None, fields
+    if fields is not None:
+        raise ValueError(f"select={sel!r} reads the fields it names: drop fields={fields!r}")
+    return sel, sel.fields

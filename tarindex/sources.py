@@ -177,6 +177,19 @@ class ShardList:
         return bool((self.samples >= 0).any())
 
 
+def _items(source: Source) -> list[str]:
+    """``source`` as a list of path strings: one path, or each of a sequence.
+
+    Raises:
+        TypeError: If ``source`` is ``bytes`` (iterating would give ints).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return [os.fspath(source)]
+    if isinstance(source, (bytes, bytearray)):
+        raise TypeError(f"source {source!r}: pass a str path (os.fsdecode it), not bytes")
+    return [os.fspath(s) for s in source]
+
+
 def expand_shards(source: Source, remote: RemoteOptions | None = None) -> ShardList:
     """Return the shards of ``source`` with what their manifests recorded, in a stable order.
 
@@ -189,12 +202,7 @@ def expand_shards(source: Source, remote: RemoteOptions | None = None) -> ShardL
         FormatError: If a manifest is not valid.
         ValueError, TypeError: As :func:`expand_source`.
     """
-    if isinstance(source, (str, os.PathLike)):
-        items = [os.fspath(source)]
-    elif isinstance(source, (bytes, bytearray)):  # iterating would give ints
-        raise TypeError(f"source {source!r}: pass a str path (os.fsdecode it), not bytes")
-    else:
-        items = [os.fspath(s) for s in source]
+    items = _items(source)
     paths: list[str] = []
     cols: list[list[NDArray[np.int64]]] = [[] for _ in range(5)]
     sids: list[str] = []
@@ -253,12 +261,7 @@ def expand_source(source: Source, remote: RemoteOptions | None = None) -> list[s
         FormatError: If a manifest is not valid.
         TypeError: If ``source`` is ``bytes`` (pass a ``str`` path).
     """
-    if isinstance(source, (str, os.PathLike)):
-        items = [os.fspath(source)]
-    elif isinstance(source, (bytes, bytearray)):  # iterating would give ints
-        raise TypeError(f"source {source!r}: pass a str path (os.fsdecode it), not bytes")
-    else:
-        items = [os.fspath(s) for s in source]
+    items = _items(source)
     out: list[str] = []
     for item in items:
         if is_manifest(item):

@@ -228,3 +228,14 @@ def test_every_rank_sees_the_same_shards_from_a_manifest(tmp_path: Path) -> None
     it = tarindex.TarIterableDataset(m, rank=1, world_size=3, drop_last=True, seed=3)
     assert [s["__key__"] for s in it] == [s["__key__"] for s in ref]  # the same plan
     assert np.array_equal(tarindex.ShardSet(m).counts, ref.shards.counts)
+
+
+def test_a_bytes_source_is_refused_by_both_expanders(tmp_path: Path) -> None:
+    from tarindex.sources import expand_shards, expand_source
+
+    paths = write(tmp_path / "ds", 10, 5)
+    raw = os.fsencode(paths[0])
+    for expand in (expand_source, expand_shards):
+        with pytest.raises(TypeError, match="pass a str path"):
+            expand(raw)  # type: ignore[arg-type]
+    assert expand_source(Path(paths[0])) == expand_shards([paths[0]]).paths == [paths[0]]

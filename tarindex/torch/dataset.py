@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from ..codecs import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
 from ..reader import Sample, ShardSet
 from ..remote import RemoteOptions
-from ..select import ToTuple, make_select
+from ..select import ToTuple, select_fields
 from ..sources import Source
 from ..split import ShardSubset
 
@@ -143,13 +143,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         )
         if subset is not None:  # a view: ds[i] is sample subset[i] of the source
             self.shards = ShardSubset(self.shards, subset)
-        self.select = make_select(select)
-        if self.select is not None:
-            if fields is not None:
-                raise ValueError(
-                    f"select={self.select!r} reads the fields it names: drop fields={fields!r}"
-                )
-            fields = self.select.fields
+        self.select, fields = select_fields(select, fields)
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform

@@ -22,7 +22,7 @@ from .. import shuffle as plan_mod
 from ..codecs import DecodeSpec, make_decoder
 from ..reader import Block, Sample, ShardSet
 from ..remote import RemoteOptions
-from ..select import ToTuple, make_select
+from ..select import ToTuple, select_fields
 from ..sources import Source
 from ..split import ShardSubset
 from ._dist import RankEpoch
@@ -231,13 +231,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         self.buffer_size = max(int(buffer_size), 0)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
-        self.select = make_select(select)
-        if self.select is not None:
-            if fields is not None:
-                raise ValueError(
-                    f"select={self.select!r} reads the fields it names: drop fields={fields!r}"
-                )
-            fields = self.select.fields
+        self.select, fields = select_fields(select, fields)
         if batched:
             if self.decoder is not None or transform is not None or self.select is not None:
                 raise ValueError(
