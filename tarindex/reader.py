@@ -101,6 +101,7 @@ __all__ = [
     "read_sample_count",
     "is_up_to_date",
     "CHUNK",
+    "copy_members",
     "DEFAULT_MAX_OPEN",
     "crc_mismatches",
     "data_error",
@@ -108,6 +109,24 @@ __all__ = [
 
 Sample = dict[str, Any]
 _UNREAD = object()  # ShardReader.zstd_dict() not called yet
+
+
+def _load_kernel() -> Any:
+    """The compiled loops (``tarindex/_kernel.c``), or ``None``: the same loops run in Python.
+
+    ``None`` when the extension was not built (no C compiler at install), on a big-endian
+    host (the tables are little-endian), or with ``TARINDEX_PURE_PYTHON=1`` in the environment.
+    """
+    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0") or sys.byteorder != "little":
+        return None
+    try:
+        from . import _kernel
+    except ImportError:
+        return None
+    return _kernel
+
+
+_kernel = _load_kernel()
 
 CHUNK_SHIFT = 10
 CHUNK = 1 << CHUNK_SHIFT
@@ -261,6 +280,69 @@ def _joined(parts: list[bytes]) -> tuple[bytes, NDArray[np.int64]]:
     if parts:
         np.cumsum([len(x) for x in parts[:-1]], out=at[1:])
     return b"".join(parts), at
+
+
+def copy_members(
+    out: Any,
+    datas: Sequence[Buffer],
+    src: NDArray[np.int64],
+    offset: NDArray[np.int64],
+    size: NDArray[np.int64],
+    dest: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], int]:
+    """Copy members into one buffer and parse the integer ones: the copy pass of a batch.
+
+    Member ``k`` is ``datas[src[k]][offset[k] : offset[k] + size[k]]``. With ``dest[k] >= 0``
+    its bytes go to ``out[dest[k]:]``; with ``dest[k] < 0`` it is parsed as a decimal integer
+    (``int(bytes)``: ASCII whitespace, sign, digits). One pass in the given order.
+
+    Args:
+        out: Writable buffer (``uint8``) the byte members go to.
+        datas: Source buffers (mapped tars or read bytes).
+        src, offset, size, dest: ``int64 (n,)`` each, as above; bounds must hold.
+
+    Returns:
+        ``(vals, bad)``: ``int64 (n,)`` with each integer member's value (0 elsewhere), and
+        the first member that is not a decimal integer (``-1`` if none; members after it
+        are not processed).
+    """
+    n = len(src)
+    vals = np.zeros(n, np.int64)
+    src, offset, size, dest = (np.ascontiguousarray(a, np.int64) for a in (src, offset, size, dest))
+    k = 0
+    if _kernel is not None:
+        srcs = tuple(datas)
+        while True:  # the compiled loop hands back integers it does not parse itself
+            k = _kernel.pack(out, srcs, src, offset, size, dest, vals, k)
+            if k < 0:
+                return vals, -1
+            if dest[k] >= 0:
+                break  # a bound the caller should have kept: the Python loop raises
+            try:
+                vals[k] = int(datas[int(src[k])][int(offset[k]) : int(offset[k] + size[k])])
+            except (ValueError, OverflowError):
+                return vals, k
+            k += 1
+    view = memoryview(out).cast("B")
+    views = [memoryview(d) for d in datas]
+    try:
+        for j, (sr, o, e, d) in enumerate(
+            zip(src[k:].tolist(), offset[k:].tolist(), (offset + size)[k:].tolist(),
+                dest[k:].tolist(), strict=True),
+            k,
+        ):
+            if d < 0:
+                try:
+                    vals[j] = int(datas[sr][o:e])
+                except (ValueError, OverflowError):
+                    return vals, j
+            else:
+                view[d : d + e - o] = views[sr][o:e]
+    finally:
+        for v in views:
+            v.release()
+        view.release()
+    return vals, -1
 
 
 def crc_mismatches(
@@ -660,6 +742,7 @@ class ShardReader:
         if full_check:
             self._checked[:] = b"\x01" * len(self._checked)
         self._want: dict[frozenset[str], NDArray[np.bool_]] = {}
+        self._want_b: dict[Collection[str], bytes] = {}
         self._zstd_dict: Any = _UNREAD  # zstd_dict(): read on first use
         # Hot-path views: memoryview.cast("Q") indexes to Python ints ~3x faster than numpy
         # scalars. The tables are little-endian (FORMAT.md §2); on a big-endian host fall back
@@ -705,6 +788,27 @@ class ShardReader:
                 self._mm,
             )
         )
+        # the compiled one-sample and batch loops over the same validated tables (and the
+        # mapping they read), or None: pure Python (_load_kernel), pread, remote, verify_data
+        self._ck: tuple[Any, mmap.mmap, int] | None = None
+        if _kernel is not None and self._scalar is not None and self._imm is not None:
+            self._ck = (
+                _kernel.Tables(
+                    t.key_ptr,
+                    t.sample_ptr,
+                    self._imm,
+                    kbase,
+                    kbase + len(t.key_blob),
+                    t.ext_id,
+                    t.offset,
+                    t.size,
+                    self._mm,
+                    tuple(self.exts),
+                    self._checked,
+                ),
+                self._mm,
+                self.tar_size,
+            )
         try:
             self._check_end()
             self._check_headers()
@@ -972,6 +1076,16 @@ class ShardReader:
         w = self._want.get(key)
         if w is None:
             w = self._want[key] = np.asarray([e in key for e in self.exts], np.bool_)
+        return w
+
+    def _want_flags(self, fields: Collection[str]) -> bytes:
+        """:meth:`_wanted` as one flag byte per extension id (the compiled loops' form)."""
+        try:
+            w = self._want_b.get(fields)  # type: ignore[call-overload]
+        except TypeError:  # an unhashable collection (a list): made each time
+            return self._wanted(fields).tobytes()
+        if w is None:
+            w = self._want_b[fields] = self._wanted(fields).tobytes()  # type: ignore[index]
         return w
 
     def zstd_dict(self) -> Any:
@@ -1349,6 +1463,7 @@ class ShardReader:
             "_keytab",
             "_scalar",
             "_gather",
+            "_ck",  # holds buffers of the mappings: released before they are closed
         ):
             if hasattr(self, attr):
                 setattr(self, attr, None)
@@ -1957,6 +2072,14 @@ class ShardSet:
         elif self._evicts:
             self._readers.move_to_end(s)
         j = i - starts[s]
+        ck = r._ck
+        if ck is not None:  # the compiled loop; None back: the Python path below decides
+            tabs, mm, size = ck
+            if mm.size() < size:  # cut while mapped: SIGBUS otherwise (READING.md)
+                raise r._cut(mm.size())
+            got = tabs.sample(j, None if fields is None else r._want_flags(fields), self.paths[s], i)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
         hot = r._scalar
         if hot is None:  # pread or verify_data: the reader's own path
             out = r.sample(j, fields)
@@ -2055,6 +2178,12 @@ class ShardSet:
                     raise r._cut(r._mm.size())  # cut while mapped: SIGBUS otherwise
                 tables[s] = (r, *r._gather)
                 slot_exts[slot], crcs[slot] = r._exts_key, r.index.member_crc
+        col = col.astype(np.int64, copy=False)
+        got = None if copy else self._gather_compiled(slots, tables, col, local)
+        if got is not None:
+            return self._assemble(
+                slots, slot_exts, crcs, got[0], local, idx, *got[1:], col, fields, copy
+            )
         # One scalar pass: per sample its key and member count; its run of member offsets,
         # sizes and extension ids is appended as raw little-endian table bytes (one memcpy
         # each whatever the member count). Everything per member is vectorised afterwards.
@@ -2080,20 +2209,34 @@ class ShardSet:
             ext_b += eb[lo << 2 : hi << 2]
             cnts.append(hi - lo)
         return self._assemble(
-            slots,
-            slot_exts,
-            crcs,
-            keys,
-            local,
-            idx,
-            cnts,
-            col.astype(np.int64, copy=False),
-            off_b,
-            size_b,
-            ext_b,
-            fields,
-            copy,
+            slots, slot_exts, crcs, keys, local, idx, cnts, off_b, size_b, ext_b, col, fields, copy
         )
+
+    def _gather_compiled(
+        self,
+        slots: list[int],
+        tables: dict[int, tuple[Any, ...]],
+        col: NDArray[np.int64],
+        local: NDArray[np.int64],
+    ) -> tuple[list[str], bytes, bytes, bytes, bytes] | None:
+        """:meth:`gather`'s scalar pass in the compiled loop, or ``None`` (the Python pass).
+
+        Returns keys, member counts and the members' raw table bytes. A sample handed back
+        in an unchecked chunk gets the chunk checked (``FormatError`` if corrupt) and the pass
+        runs again; handed back in a checked one, the Python pass decides.
+        """
+        cks = [tables[s][0]._ck for s in slots]
+        if _kernel is None or any(c is None for c in cks):
+            return None
+        tabs = tuple(c[0] for c in cks)
+        while True:
+            got = _kernel.gather(tabs, col, local)
+            if type(got) is not int:
+                return got  # type: ignore[no-any-return]
+            r, c = tables[slots[int(col[got])]][0], int(local[got]) >> CHUNK_SHIFT
+            if r._checked[c]:
+                return None
+            r._check_chunk(c)
 
     def _assemble(
         self,
@@ -2103,16 +2246,18 @@ class ShardSet:
         keys: list[str],
         local: NDArray[np.int64],
         idx: NDArray[np.int64],
-        cnts: list[int],
+        cnts: list[int] | bytes,
+        off_b: bytes | bytearray,
+        size_b: bytes | bytearray,
+        ext_b: bytes | bytearray,
         shard_col: NDArray[np.int64],
-        off_b: bytearray,
-        size_b: bytearray,
-        ext_b: bytearray,
         fields: Fields,
         copy: bool,
     ) -> Block:
         """The vectorised half of :meth:`gather`: member arrays, projection, reads, the block."""
-        cnt = np.asarray(cnts, np.int64)
+        cnt = (
+            np.asarray(cnts, np.int64) if isinstance(cnts, list) else np.frombuffer(cnts, np.int64)
+        )
         tar_off = np.frombuffer(off_b, OFFSET_DTYPE).astype(np.int64)
         size = np.frombuffer(size_b, OFFSET_DTYPE).astype(np.int64)
         eid = np.frombuffer(ext_b, EXT_ID_DTYPE).astype(np.int64)

@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
-from ..reader import Block, Sample, ShardSet
+from ..reader import Block, Sample, ShardSet, copy_members
 from .batch import BatchedSamples, field_major
 from .transport import alloc_buffer
 
@@ -115,35 +115,20 @@ def pack_blocks(
     dest = np.full(len(code), -1, np.int64)  # -1: an integer member, parsed instead
     dest[byte] = offsets[f, brow]
     data = alloc_buffer(int(offsets[-1, -1]) if used else 0)
-    out = memoryview(data.numpy())  # type: ignore[arg-type]
     # One pass in member order, where a sample's members are neighbours in its tar (pages
     # touched once, as a per-item read does): each byte member copied once, source buffer
     # (mapped tar or pread bytes) -> batch buffer; each integer member parsed.
-    views = [memoryview(d) for d in datas]
-    vals: list[int] = []
-    ends = off + size
-    try:
-        for sr, o, e, d in zip(
-            src.tolist(), off.tolist(), ends.tolist(), dest.tolist(), strict=True
-        ):
-            if d < 0:
-                vals.append(int(datas[sr][o:e]))
-            else:
-                out[d : d + e - o] = views[sr][o:e]
-    except ValueError:
-        k = int(np.flatnonzero(is_int)[len(vals)])
-        r, c = int(row[k]), int(code[k])
+    vals, bad = copy_members(data.numpy(), datas, src, off, size, dest)
+    if bad >= 0:
+        r, c = int(row[bad]), int(code[bad])
         raise FormatError(
-            f"{shards[r]}: byte {int(tar_off[k])}: member {keys[r]}.{names[c]} is not a "
-            f"decimal integer; pass int_fields=() to keep it as bytes"
-        ) from None
-    finally:
-        for v in views:
-            v.release()
+            f"{shards[r]}: byte {int(tar_off[bad])}: member {keys[r]}.{names[c]} is not a "
+            f"decimal integer within int64; pass int_fields=() to keep it as bytes"
+        )
     ints: dict[str, NDArray[np.int64]] = {}
-    if vals:
+    if is_int.any():
         isel = np.flatnonzero(is_int)
-        icode, irow, ival = code[isel], row[isel], np.asarray(vals, np.int64)
+        icode, irow, ival = code[isel], row[isel], vals[isel]
         for c in dict.fromkeys(icode.tolist()):
             m = icode == c
             col = ints[names[c]] = np.full(n, -1, np.int64)
