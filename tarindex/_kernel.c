@@ -344,10 +344,311 @@ done:
     return res;
 }
 
+/* ---- batch: ShardSet.gather + pack_blocks in two passes -------------------------------- */
+
+static PyObject *str_ck, *str_size, *str_open, *str_check, *str_python;
+
+/* A hand-back: ("open", shard, 0), ("check", shard, chunk) or ("python", 0, 0). */
+static PyObject *hand_back(PyObject *what, Py_ssize_t s, Py_ssize_t c) {
+    return Py_BuildValue("(Onn)", what, s, c);
+}
+
+/* Layout position of extension `name` in this call: >= 0 a byte field, <= -2 integer field
+ * -2 - p, -1 left out. `pos` caches it by name; new fields are numbered by first
+ * appearance. Returns POS_ERROR with an exception set. */
+#define POS_ERROR PY_SSIZE_T_MIN
+static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyObject *ints,
+                            PyObject *bnames, PyObject *inames) {
+    PyObject *got = PyDict_GetItemWithError(pos, name);
+    if (got != NULL) return PyLong_AsSsize_t(got);
+    if (PyErr_Occurred()) return POS_ERROR;
+    Py_ssize_t p = -1;
+    int want = fields == Py_None ? 1 : PySequence_Contains(fields, name);
+    if (want < 0) return POS_ERROR;
+    if (want) {
+        int is_int = PySequence_Contains(ints, name);
+        if (is_int < 0) return POS_ERROR;
+        PyObject *list = is_int ? inames : bnames;
+        p = is_int ? -2 - PyList_GET_SIZE(list) : PyList_GET_SIZE(list);
+        if (PyList_Append(list, name) < 0) return POS_ERROR;
+    }
+    PyObject *v = PyLong_FromSsize_t(p);
+    if (v == NULL || PyDict_SetItem(pos, name, v) < 0) {
+        Py_XDECREF(v);
+        return POS_ERROR;
+    }
+    Py_DECREF(v);
+    return p;
+}
+
+/* batch(indices, starts, per, readers, paths, fields, int_fields, alloc)
+ *     -> (keep, keys, byte_fields, int_fields, offsets, present, ints, index, shards)
+ *        | (what, shard, chunk)
+ * ShardSet.gather_packed's loops. indices: global sample indices (ints); starts: int64
+ * (n_shards + 1) first global index of each shard; per: samples per shard when all but the
+ * last hold that many, else 0; readers: ShardSet._readers (shard -> ShardReader, whose _ck
+ * is (Tables, mmap, tar_size) or None); paths: shard paths; fields: None or the extensions
+ * to read; int_fields: extensions parsed as decimal integers; alloc(nbytes) -> (keep,
+ * writable buffer). Pass 1 bounds every read, checks each shard's mapping still covers its
+ * tar (mmap.size()), decodes keys, parses integer members and sizes the field-major layout
+ * (torch/batch.py field_major); pass 2 copies. offsets int64 (nf, n + 1), present uint8
+ * (nf, n), ints int64 (ni, n) (-1 where missing) and index int64 (n) come back as
+ * bytearrays. A hand-back instead: "open" (the shard has no open reader), "check" (its
+ * chunk's tables are unchecked), "python" (anything else: an index out of range or not an
+ * int, a cut tar, a bound, an extension twice, an integer member that is not a plain
+ * decimal: the Python path raises the error or returns the batch). */
+static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "batch(indices, starts, per, readers: dict, paths: list, fields, "
+                        "int_fields, alloc)");
+        return NULL;
+    }
+    PyObject *readers = args[3], *paths = args[4], *fields = args[5], *intf = args[6],
+             *alloc = args[7];
+    Py_ssize_t per = PyLong_AsSsize_t(args[2]);
+    if (per == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer bst, out;
+    int have_out = 0;
+    if (get_i64(args[1], &bst, "starts", PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(args[0], "batch: indices must be a sequence");
+    if (seq == NULL) {
+        PyBuffer_Release(&bst);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), ns = bst.len / 8 - 1;
+    const int64_t *starts = bst.buf;
+    PyObject *res = NULL, *keys = NULL, *bnames = NULL, *inames = NULL, *offs = NULL,
+             *pres = NULL, *ints = NULL, *index = NULL, *shards = NULL, *made = NULL,
+             *pos = NULL;
+    Tables **row_t = NULL;
+    int64_t *row_j = NULL, *lens = NULL, *ivals = NULL;
+    char *seen = NULL;
+    Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0;
+    if (ns < 1 || n == 0) {
+        res = hand_back(str_python, 0, 0);
+        goto done;
+    }
+    row_t = PyMem_Malloc(n * sizeof(Tables *));
+    row_j = PyMem_Malloc(n * sizeof(int64_t));
+    seen = PyMem_Calloc(ns, 1);
+    lens = PyMem_Malloc(cap * n * sizeof(int64_t));
+    ivals = PyMem_Malloc(cap * n * sizeof(int64_t));
+    keys = PyList_New(n);
+    bnames = PyList_New(0);
+    inames = PyList_New(0);
+    pos = PyDict_New();
+    index = PyByteArray_FromStringAndSize(NULL, n * 8);
+    shards = PyList_New(n);
+    if (!row_t || !row_j || !seen || !lens || !ivals) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!keys || !bnames || !inames || !pos || !index || !shards) goto done;
+    int64_t *idx = (int64_t *)PyByteArray_AS_STRING(index), total = starts[ns];
+    /* pass 1: locate, look up, bound, key, integer members, layout sizes */
+    for (Py_ssize_t b = 0; b < n; b++) {
+        Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, b), NULL);
+        if (i == -1 && PyErr_Occurred()) { /* not an integer: the Python path says so */
+            PyErr_Clear();
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
+        if (i < 0) i += total;
+        if (i < 0 || i >= total) {
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
+        Py_ssize_t sh;
+        if (per > 0) {
+            sh = i / per;
+            if (sh > ns - 1) sh = ns - 1;
+        } else { /* last shard whose start <= i */
+            Py_ssize_t lo = 0, hi = ns;
+            while (hi - lo > 1) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (starts[mid] <= i) lo = mid; else hi = mid;
+            }
+            sh = lo;
+        }
+        if (i < starts[sh] || i >= starts[sh + 1]) {
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
+        idx[b] = i;
+        PyObject *key = PyLong_FromSsize_t(sh);
+        if (key == NULL) goto done;
+        PyObject *r = PyDict_GetItemWithError(readers, key);
+        Py_DECREF(key);
+        if (r == NULL) {
+            res = PyErr_Occurred() ? NULL : hand_back(str_open, sh, 0);
+            goto done;
+        }
+        PyObject *ck = PyObject_GetAttr(r, str_ck);
+        if (ck == NULL) goto done;
+        int ok = PyTuple_Check(ck) && PyTuple_GET_SIZE(ck) == 3 &&
+                 PyObject_TypeCheck(PyTuple_GET_ITEM(ck, 0), &TablesType);
+        Tables *t = ok ? (Tables *)PyTuple_GET_ITEM(ck, 0) : NULL;
+        if (ok && !seen[sh]) { /* cut while mapped: SIGBUS otherwise (READING.md) */
+            PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
+            if (now == NULL) {
+                Py_DECREF(ck);
+                goto done;
+            }
+            int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
+            Py_DECREF(now);
+            if (cmp < 0) {
+                Py_DECREF(ck);
+                goto done;
+            }
+            ok = cmp;
+            seen[sh] = 1;
+        }
+        if (ok) { /* owned: alloc() and fields run Python code, which may close a reader */
+            Py_INCREF(t);
+            row_t[nrow++] = t;
+        }
+        Py_DECREF(ck);
+        if (!ok) {
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
+        Py_ssize_t j = i - (Py_ssize_t)starts[sh];
+        uint64_t k0, k1, m0, m1;
+        if (j >= t->n || !((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) {
+            res = j >= t->n ? hand_back(str_python, 0, 0) : hand_back(str_check, sh, j >> CHUNK_SHIFT);
+            goto done;
+        }
+        if (!tables_row(t, j, &k0, &k1, &m0, &m1)) {
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
+        row_j[b] = j;
+        PyObject *k = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0,
+                                           (Py_ssize_t)(k1 - k0), "surrogateescape");
+        if (k == NULL) goto done;
+        PyList_SET_ITEM(keys, b, k);
+        PyObject *path = PyList_GetItem(paths, sh);
+        if (path == NULL) goto done;
+        Py_INCREF(path);
+        PyList_SET_ITEM(shards, b, path);
+        const uint32_t *eid = t->eid.buf;
+        const uint64_t *off = t->off.buf, *sz = t->size.buf;
+        for (uint64_t m = m0; m < m1; m++) {
+            if (!member_ok(t, m, t->data.len)) {
+                res = hand_back(str_python, 0, 0);
+                goto done;
+            }
+            Py_ssize_t p = field_pos(pos, PyTuple_GET_ITEM(t->exts, eid[m]), fields, intf,
+                                     bnames, inames);
+            if (p == POS_ERROR) goto done;
+            if (p == -1) continue;
+            int is_int = p < -1;
+            Py_ssize_t q = is_int ? -2 - p : p;
+            if (q >= (is_int ? ni : nf)) { /* a new field: a column of -1 */
+                if (q >= cap) {
+                    Py_ssize_t nc = cap * 2;
+                    int64_t *l2 = PyMem_Realloc(lens, nc * n * sizeof(int64_t));
+                    if (l2 == NULL) { PyErr_NoMemory(); goto done; }
+                    lens = l2;
+                    int64_t *v2 = PyMem_Realloc(ivals, nc * n * sizeof(int64_t));
+                    if (v2 == NULL) { PyErr_NoMemory(); goto done; }
+                    ivals = v2;
+                    cap = nc;
+                }
+                int64_t *col = (is_int ? ivals : lens) + q * n;
+                for (Py_ssize_t x = 0; x < n; x++) col[x] = -1;
+                if (is_int) ni = q + 1; else nf = q + 1;
+            }
+            int64_t *cell = (is_int ? ivals : lens) + q * n + b;
+            if (*cell != -1) { /* an extension twice in a sample (the guards refuse it) */
+                res = hand_back(str_python, 0, 0);
+                goto done;
+            }
+            if (!is_int) {
+                *cell = (int64_t)sz[m];
+            } else if (!parse_decimal((const char *)t->data.buf + off[m], (Py_ssize_t)sz[m], cell) ||
+                       *cell == -1) {
+                res = hand_back(str_python, 0, 0); /* int() decides; -1 reads as missing */
+                goto done;
+            }
+        }
+    }
+    /* layout: field f's members of samples 0..n-1, then field f + 1 */
+    offs = PyByteArray_FromStringAndSize(NULL, nf * (n + 1) * 8);
+    pres = PyByteArray_FromStringAndSize(NULL, nf * n);
+    ints = PyByteArray_FromStringAndSize((const char *)ivals, ni * n * 8);
+    if (!offs || !pres || !ints) goto done;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(offs), cum = 0;
+    char *pr = PyByteArray_AS_STRING(pres);
+    for (Py_ssize_t f = 0; f < nf; f++) {
+        for (Py_ssize_t b = 0; b < n; b++) {
+            int64_t len = lens[f * n + b];
+            o[f * (n + 1) + b] = cum;
+            pr[f * n + b] = len >= 0;
+            if (len > 0) cum += len;
+        }
+        o[f * (n + 1) + n] = cum;
+    }
+    made = PyObject_CallFunction(alloc, "L", (long long)cum);
+    if (made == NULL) goto done;
+    if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 2) {
+        PyErr_SetString(PyExc_TypeError, "batch: alloc must return (keep, buffer)");
+        goto done;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(made, 1), &out, PyBUF_WRITABLE) < 0) goto done;
+    have_out = 1;
+    if (out.len < cum) {
+        PyErr_SetString(PyExc_ValueError, "batch: alloc returned a short buffer");
+        goto done;
+    }
+    /* pass 2: copies (pass 1 bounded every read; row_t holds each Tables, so its buffers) */
+    char *dst = out.buf;
+    for (Py_ssize_t b = 0; b < n; b++) {
+        uint64_t k0, k1, m0, m1;
+        Tables *t = row_t[b];
+        tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1);
+        const uint32_t *eid = t->eid.buf;
+        const uint64_t *off = t->off.buf, *sz = t->size.buf;
+        for (uint64_t m = m0; m < m1; m++) {
+            PyObject *got = PyDict_GetItem(pos, PyTuple_GET_ITEM(t->exts, eid[m]));
+            Py_ssize_t p = got ? PyLong_AsSsize_t(got) : -1;
+            if (p < 0) continue;
+            memcpy(dst + o[p * (n + 1) + b], (const char *)t->data.buf + off[m], (size_t)sz[m]);
+        }
+    }
+    res = PyTuple_Pack(9, PyTuple_GET_ITEM(made, 0), keys, bnames, inames, offs, pres, ints,
+                       index, shards);
+done:
+    if (have_out) PyBuffer_Release(&out);
+    Py_XDECREF(made);
+    Py_XDECREF(keys);
+    Py_XDECREF(bnames);
+    Py_XDECREF(inames);
+    Py_XDECREF(offs);
+    Py_XDECREF(pres);
+    Py_XDECREF(ints);
+    Py_XDECREF(index);
+    Py_XDECREF(shards);
+    Py_XDECREF(pos);
+    while (nrow > 0) Py_DECREF(row_t[--nrow]);
+    PyMem_Free(row_t);
+    PyMem_Free(row_j);
+    PyMem_Free(seen);
+    PyMem_Free(lens);
+    PyMem_Free(ivals);
+    Py_DECREF(seq);
+    PyBuffer_Release(&bst);
+    return res;
+}
+
 static PyMethodDef kernel_methods[] = {
     {"gather", (PyCFunction)(void (*)(void))k_gather, METH_FASTCALL,
      "gather(tables, slot, local): keys, counts and member table bytes of a batch, or the "
      "position of the first sample to hand back."},
+    {"batch", (PyCFunction)(void (*)(void))k_batch, METH_FASTCALL,
+     "batch(indices, starts, per, readers, paths, fields, int_fields, alloc): a whole batch "
+     "in the field-major layout, or a hand-back (what, shard, chunk)."},
     {"pack", (PyCFunction)(void (*)(void))k_pack, METH_FASTCALL,
      "pack(out, datas, src, offset, size, dest, vals, start): copy byte members, parse "
      "integer members; -1 when done, else the first member to hand back."},
@@ -360,6 +661,12 @@ static struct PyModuleDef kernel_module = {
 
 PyMODINIT_FUNC PyInit__kernel(void) {
     if (PyType_Ready(&TablesType) < 0) return NULL;
+    str_ck = PyUnicode_InternFromString("_ck");
+    str_size = PyUnicode_InternFromString("size");
+    str_open = PyUnicode_InternFromString("open");
+    str_check = PyUnicode_InternFromString("check");
+    str_python = PyUnicode_InternFromString("python");
+    if (!str_ck || !str_size || !str_open || !str_check || !str_python) return NULL;
     PyObject *m = PyModule_Create(&kernel_module);
     if (m == NULL) return NULL;
     Py_INCREF(&TablesType);

@@ -299,7 +299,10 @@ def copy_members(
     Args:
         out: Writable buffer (``uint8``) the byte members go to.
         datas: Source buffers (mapped tars or read bytes).
-        src, offset, size, dest: ``int64 (n,)`` each, as above; bounds must hold.
+        src: ``int64 (n,)``: each member's buffer in ``datas``.
+        offset: ``int64 (n,)``: where it starts there (bytes).
+        size: ``int64 (n,)``: its length (bytes); every member must lie inside its buffer.
+        dest: ``int64 (n,)``: where it goes in ``out``, or ``< 0`` to parse it.
 
     Returns:
         ``(vals, bad)``: ``int64 (n,)`` with each integer member's value (0 elsewhere), and
@@ -1081,11 +1084,11 @@ class ShardReader:
     def _want_flags(self, fields: Collection[str]) -> bytes:
         """:meth:`_wanted` as one flag byte per extension id (the compiled loops' form)."""
         try:
-            w = self._want_b.get(fields)  # type: ignore[call-overload]
+            w = self._want_b.get(fields)
         except TypeError:  # an unhashable collection (a list): made each time
             return self._wanted(fields).tobytes()
         if w is None:
-            w = self._want_b[fields] = self._wanted(fields).tobytes()  # type: ignore[index]
+            w = self._want_b[fields] = self._wanted(fields).tobytes()
         return w
 
     def zstd_dict(self) -> Any:
@@ -2149,20 +2152,7 @@ class ShardSet:
             TypeError: If an index is not an integer.
             FormatError, StaleIndexError: As :meth:`ShardReader.read_block` and :meth:`reader`.
         """
-        total = len(self)
-        idx = np.asarray(indices).reshape(-1)
-        if idx.dtype.kind not in "iu" and idx.size:  # 1.5 or "3": TypeError, as list indexing
-            idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
-        idx = idx.astype(np.int64, copy=False)
-        idx = np.where(idx < 0, idx + total, idx)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= total):
-            bad = int(idx[(idx < 0) | (idx >= total)][0])
-            raise SampleIndexError(f"sample index {bad} out of range for {total} samples")
-        if self._per:
-            sid = np.minimum(idx // self._per, self._last)
-        else:
-            sid = np.searchsorted(self.starts, idx, side="right") - 1
-        local = idx - self.starts[sid]
+        idx, sid, local = self._locate_many(indices)
         uniq, col = np.unique(sid, return_inverse=True)  # slot: rank among the batch's shards
         slots: list[int] = uniq.tolist()
         n_slots = len(slots)
@@ -2210,6 +2200,91 @@ class ShardSet:
             cnts.append(hi - lo)
         return self._assemble(
             slots, slot_exts, crcs, keys, local, idx, cnts, off_b, size_b, ext_b, col, fields, copy
+        )
+
+    def _locate_many(
+        self, indices: Sequence[int] | NDArray[np.integer[Any]]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """:meth:`locate` for a batch: ``int64`` global indices (normalised), shards, locals."""
+        total = len(self)
+        idx = np.asarray(indices).reshape(-1)
+        if idx.dtype.kind not in "iu" and idx.size:  # 1.5 or "3": TypeError, as list indexing
+            idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
+        idx = idx.astype(np.int64, copy=False)
+        idx = np.where(idx < 0, idx + total, idx)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= total):
+            bad = int(idx[(idx < 0) | (idx >= total)][0])
+            raise SampleIndexError(f"sample index {bad} out of range for {total} samples")
+        if self._per:
+            sid = np.minimum(idx // self._per, self._last)
+        else:
+            sid = np.searchsorted(self.starts, idx, side="right") - 1
+        return idx, sid, idx - self.starts[sid]
+
+    def gather_packed(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields,
+        int_fields: Collection[str],
+        alloc: Any,
+    ) -> tuple[Any, ...] | None:
+        """:meth:`gather` and the batch packing in one compiled pass, or ``None``.
+
+        The layout is ``tarindex.torch.batch.field_major``'s: byte fields (in order of first
+        appearance in batch order) one after the other, each sample's member in batch order;
+        ``int_fields`` members parsed as decimal integers instead. ``None`` means: use
+        :meth:`gather` and pack its block (no compiled loops, ``pread``, ``verify_data``,
+        more shards than may stay open, or a sample they hand back: the Python path then
+        raises the error that names it).
+
+        Args:
+            indices: Global sample indices; negative ones count from the end.
+            fields: Extensions to read. ``None``: all.
+            int_fields: Extensions parsed as decimal integers.
+            alloc: ``alloc(nbytes) -> (keep, writable buffer)``: the batch buffer.
+
+        Returns:
+            ``(keep, keys, byte_fields, int_fields, offsets, present, ints, index, shards)``:
+            ``offsets`` ``int64 (nf, n + 1)``, ``present`` ``bool (nf, n)``, ``ints`` ``int64
+            (ni, n)`` (``-1`` where missing), ``index`` ``int64 (n,)``, ``shards`` paths.
+
+        Raises:
+            SampleIndexError, TypeError: As :meth:`gather`.
+            FormatError, StaleIndexError, TruncatedError: As :meth:`gather`.
+        """
+        if _kernel is None:
+            return None
+        if type(indices) is not list:
+            indices = list(indices)
+        fkey = None if fields is None else frozenset(fields)
+        ikey = frozenset(int_fields)
+        for _ in range(len(indices) + 2):  # each hand-back opens a reader or checks a chunk
+            got = _kernel.batch(
+                indices, self.starts, self._per, self._readers, self.paths, fkey, ikey, alloc
+            )
+            if len(got) == 9:
+                break
+            what, s, c = got
+            if what == "open" and len(self._readers) < self.open_bound:
+                self.reader(s)  # StaleIndexError, FormatError: as gather
+            elif what == "check":
+                self._readers[s]._check_chunk(c)  # FormatError if corrupt
+            else:
+                return None  # the Python path raises the error or reads the batch
+        else:
+            return None
+        keep, keys, bnames, inames, offs, pres, ints, index, shards = got
+        n, nf, ni = len(keys), len(bnames), len(inames)
+        return (
+            keep,
+            keys,
+            bnames,
+            inames,
+            np.frombuffer(offs, np.int64).reshape(nf, n + 1),
+            np.frombuffer(pres, np.bool_).reshape(nf, n),
+            np.frombuffer(ints, np.int64).reshape(ni, n),
+            np.frombuffer(index, np.int64),
+            shards,
         )
 
     def _gather_compiled(

@@ -17,7 +17,7 @@ over the subset's samples).
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -222,10 +222,8 @@ class ShardSubset(ShardSet):
         """Sample ``i`` of the view (``__index__``: its index in the base)."""
         return self.base.get(self.base_index(i), fields)
 
-    def gather(
-        self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
-    ) -> Block:
-        """:meth:`ShardSet.gather` of view samples ``indices`` (``index``: the base's)."""
+    def _to_base(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
+        """The base's indices of view samples ``indices`` (negative count from the end)."""
         idx = np.asarray(indices).reshape(-1)
         if idx.dtype.kind not in "iu" and idx.size:
             idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
@@ -235,7 +233,24 @@ class ShardSubset(ShardSet):
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
             raise SampleIndexError(f"sample index {bad} out of range for {n} samples")
-        return self.base.gather(self.indices[idx], fields)
+        out: NDArray[np.int64] = self.indices[idx]
+        return out
+
+    def gather(
+        self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
+    ) -> Block:
+        """:meth:`ShardSet.gather` of view samples ``indices`` (``index``: the base's)."""
+        return self.base.gather(self._to_base(indices), fields)
+
+    def gather_packed(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields,
+        int_fields: Collection[str],
+        alloc: Any,
+    ) -> tuple[Any, ...] | None:
+        """:meth:`ShardSet.gather_packed` of view samples ``indices`` (``index``: the base's)."""
+        return self.base.gather_packed(self._to_base(indices), fields, int_fields, alloc)
 
     def prefetch(
         self,

@@ -31,6 +31,7 @@ import pytest
 from numpy.typing import NDArray
 
 import tarindex
+import tarindex.reader
 from tarindex.cli import main
 from tarindex.errors import FormatError, StaleIndexError
 from tarindex.verify import verify
@@ -584,6 +585,25 @@ def test_hostile_index_is_refused(
     tar = corpus[case.id]
     size = Path(str(tar) + ".tidx").stat().st_size
     what = f"{case.id} via {path}"
+    out: Outcome = _measured(lambda: PATHS[path](str(tar)), size, what)
+    _check_refused(out, case, tar, base, what)
+
+
+# the paths with a compiled form (tarindex/_kernel.c), run again with the Python loops
+COMPILED_PATHS = ["getitem", "getitems", "getitems_batched", "iter_batched"]
+
+
+@pytest.mark.skipif(tarindex.reader._kernel is None, reason="tarindex._kernel not built")
+@pytest.mark.parametrize("path", COMPILED_PATHS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_hostile_index_is_refused_by_the_python_loops(
+    case: Case, path: str, corpus: dict[str, Path], base: Base, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, as a machine without the compiled loops reads (TARINDEX_PURE_PYTHON=1)."""
+    monkeypatch.setattr(tarindex.reader, "_kernel", None)
+    tar = corpus[case.id]
+    size = Path(str(tar) + ".tidx").stat().st_size
+    what = f"{case.id} via {path} (Python loops)"
     out: Outcome = _measured(lambda: PATHS[path](str(tar)), size, what)
     _check_refused(out, case, tar, base, what)
 

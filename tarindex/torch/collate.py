@@ -144,8 +144,9 @@ def fetch_batched(
 ) -> BatchedSamples:
     """Read samples ``indices`` of ``shards`` straight into one :class:`BatchedSamples`.
 
-    One :meth:`~tarindex.reader.ShardSet.gather` (the kernel's batch read), then
-    :func:`pack_blocks`: no per-sample dict and no per-member ``bytes`` object is made.
+    One :meth:`~tarindex.reader.ShardSet.gather_packed` (the kernel's batch read and packing
+    in one compiled pass) or, where that hands back, :meth:`~tarindex.reader.ShardSet.gather`
+    then :func:`pack_blocks`: no per-sample dict and no per-member ``bytes`` object is made.
 
     Args:
         shards: The shards (``TarDataset.shards``).
@@ -161,7 +162,19 @@ def fetch_batched(
         SampleIndexError: If an index is out of range.
         FormatError: If an index table is corrupt, or an integer field is not a decimal integer.
     """
-    return pack_blocks([(shards.gather(indices, fields), None)], None, int_fields)
+    got = shards.gather_packed(indices, fields, int_fields, _alloc)
+    if got is None:  # the Python path (see ShardSet.gather_packed), same batch
+        return pack_blocks([(shards.gather(indices, fields), None)], None, int_fields)
+    data, keys, byte_fields, int_names, offsets, present, ints, index, paths = got
+    return BatchedSamples(
+        byte_fields, data, offsets, present, keys, index, dict(zip(int_names, ints, strict=True)), paths
+    )
+
+
+def _alloc(nbytes: int) -> tuple[Any, Any]:
+    """The batch buffer for :meth:`ShardSet.gather_packed`: the tensor and its numpy view."""
+    t = alloc_buffer(nbytes)
+    return t, t.numpy()
 
 
 def pack_samples(

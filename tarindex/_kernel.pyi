@@ -1,0 +1,45 @@
+"""Types of the compiled read-kernel loops (``tarindex/_kernel.c``); see ``reader._load_kernel``."""
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+class Tables:
+    def __init__(
+        self,
+        key_ptr: Any,
+        sample_ptr: Any,
+        keys: Any,
+        key_base: int,
+        key_end: int,
+        ext_id: Any,
+        offset: Any,
+        size: Any,
+        data: Any,
+        exts: tuple[str, ...],
+        checked: bytearray,
+    ) -> None: ...
+    def sample(self, j: int, want: bytes | None, shard: str, index: int) -> dict[str, Any] | None: ...
+
+def gather(
+    tables: tuple[Tables, ...], slot: Any, local: Any
+) -> tuple[list[str], bytes, bytes, bytes, bytes] | int: ...
+def batch(
+    indices: Sequence[int],
+    starts: Any,
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+    fields: Collection[str] | None,
+    int_fields: Collection[str],
+    alloc: Callable[[int], tuple[Any, Any]],
+) -> tuple[Any, ...]: ...
+def pack(
+    out: Any,
+    datas: tuple[Any, ...],
+    src: Any,
+    offset: Any,
+    size: Any,
+    dest: Any,
+    vals: Any,
+    start: int,
+) -> int: ...

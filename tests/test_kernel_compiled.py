@@ -1,0 +1,336 @@
+"""The compiled read-kernel loops (tarindex/_kernel.c) against the Python loops they replace.
+
+Every read path that has a compiled form is run twice on the same shards, once with the
+extension and once with ``tarindex.reader._kernel`` set to ``None`` (what a machine without a
+C compiler, or ``TARINDEX_PURE_PYTHON=1``, runs), and must return the same samples, the same
+batches and the same errors. The shards are varied on purpose: GNU tar's member order,
+samples with members missing, non-ASCII keys, integer fields in every spelling ``int()``
+takes and some it does not.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex import reader as reader_mod
+from tests.conftest import MakeShards, have
+
+torch = pytest.importorskip("torch")
+from tarindex.torch.collate import fetch_batched, pack_blocks  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+COMPILED = reader_mod._kernel
+
+
+@pytest.fixture
+def pure(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Readers opened inside run the Python loops (as without the extension)."""
+    monkeypatch.setattr(reader_mod, "_kernel", None)
+    yield
+
+
+def _both(make: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """``make()`` with the compiled loops, then again with the Python loops."""
+    assert reader_mod._kernel is not None
+    compiled = make()
+    with monkeypatch.context() as m:
+        m.setattr(reader_mod, "_kernel", None)
+        python = make()
+    return compiled, python
+
+
+def _outcome(fn: Callable[[], Any]) -> Any:
+    try:
+        return ("ok", fn())
+    except Exception as e:  # the error is part of the result compared
+        return ("error", type(e).__name__, str(e))
+
+
+needs_ext = pytest.mark.skipif(COMPILED is None, reason="tarindex._kernel not built")
+
+
+def test_the_extension_is_built() -> None:
+    """CI installs with a C compiler: a silent build failure must not hide the compiled path."""
+    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
+        pytest.skip("TARINDEX_PURE_PYTHON is set: the Python loops are asked for")
+    assert COMPILED is not None, (
+        "tarindex._kernel did not import: install a C compiler and reinstall "
+        "(pip install -e .), or set TARINDEX_PURE_PYTHON=1 to run the Python loops"
+    )
+
+
+def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> None:
+    paths = make_shards([30])
+    code = (
+        "import sys, tarindex, tarindex.reader as r\n"
+        f"ds = tarindex.TarDataset({paths!r})\n"
+        "s = ds[3]\n"
+        "print(r._kernel is None, ds.shards.reader(0)._ck is None, s['__key__'])\n"
+    )
+    env = dict(os.environ, TARINDEX_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "00000003"]
+
+
+# --- varied shards --------------------------------------------------------------------------
+
+CLS_TEXT = [b"7", b" 12\n", b"+3", b"-0", b"007", b"\t42 ", b"-5", b"123456789012345678"]
+
+
+def _odd_shards(tmp: Path) -> list[str]:
+    """Three shards: the writer's (varied members), GNU tar's, and tarfile's (odd labels)."""
+    rng = np.random.default_rng(5)
+    a = tmp / "a.tar"
+    with tarindex.ShardWriter(str(a), maxcount=10_000, mtime=0) as w:
+        for i in range(300):
+            s: dict[str, Any] = {"__key__": f"k{i:04d}" if i % 7 else f"ключ-{i}"}
+            if i % 5 != 1:
+                s["bin"] = rng.integers(0, 256, int(rng.integers(0, 4000)), np.uint8).tobytes()
+            if i % 3:
+                s["cls"] = CLS_TEXT[i % len(CLS_TEXT)]
+            if i % 4 == 0:
+                s["json"] = b'{"i": %d}' % i
+            if len(s) == 1:
+                s["txt"] = b"alone"
+            w.write(s)
+    b = tmp / "b.tar"
+    src = tmp / "src"
+    src.mkdir()
+    names = []
+    for i in range(40):
+        (src / f"g{i:03d}.txt").write_bytes(b"gnu %d" % i)
+        (src / f"g{i:03d}.cls").write_bytes(b"%d\n" % (i % 9))
+        names += [f"g{i:03d}.txt", f"g{i:03d}.cls"]
+    if have("tar"):
+        subprocess.run(["tar", "--format=gnu", "-cf", str(b), "-C", str(src), *names], check=True)
+    else:  # still a third-party tar: tarfile
+        with tarfile.open(b, "w", format=tarfile.GNU_FORMAT) as t:
+            for nm in names:
+                t.add(src / nm, arcname=nm)
+    tarindex.build_index(str(b))
+    c = tmp / "c.tar"
+    with tarfile.open(c, "w", format=tarfile.PAX_FORMAT) as t:
+        for i in range(20):
+            for ext, data in (("cls", b"%d" % i), ("bin", bytes([i]) * (i * 100))):
+                info = tarfile.TarInfo(f"dir/t{i:02d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    tarindex.build_index(str(c))
+    return [str(a), str(b), str(c)]
+
+
+def _items(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(k, bytes(v) if isinstance(v, bytes | memoryview) else v) for k, v in s.items()]
+
+
+@needs_ext
+@pytest.mark.parametrize("fields", [None, ("cls",), ["bin", "json"], ("nope",)])
+def test_getitem_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fields: Any) -> None:
+    paths = _odd_shards(tmp_path)
+
+    def read() -> list[Any]:
+        ds = tarindex.TarDataset(paths, fields=fields)
+        out = [_items(ds[i]) for i in range(len(ds))] + [_items(ds[-1])]
+        out.append(_outcome(lambda: ds[len(ds)]))
+        out.append(_outcome(lambda: ds[1.5]))
+        return out
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    assert compiled[-2][:2] == ("error", "SampleIndexError")
+    assert compiled[-1][:2] == ("error", "TypeError")
+
+
+def _batch_view(b: Any) -> Any:
+    return (
+        list(b.keys),
+        list(b.fields),
+        b.int_fields,
+        bytes(b.data.numpy()),
+        [b.offsets(f).tolist() for f in b.fields],
+        [b.present(f).tolist() for f in b.fields],
+        [b.ints(f).tolist() for f in b.int_fields],
+        b.index.tolist(),
+        list(b.shards),
+        b.data.dtype,
+    )
+
+
+@needs_ext
+@pytest.mark.parametrize("fields", [None, ("cls", "txt"), ("bin",)])
+def test_batched_getitems_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fields: Any
+) -> None:
+    paths = _odd_shards(tmp_path)
+    n = 360
+    rng = np.random.default_rng(0)
+    batches: list[Any] = [rng.integers(0, n, 64).tolist() for _ in range(6)]
+    batches.append([3, 3, 3, -1, -360])  # repeats and negatives
+    batches.append(np.arange(310, 330))  # numpy indices, across two shards
+    batches.append([np.int64(5), 7])
+
+    def read() -> list[Any]:
+        ds = tarindex.TarDataset(paths, batched=True, fields=fields)
+        assert len(ds) == n
+        out = [_batch_view(ds.__getitems__(bt)) for bt in batches]
+        out.append(_outcome(lambda: ds.__getitems__([0, n])))
+        out.append(_outcome(lambda: ds.__getitems__([0, 1.5])))
+        return out
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    assert compiled[-2][:2] == ("error", "SampleIndexError")
+    assert compiled[-1][:2] == ("error", "TypeError")
+
+
+@needs_ext
+def test_compiled_batch_is_what_gather_and_pack_give(tmp_path: Path) -> None:
+    """In one process: gather_packed (compiled) against gather + pack_blocks (any loops)."""
+    paths = _odd_shards(tmp_path)
+    ss = tarindex.ShardSet(paths)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        idx = rng.integers(0, len(ss), 50).tolist()
+        got = fetch_batched(ss, idx)
+        want = pack_blocks([(ss.gather(idx), None)])
+        assert _batch_view(got) == _batch_view(want)
+
+
+@needs_ext
+def test_streaming_batches_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = _odd_shards(tmp_path)
+
+    def read() -> list[Any]:
+        ds = tarindex.TarIterableDataset(paths, shuffle=True, seed=3, batched=True, batch_size=16)
+        return [_batch_view(b) for b in ds]
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+
+
+def _label_shard(tmp: Path, label: bytes) -> str:
+    p = tmp / f"lab-{len(label)}.tar"
+    with tarindex.ShardWriter(str(p), maxcount=100, mtime=0) as w:
+        for i in range(10):
+            w.write({"__key__": f"s{i}", "bin": b"x" * i, "cls": label if i == 6 else b"1"})
+    return str(p)
+
+
+@needs_ext
+@pytest.mark.parametrize(
+    "label", [b"abc", b"1_000", b"99999999999999999999", b"", b"-1", b"1.5", b"\xff"]
+)
+def test_integer_members_parse_as_int_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, label: bytes
+) -> None:
+    """The compiled parser takes plain decimals and hands everything else to ``int()``."""
+    path = _label_shard(tmp_path, label)
+
+    def read() -> Any:
+        ds = tarindex.TarDataset(path, batched=True)
+        stream = tarindex.TarIterableDataset(path, batched=True, batch_size=10)
+        return (
+            _outcome(lambda: _batch_view(ds.__getitems__(list(range(10))))),
+            _outcome(lambda: [_batch_view(b) for b in stream]),
+        )
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    try:
+        ok = -(2**63) <= int(label) < 2**63
+    except ValueError:
+        ok = False
+    for kind, *rest in compiled:
+        if ok:
+            assert kind == "ok", rest
+            views = rest[0] if isinstance(rest[0], list) else [rest[0]]
+            keys, (labels,) = views[0][0], views[0][6]  # the cls column
+            assert {k: v for k, v in zip(keys, labels, strict=True)} == {
+                f"s{i}": int(label) if i == 6 else 1 for i in range(10)
+            }
+        else:
+            assert kind == "error" and rest[0] == "FormatError", rest
+            assert "s6.cls" in rest[1] and "int_fields=()" in rest[1], rest[1]
+
+
+# --- guards and lifetimes -------------------------------------------------------------------
+
+
+@needs_ext
+def test_corrupt_chunk_is_refused_by_the_compiled_paths(
+    make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table the chunk check refuses gives the same FormatError on every compiled path."""
+    (path,) = make_shards([50])
+    idx = Path(path + ".tidx")
+    blob = bytearray(idx.read_bytes())
+    r = tarindex.ShardReader(path)
+    off = r.index.sections["offset"][0]
+    r.close()
+    blob[off + 8 * 20 : off + 8 * 21] = (2**62).to_bytes(8, "little")  # member 20 past the tar
+    body = bytes(blob[:-8])  # FORMAT.md §2.7: a valid crc32 footer, so only the guards see it
+    idx.write_bytes(body + struct.pack("<I4s", zlib.crc32(body), b"TIDX"))
+
+    def read() -> Any:
+        out = []
+        for batched in (False, True):
+            ds = tarindex.TarDataset(path, batched=batched)
+            out.append(_outcome(partial(ds.__getitems__, list(range(50)))))
+            out.append(_outcome(partial(ds.__getitem__, 10)))
+        return out
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    for o in compiled:
+        assert o[0] == "error" and o[1] in ("FormatError", "StaleIndexError") or o[0] == "ok"
+    assert any(o[0] == "error" and str(idx) in o[2] for o in compiled)
+
+
+@needs_ext
+def test_close_releases_the_mappings(make_shards: MakeShards) -> None:
+    (path,) = make_shards([20])
+    r = tarindex.ShardReader(path)
+    assert r._ck is not None
+    mm, imm = r._mm, r._imm
+    assert mm is not None and imm is not None
+    r.close()
+    assert r._ck is None
+    assert imm.closed  # close() closes the index mapping: no buffer of it is left held
+    mm.close()  # BufferError if a buffer of the tar mapping were still held
+
+
+@needs_ext
+def test_a_reader_closed_while_a_batch_is_packed_stays_readable(make_shards: MakeShards) -> None:
+    """``alloc`` runs Python code: closing every reader there must not free what is copied."""
+    paths = make_shards([40, 40])
+    ss = tarindex.ShardSet(paths)
+    want = pack_blocks([(ss.gather(list(range(80))), None)])
+    ss.close()
+
+    def alloc(nbytes: int) -> tuple[Any, Any]:
+        ss.close()  # every Tables of the batch loses its reader now
+        import gc
+
+        gc.collect()
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        return t, t.numpy()
+
+    got = ss.gather_packed(list(range(80)), None, ("cls",), alloc)
+    assert got is not None
+    assert bytes(got[0].numpy()) == bytes(want.data.numpy())
+    assert got[1] == want.keys
