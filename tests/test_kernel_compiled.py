@@ -36,13 +36,6 @@ pytestmark = pytest.mark.timeout(240)
 COMPILED = reader_mod._kernel
 
 
-@pytest.fixture
-def pure(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Readers opened inside run the Python loops (as without the extension)."""
-    monkeypatch.setattr(reader_mod, "_kernel", None)
-    yield
-
-
 def _both(make: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     """``make()`` with the compiled loops, then again with the Python loops."""
     assert reader_mod._kernel is not None
