@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tarfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
