@@ -72,6 +72,7 @@ __all__ = [
     "mix_total",
     "mix_bound",
     "mix_schedule",
+    "mix_sources",
     "mix_offsets",
     "mix_spans",
     "resume_segments",
@@ -721,12 +722,11 @@ def _first_at(c: list[int], tie: list[int], s: int, x: int) -> int:
 
 
 def _mix_base(
-    c: NDArray[np.int64], tie: list[int], x: int, y: int
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Source and occurrence of base positions ``[x, y)``, ``0 <= x <= y <= N``."""
+    c: NDArray[np.int64], tie: list[int], x: int, y: int, occ: NDArray[np.int64] | None
+) -> NDArray[np.int64]:
+    """Source of base positions ``[x, y)``, ``0 <= x <= y <= N``; occurrences into ``occ``."""
     cl = c.tolist()
     src = np.empty(y - x, dtype=np.int64)
-    occ = np.empty(y - x, dtype=np.int64)
     for s, cs in enumerate(cl):
         if not cs:
             continue
@@ -737,10 +737,13 @@ def _mix_base(
             if r != s and cr:
                 big = odd * cr
                 m = big // cs if tie[r] < tie[s] else (big - 1) // cs
-                pos += np.minimum((m + 1) // 2, cr)
+                m += 1
+                m >>= 1  # m >= 0: (m + 1) // 2, as in _pos1
+                pos += np.minimum(m, cr, out=m)
         src[pos] = s
-        occ[pos] = j
-    return src, occ
+        if occ is not None:
+            occ[pos] = j
+    return src
 
 
 def _mix_epoch(c: NDArray[np.int64], seed: int, epoch: int, shuffle: bool) -> tuple[int, list[int]]:
@@ -789,6 +792,29 @@ def mix_schedule(
         ValueError: Negative counts, a sum of ``2**31`` or more, a negative ``start``, a
             non-empty range over zero samples, or bad ``seed``/``epoch``.
     """
+    src, occ = _mix_positions(counts, seed, epoch, start, stop, shuffle, True)
+    assert occ is not None  # with_occ
+    return src, occ
+
+
+def mix_sources(
+    counts: IntArray,
+    seed: int,
+    epoch: int,
+    start: int,
+    stop: int,
+    shuffle: bool = True,
+) -> NDArray[np.int64]:
+    """Return :func:`mix_schedule`'s ``src`` alone (cheaper: no occurrence numbers).
+
+    Arguments, result and errors as :func:`mix_schedule`'s first array.
+    """
+    return _mix_positions(counts, seed, epoch, start, stop, shuffle, False)[0]
+
+
+def _mix_positions(
+    counts: IntArray, seed: int, epoch: int, start: int, stop: int, shuffle: bool, with_occ: bool
+) -> tuple[NDArray[np.int64], NDArray[np.int64] | None]:
     c = _mix_counts(counts)
     n = int(c.sum())
     a, b = int(start), int(stop)
@@ -797,18 +823,22 @@ def mix_schedule(
     if a < 0 or n == 0:
         raise ValueError(f"positions [{a}, {b}) out of range for a mix of {n} samples")
     phi, tie = _mix_epoch(c, seed, epoch, shuffle)
-    cl = c.tolist()
-    jphi = np.asarray([_first_at(cl, tie, s, phi) for s in range(len(cl))], dtype=np.int64)
-    srcs, occs = [], []
+    srcs: list[NDArray[np.int64]] = []
+    occs: list[NDArray[np.int64]] = []
     t = a
     while t < b:
         x = (t + phi) % n
         y = min(n, x + (b - t))
-        s, o = _mix_base(c, tie, x, y)
-        srcs.append(s)
-        occs.append(o)
+        o = np.empty(y - x, dtype=np.int64) if with_occ else None
+        srcs.append(_mix_base(c, tie, x, y, o))
+        if o is not None:
+            occs.append(o)
         t += y - x
     src = srcs[0] if len(srcs) == 1 else np.concatenate(srcs)
+    if not with_occ:
+        return src, None
+    cl = c.tolist()
+    jphi = np.asarray([_first_at(cl, tie, s, phi) for s in range(len(cl))], dtype=np.int64)
     occ = occs[0] if len(occs) == 1 else np.concatenate(occs)
     cs = np.maximum(c, 1)[src]
     occ = (occ - jphi[src]) % cs

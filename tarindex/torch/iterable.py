@@ -12,6 +12,7 @@ import warnings
 import zlib
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
+from itertools import chain, repeat
 from typing import Any, cast
 
 import numpy as np
@@ -500,8 +501,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         The hook through which :class:`tarindex.torch.mix.MixedDataset` reads a source: exactly
         one item per position, ``skipped`` in place of a sample left out under
         ``on_error="skip"``. Does not touch this dataset's epoch or resume state. Without
-        decode, transform, ``on_error="skip"`` or ``tag`` it returns the kernel stream itself
-        (no per-sample work added).
+        decode, transform, ``on_error="skip"`` or ``tag`` it returns the kernel's parts
+        flattened by ``itertools.chain`` (no Python frame per sample).
 
         Args:
             p: A plan of this dataset's shards (:meth:`plan` or
@@ -511,11 +512,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
             skipped: Yielded for a skipped sample. Defaults to ``None``.
             tag: ``(key, value)`` set in every sample dict before decoding. Defaults to none.
         """
-        raw = self._stream(p, start, stop)
         if self.decoder is None and self.transform is None and self.on_error == "raise":
-            if tag is None:
-                return raw  # errors raise, so never a None
-        return self._finished(raw, skipped, tag)
+            if tag is None:  # errors raise, so never a None: the kernel's parts, flattened in C
+                return chain.from_iterable(self._parts(p, start, stop))
+        return self._finished(self._stream(p, start, stop), skipped, tag)
 
     def _finished(
         self, raw: Iterator[Sample | None], skipped: Any, tag: tuple[str, Any] | None
@@ -541,13 +541,25 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
 
         Without mixing, block by block in plan order; with mixing, window by window (at most
         ``buffer_size`` samples held), each in its seeded order. ``None`` marks a sample whose
-        block could not be read under ``on_error="skip"``.
+        block could not be read under ``on_error="skip"``. The samples of :meth:`_parts`, one
+        after another.
+        """
+        for part in self._parts(p, start, stop):
+            yield from part
+
+    def _parts(
+        self, p: plan_mod.WorkerPlan, start: int, stop: int | None = None
+    ) -> Iterator[Iterator[Sample | None]]:
+        """:meth:`_stream` as one iterator per block (or window): ``chain`` them to flatten.
+
+        A part is read when it is asked for, and each part lets a sample go as it yields it
+        (the consumer decodes it in place, and a decoded block or window held here would keep
+        every decoded image of it alive); its per-sample step is C (``list.pop``), so a
+        flattening ``itertools.chain`` adds no Python frame per sample.
         """
         end = p.n_samples if stop is None else min(int(stop), p.n_samples)
         if start >= end:
             return
-        # a sample is let go once yielded: the consumer decodes it in place, and a decoded
-        # block (or window) held here would keep every decoded image of it alive
         ra = _ReadAhead.over(self.shards, self.fields)
         try:
             if not (p.shuffle and p.buffer_size > 1):
@@ -556,9 +568,8 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                     ra.add(pieces)
                 for piece in pieces:
                     got = self._samples(piece, self._read1(piece, False, ra))
-                    for i in range(len(got)):
-                        smp, got[i] = got[i], None
-                        yield smp
+                    got.reverse()
+                    yield map(got.pop, repeat(-1, len(got)))
                 return
             w = p.buffer_size
             k_end = (end - 1) // w + 1
@@ -574,11 +585,14 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 buf: list[Sample | None] = []
                 for piece in pieces.tolist():  # each block is unpacked (and freed) at once
                     buf.extend(self._samples(piece, self._read1(piece, True, ra)))
-                order = perm.tolist() if perm is not None else range(len(buf))
-                skip = start - k * w if start > k * w else 0
-                for i in order[skip : end - k * w]:
-                    smp, buf[i] = buf[i], None
-                    yield smp
+                lo = start - k * w if start > k * w else 0
+                hi = min(end - k * w, len(buf))
+                if perm is None:
+                    rev = buf[hi - 1 : lo - 1 if lo else None : -1]
+                else:
+                    rev = list(map(buf.__getitem__, perm[lo:hi][::-1].tolist()))
+                del buf
+                yield map(rev.pop, repeat(-1, len(rev)))
         finally:
             if ra is not None:
                 ra.close()

@@ -49,9 +49,15 @@ def _source_spans(
     start: int,
     stop: int,
     shuffle: bool,
+    first: NDArray[np.int64] | None = None,
 ) -> list[list[tuple[int, int, int]]]:
-    """Per source, the ranges of its own epochs that fill mixed positions ``[start, stop)``."""
-    o0 = plan_mod.mix_offsets(counts, seed, epoch, start, shuffle).tolist()
+    """Per source, the ranges of its own epochs that fill mixed positions ``[start, stop)``.
+
+    ``first``: :func:`tarindex.shuffle.mix_offsets` at ``start``, if already computed.
+    """
+    if first is None:
+        first = plan_mod.mix_offsets(counts, seed, epoch, start, shuffle)
+    o0 = first.tolist()
     o1 = plan_mod.mix_offsets(counts, seed, epoch, stop, shuffle).tolist()
     return [
         plan_mod.mix_spans(a, b, int(c), int(n), epoch, r)
@@ -338,10 +344,11 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
             skip -= first
             if first < p1 - p0:
                 parts.append((q, p0, p1, first))
-        return chain.from_iterable(
+        its = (
             src.iter_plan(self.source_plan(s, q, p0, p1), first, skipped=_SKIPPED, tag=tag)
             for q, p0, p1, first in parts
         )
+        return next(its) if len(parts) == 1 else chain.from_iterable(its)
 
     def _generate(self, epoch: int, a: int, b: int) -> Iterator[Any]:
         """The worker's share ``[a, b)`` from position ``a + consumed`` on.
@@ -349,42 +356,48 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
         Each source's windows are cut from the worker's first position, also when resuming,
         so a resumed epoch reads and yields exactly what the uninterrupted one would have.
         """
+        o0 = plan_mod.mix_offsets(self.counts, self.seed, epoch, a, self.shuffle)
         spans = _source_spans(
-            self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle
+            self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle, o0
         )
-        base = self._consumed
+        pos = self._consumed
         skips = (
-            plan_mod.mix_offsets(self.counts, self.seed, epoch, a + base, self.shuffle)
-            - plan_mod.mix_offsets(self.counts, self.seed, epoch, a, self.shuffle)
+            (plan_mod.mix_offsets(self.counts, self.seed, epoch, a + pos, self.shuffle) - o0)
+            if pos
+            else np.zeros_like(o0)
         ).tolist()
-        nexts = [
-            self._source_stream(s, rows, k).__next__
-            for s, (rows, k) in enumerate(zip(spans, skips, strict=True))
-        ]
+        streams = np.empty(len(spans), dtype=object)  # a source's stream, by source number
+        for s, (rows, k) in enumerate(zip(spans, skips, strict=True)):
+            streams[s] = self._source_stream(s, rows, k)
         key = self.source_key
         tag = [key is not None and _plain(src) for src in self.sources]
         skipped = _SKIPPED
         lean = not any(tag) and all(src.on_error == "raise" for src in self.sources)
-        for c0 in range(a + base, b, _CHUNK):
-            src, _ = plan_mod.mix_schedule(
-                self.counts, self.seed, epoch, c0, min(b, c0 + _CHUNK), self.shuffle
-            )
-            ids = src.tolist()
+        for c0 in range(a + pos, b, _CHUNK):
+            c1 = min(b, c0 + _CHUNK)
+            src = plan_mod.mix_sources(self.counts, self.seed, epoch, c0, c1, self.shuffle)
+            # one C-level next() per position, on the stream of its source
+            pulled = map(next, streams[src].tolist())
             if lean:  # no marker can come (errors raise), nothing to tag
-                for pos, s in enumerate(ids, base + 1):
-                    x = nexts[s]()
+                for x in pulled:
+                    pos += 1
                     self._consumed = pos
                     yield x
             else:
-                for pos, s in enumerate(ids, base + 1):
-                    x = nexts[s]()
+                for s, x in zip(src.tolist(), pulled, strict=False):  # checked below
+                    pos += 1
                     self._consumed = pos
                     if x is skipped:
                         continue
                     if tag[s]:
                         x[key] = s
                     yield x
-            base += len(ids)
+            if a + pos != c1:  # map() ends quietly where a stream runs out
+                raise RuntimeError(
+                    f"MixedDataset: source {int(src[a + pos - c0])} ran out at mixed position "
+                    f"{a + pos} of [{a}, {b}) in epoch {epoch}: its plan is shorter than the "
+                    "mix's spans (a bug: please report it)"
+                )
 
     # -- pickling ---------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
