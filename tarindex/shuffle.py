@@ -43,6 +43,7 @@ tag, ...])`` with ``seed`` and ``epoch`` split into fixed-width 32-bit words and
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -579,6 +580,11 @@ def source_seed(seed: int, source: int) -> int:
     Raises:
         ValueError: If ``seed`` is not in ``[0, 2**64)`` or ``source`` not in ``[0, 2**32)``.
     """
+    return _source_seed(int(seed), int(source))
+
+
+@functools.lru_cache(maxsize=256)
+def _source_seed(seed: int, source: int) -> int:
     return int(make_rng(seed, 0, _TAG_MIX_SOURCE, source).integers(0, 1 << 63))
 
 
@@ -710,15 +716,38 @@ def _pos1(c: list[int], tie: list[int], s: int, j: int) -> int:
 
 
 def _first_at(c: list[int], tie: list[int], s: int, x: int) -> int:
-    """Smallest occurrence ``j`` of source ``s`` whose base position is ``>= x``."""
-    lo, hi = 0, c[s]
-    while lo < hi:
+    """Smallest occurrence ``j`` of source ``s`` whose base position is ``>= x`` (or ``c[s]``).
+
+    ``_pos1`` is strictly increasing in ``j`` and within ``m`` of ``(j + 1/2) N / c[s]``, so
+    the search starts there and brackets outward (a few ``_pos1`` calls, not ``log2 c[s]``).
+    """
+    cs = c[s]
+    if cs == 0:
+        return 0
+    lo, hi = -1, cs  # _pos1(lo) < x <= _pos1(hi), with _pos1(-1) = -inf and _pos1(cs) = +inf
+    g = min(max((2 * x + 1) * cs // (2 * sum(c)), 0), cs - 1)
+    step = 1
+    if _pos1(c, tie, s, g) >= x:
+        hi = g
+        while (t := hi - step) > lo:
+            if _pos1(c, tie, s, t) < x:
+                lo = t
+                break
+            hi, step = t, 2 * step
+    else:
+        lo = g
+        while (t := lo + step) < hi:
+            if _pos1(c, tie, s, t) >= x:
+                hi = t
+                break
+            lo, step = t, 2 * step
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         if _pos1(c, tie, s, mid) >= x:
             hi = mid
         else:
-            lo = mid + 1
-    return lo
+            lo = mid
+    return hi
 
 
 def _mix_base(
@@ -750,10 +779,17 @@ def _mix_epoch(c: NDArray[np.int64], seed: int, epoch: int, shuffle: bool) -> tu
     n = int(c.sum())
     if not shuffle or n == 0:
         return 0, list(range(len(c)))
+    phi, tie = _mix_epoch_rng(tuple(c.tolist()), n, int(seed), int(epoch))
+    return phi, list(tie)
+
+
+@functools.lru_cache(maxsize=64)
+def _mix_epoch_rng(c: tuple[int, ...], n: int, seed: int, epoch: int) -> tuple[int, tuple[int, ...]]:
+    """The epoch's rotation and tie order (memoised: a mix asks for them a few times an epoch)."""
     rng = make_rng(seed, epoch, _TAG_MIX)
     tie = np.empty(len(c), dtype=np.int64)
     tie[rng.permutation(len(c))] = np.arange(len(c))
-    return int(rng.integers(0, n)), tie.tolist()
+    return int(rng.integers(0, n)), tuple(tie.tolist())
 
 
 def mix_schedule(

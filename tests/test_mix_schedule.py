@@ -66,6 +66,23 @@ def test_schedule_is_a_permutation_within_the_bound(counts: list[int]) -> None:
         assert (window_excess(twice, counts) <= bound + 1e-9).all()
 
 
+def test_first_occurrence_search_and_sources_alone() -> None:
+    """``_first_at`` (guess, then bracket) is its definition: the first j at or past x."""
+    rng = np.random.default_rng(4)
+    for counts in [*CASES, [3, 1], [1, 1, 1, 1], [9999, 2, 1], [17, 5000, 0, 1]]:
+        n, m = sum(counts), len(counts)
+        for tie in ([*range(m)], rng.permutation(m).tolist()):
+            for s, cs in enumerate(counts):
+                base = [S._pos1(counts, tie, s, j) for j in range(cs)]
+                xs = range(-1, n + 2) if n < 400 else rng.integers(-1, n + 2, 300).tolist()
+                for x in xs:
+                    want = next((j for j, p in enumerate(base) if p >= x), cs)
+                    assert S._first_at(counts, tie, s, x) == want, (counts, tie, s, x)
+        for a, b in ((0, n), (n // 3, 2 * n + 5)):
+            src, _ = S.mix_schedule(counts, 2, 5, a, b)
+            assert S.mix_sources(counts, 2, 5, a, b).tolist() == src.tolist()
+
+
 def test_bound_values_and_brute_force() -> None:
     assert S.mix_bound([10, 30]).tolist() == [1.0, 1.0]
     b3 = S.mix_bound([50, 30, 20])

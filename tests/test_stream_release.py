@@ -41,7 +41,7 @@ def test_single_source_lets_samples_go(
         block_size=4,
         buffer_size=buffer_size,
         shuffle=shuffle,
-        on_error=on_error,  # type: ignore[arg-type]
+        on_error=on_error,
     )
     counts = held_after_next(ds)
     assert len(counts) == 49 and set(counts) == {2}
