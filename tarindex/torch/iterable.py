@@ -588,7 +588,7 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
                 lo = start - k * w if start > k * w else 0
                 hi = min(end - k * w, len(buf))
                 if perm is None:
-                    rev = buf[hi - 1 : lo - 1 if lo else None : -1]
+                    rev = buf[lo:hi][::-1]
                 else:
                     rev = list(map(buf.__getitem__, perm[lo:hi][::-1].tolist()))
                 del buf
