@@ -6,7 +6,10 @@ each pass with thread CPU time, best of ``--passes``, over the same random sampl
 ratios (and a before/after pair with ``--before``) are comparable:
 
 * ``limit``: mmap slices of every member of each sample, offsets known in advance (the
-  ``ds[i]`` limit of run.py);
+  ``ds[i]`` limit of run.py), each dropped at once (its memory is reused, warm, by the next);
+* ``limit, batch of 64 held``: the same slices, kept until the batch of 64 they belong to is
+  complete, as per-item reads under a ``DataLoader`` are until ``collate_fn`` packs them (the
+  per-item bound a batched fetch competes with);
 * ``copy limit``: the same members copied into one reused batch buffer, no bookkeeping at
   all (the bound of any path that delivers one buffer per batch, as ``batched=True`` does);
 * ``ds[i]``, ``__getitems__`` (list of dicts), ``__getitems__ batched=True``,
@@ -67,6 +70,11 @@ def measure(data: str, n: int, passes: int) -> dict[str, float]:
             for s, a, b in plan[i]:
                 mms[s][a:b]
 
+    def held_limit() -> None:
+        for bt in batches:  # a DataLoader holds a batch's samples until collate_fn packs them
+            kept = [mms[s][a:b] for i in bt for s, a, b in plan[i]]
+            del kept
+
     def copy_limit() -> None:
         for bt in batches:
             d = 0
@@ -99,6 +107,7 @@ def measure(data: str, n: int, passes: int) -> dict[str, float]:
 
     rows: dict[str, tuple[Callable[[], None], int]] = {
         "limit": (limit, len(perm)),
+        "limit, batch of 64 held": (held_limit, 64 * len(batches)),
         "copy limit (one batch buffer)": (copy_limit, 64 * len(batches)),
         "ds[i]": (dsi, len(perm)),
         "__getitems__ (dicts)": (items, 64 * len(batches)),
