@@ -16,6 +16,12 @@
 
 #define CHUNK_SHIFT 10 /* reader.CHUNK_SHIFT */
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 /* ---- Tables: one open shard's tables and tar bytes, pinned while the object lives ------ */
 
 typedef struct {
@@ -114,7 +120,7 @@ static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t narg
         }
         want = PyBytes_AS_STRING(args[1]);
     }
-    uint64_t k0, k1, m0, m1;
+    uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
     if (!tables_row(t, j, &k0, &k1, &m0, &m1)) Py_RETURN_NONE;
     for (uint64_t m = m0; m < m1; m++)
         if (!member_ok(t, m, t->data.len)) Py_RETURN_NONE;
@@ -203,7 +209,7 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     }
     /* pass 1: bounds, member total */
     for (Py_ssize_t b = 0; b < n; b++) {
-        uint64_t k0, k1, m0, m1;
+        uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         if (slot[b] < 0 || slot[b] >= nt) {
             PyErr_SetString(PyExc_IndexError, "gather: slot out of range");
             goto done;
@@ -234,7 +240,7 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     int64_t *c = (int64_t *)PyBytes_AS_STRING(cnt);
     char *po = PyBytes_AS_STRING(ob), *ps = PyBytes_AS_STRING(sb), *pe = PyBytes_AS_STRING(eb);
     for (Py_ssize_t b = 0; b < n; b++) {
-        uint64_t k0, k1, m0, m1;
+        uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         Tables *t = (Tables *)PyTuple_GET_ITEM(tabs, slot[b]);
         tables_row(t, (Py_ssize_t)local[b], &k0, &k1, &m0, &m1);
         PyObject *k = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0,
@@ -422,7 +428,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
              *pres = NULL, *ints = NULL, *index = NULL, *shards = NULL, *made = NULL,
              *pos = NULL;
     Tables **row_t = NULL;
-    int64_t *row_j = NULL, *lens = NULL, *ivals = NULL;
+    int64_t *row_j = NULL, *row_s = NULL, *lens = NULL, *ivals = NULL;
     char *seen = NULL;
     Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0;
     if (ns < 1 || n == 0) {
@@ -431,6 +437,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     row_t = PyMem_Malloc(n * sizeof(Tables *));
     row_j = PyMem_Malloc(n * sizeof(int64_t));
+    row_s = PyMem_Malloc(n * sizeof(int64_t));
     seen = PyMem_Calloc(ns, 1);
     lens = PyMem_Malloc(cap * n * sizeof(int64_t));
     ivals = PyMem_Malloc(cap * n * sizeof(int64_t));
@@ -440,13 +447,13 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     pos = PyDict_New();
     index = PyByteArray_FromStringAndSize(NULL, n * 8);
     shards = PyList_New(n);
-    if (!row_t || !row_j || !seen || !lens || !ivals) {
+    if (!row_t || !row_j || !row_s || !seen || !lens || !ivals) {
         PyErr_NoMemory();
         goto done;
     }
     if (!keys || !bnames || !inames || !pos || !index || !shards) goto done;
     int64_t *idx = (int64_t *)PyByteArray_AS_STRING(index), total = starts[ns];
-    /* pass 1: locate, look up, bound, key, integer members, layout sizes */
+    /* pass 1: locate, look up, cut check; then (prefetched) keys, members, layout sizes */
     for (Py_ssize_t b = 0; b < n; b++) {
         Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, b), NULL);
         if (i == -1 && PyErr_Occurred()) { /* not an integer: the Python path says so */
@@ -514,16 +521,43 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         Py_ssize_t j = i - (Py_ssize_t)starts[sh];
-        uint64_t k0, k1, m0, m1;
         if (j >= t->n || !((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) {
             res = j >= t->n ? hand_back(str_python, 0, 0) : hand_back(str_check, sh, j >> CHUNK_SHIFT);
             goto done;
         }
+        row_j[b] = j;
+        row_s[b] = sh;
+        PREFETCH((const uint64_t *)t->kp.buf + j); /* table rows: a cache miss each, else */
+        PREFETCH((const uint64_t *)t->sp.buf + j);
+    }
+    for (Py_ssize_t b = 0; b < n; b++) { /* the member rows of those samples, ahead too */
+        Tables *t = row_t[b];
+        Py_ssize_t j = (Py_ssize_t)row_j[b];
+        uint64_t m = ((const uint64_t *)t->sp.buf)[j];
+        if (m < (uint64_t)t->members) {
+            PREFETCH((const uint64_t *)t->off.buf + m);
+            PREFETCH((const uint64_t *)t->size.buf + m);
+            PREFETCH((const uint32_t *)t->eid.buf + m);
+        }
+        uint64_t k = ((const uint64_t *)t->kp.buf)[j];
+        if (k < (uint64_t)(t->kend - t->kbase)) PREFETCH((const char *)t->keys.buf + t->kbase + k);
+    }
+    for (Py_ssize_t b = 0; b < n; b++) { /* the members' first bytes (integers parsed next) */
+        Tables *t = row_t[b];
+        Py_ssize_t j = (Py_ssize_t)row_j[b];
+        const uint64_t *sp = t->sp.buf, *off = t->off.buf;
+        uint64_t m0 = sp[j], m1 = sp[j + 1];
+        for (uint64_t m = m0; m < m1 && m < (uint64_t)t->members; m++)
+            if (off[m] < (uint64_t)t->data.len) PREFETCH((const char *)t->data.buf + off[m]);
+    }
+    for (Py_ssize_t b = 0; b < n; b++) { /* keys, members, layout sizes */
+        Tables *t = row_t[b];
+        Py_ssize_t j = (Py_ssize_t)row_j[b], sh = (Py_ssize_t)row_s[b];
+        uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         if (!tables_row(t, j, &k0, &k1, &m0, &m1)) {
             res = hand_back(str_python, 0, 0);
             goto done;
         }
-        row_j[b] = j;
         PyObject *k = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0,
                                            (Py_ssize_t)(k1 - k0), "surrogateescape");
         if (k == NULL) goto done;
@@ -605,7 +639,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     /* pass 2: copies (pass 1 bounded every read; row_t holds each Tables, so its buffers) */
     char *dst = out.buf;
     for (Py_ssize_t b = 0; b < n; b++) {
-        uint64_t k0, k1, m0, m1;
+        uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         Tables *t = row_t[b];
         tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1);
         const uint32_t *eid = t->eid.buf;
@@ -634,6 +668,7 @@ done:
     while (nrow > 0) Py_DECREF(row_t[--nrow]);
     PyMem_Free(row_t);
     PyMem_Free(row_j);
+    PyMem_Free(row_s);
     PyMem_Free(seen);
     PyMem_Free(lens);
     PyMem_Free(ivals);
