@@ -641,6 +641,15 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t b = 0; b < n; b++) {
         uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         Tables *t = row_t[b];
+        if (b + 1 < n) { /* the next sample's members: their first lines while this one copies */
+            Tables *u = row_t[b + 1];
+            const uint64_t *usp = u->sp.buf, *uoff = u->off.buf;
+            Py_ssize_t uj = (Py_ssize_t)row_j[b + 1];
+            const uint64_t *usz = u->size.buf;
+            for (uint64_t m = usp[uj]; m < usp[uj + 1]; m++) /* bounded in pass 1 */
+                for (uint64_t at = 0; at < usz[m] && at < 256; at += 64)
+                    PREFETCH((const char *)u->data.buf + uoff[m] + at);
+        }
         tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1);
         const uint32_t *eid = t->eid.buf;
         const uint64_t *off = t->off.buf, *sz = t->size.buf;
