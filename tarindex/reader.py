@@ -102,6 +102,7 @@ __all__ = [
     "is_up_to_date",
     "CHUNK",
     "copy_members",
+    "sample_indices",
     "DEFAULT_MAX_OPEN",
     "crc_mismatches",
     "data_error",
@@ -280,6 +281,26 @@ def _joined(parts: list[bytes]) -> tuple[bytes, NDArray[np.int64]]:
     if parts:
         np.cumsum([len(x) for x in parts[:-1]], out=at[1:])
     return b"".join(parts), at
+
+
+def sample_indices(
+    indices: Sequence[int] | NDArray[np.integer[Any]], total: int
+) -> NDArray[np.int64]:
+    """Batch indices as ``int64 (n,)`` in ``[0, total)``: negative ones count from the end.
+
+    Raises:
+        TypeError: If an index is not an integer (``1.5``, ``"3"``), as list indexing does.
+        SampleIndexError: If an index is out of range.
+    """
+    idx = np.asarray(indices).reshape(-1)
+    if idx.dtype.kind not in "iu" and idx.size:
+        idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
+    idx = idx.astype(np.int64, copy=False)
+    idx = np.where(idx < 0, idx + total, idx)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= total):
+        bad = int(idx[(idx < 0) | (idx >= total)][0])
+        raise SampleIndexError(f"sample index {bad} out of range for {total} samples")
+    return idx
 
 
 def copy_members(
@@ -2206,15 +2227,7 @@ class ShardSet:
         self, indices: Sequence[int] | NDArray[np.integer[Any]]
     ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
         """:meth:`locate` for a batch: ``int64`` global indices (normalised), shards, locals."""
-        total = len(self)
-        idx = np.asarray(indices).reshape(-1)
-        if idx.dtype.kind not in "iu" and idx.size:  # 1.5 or "3": TypeError, as list indexing
-            idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
-        idx = idx.astype(np.int64, copy=False)
-        idx = np.where(idx < 0, idx + total, idx)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= total):
-            bad = int(idx[(idx < 0) | (idx >= total)][0])
-            raise SampleIndexError(f"sample index {bad} out of range for {total} samples")
+        idx = sample_indices(indices, len(self))
         if self._per:
             sid = np.minimum(idx // self._per, self._last)
         else:

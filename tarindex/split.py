@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from .errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
 from .format.keyhash import key_hashes
-from .reader import Block, Fields, Sample, ShardReader, ShardSet
+from .reader import Block, Fields, Sample, ShardReader, ShardSet, sample_indices
 from .sources import Source
 
 __all__ = [
@@ -224,16 +224,7 @@ class ShardSubset(ShardSet):
 
     def _to_base(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
         """The base's indices of view samples ``indices`` (negative count from the end)."""
-        idx = np.asarray(indices).reshape(-1)
-        if idx.dtype.kind not in "iu" and idx.size:
-            idx = np.asarray([operator.index(i) for i in idx.tolist()], np.int64)
-        idx = idx.astype(np.int64, copy=False)
-        n = len(self.indices)
-        idx = np.where(idx < 0, idx + n, idx)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            bad = int(idx[(idx < 0) | (idx >= n)][0])
-            raise SampleIndexError(f"sample index {bad} out of range for {n} samples")
-        out: NDArray[np.int64] = self.indices[idx]
+        out: NDArray[np.int64] = self.indices[sample_indices(indices, len(self.indices))]
         return out
 
     def gather(
