@@ -320,10 +320,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify
 
     paths = _expand(args.paths)
+    listed = {  # a manifest's shards: checked against it first, as the datasets do
+        p: (ss, s)
+        for ss in (ShardSet(m, index_dir=args.index_dir, max_open=1) for m in args.paths
+                   if is_manifest(m))
+        for s, p in enumerate(ss.paths)
+    }
     failed = 0
     for p in paths:
         tmp = p
         try:
+            if p in listed:
+                ss, s = listed[p]
+                ss.reader(s).close()  # StaleManifestError if missing or changed
             ip = index_for(p, args.index_dir) if args.index_dir or is_url(p) else None
             with _local_tar(p) as tmp:  # a remote tar: streamed once, then rescanned
                 report = verify(tmp, data=args.data) if ip is None else verify(tmp, ip, data=args.data)
@@ -347,6 +356,38 @@ def _index_of(path: str, args: argparse.Namespace) -> str | None:
     return index_for(path, d) if d else None
 
 
+def _each_reader(
+    sources: Sequence[str], args: argparse.Namespace
+) -> Iterator[tuple[str, ShardReader]]:
+    """Every shard of ``sources`` once, in order, open; a manifest's checked against it.
+
+    A manifest's shards open through its :class:`ShardSet`, so a shard missing or changed
+    since the manifest raises :class:`~tarindex.errors.StaleManifestError` (naming it), as
+    the datasets do; other sources open as they are.
+
+    Raises:
+        UsageError: If a source matches nothing.
+        StaleManifestError: A manifest's shard is missing or changed.
+    """
+    seen: set[str] = set()
+    for src in sources:
+        if is_manifest(src):
+            ss = ShardSet(src, index_dir=args.index_dir, max_open=1)  # one open at a time
+            try:
+                for s, p in enumerate(ss.paths):
+                    if p not in seen:
+                        seen.add(p)
+                        yield p, ss.reader(s)
+            finally:
+                ss.close()
+            continue
+        for p in _expand([src]):
+            if p not in seen:
+                seen.add(p)
+                with ShardReader(p, _index_of(p, args)) as r:
+                    yield p, r
+
+
 def _blocks(r: ShardReader) -> Iterator[Block]:
     """The shard's samples as kernel blocks of tables (no member bytes read)."""
     for j0 in range(0, r.n_samples, _LS_BLOCK):
@@ -355,27 +396,26 @@ def _blocks(r: ShardReader) -> Iterator[Block]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """``tarindex info``: shards, samples, members, extensions (counts) and bytes."""
-    paths = _expand(args.sources)
-    n_samples = n_members = data_bytes = tar_bytes = index_bytes = 0
+    n_shards = n_samples = n_members = data_bytes = tar_bytes = index_bytes = 0
     exts: Counter[str] = Counter()
-    for p in paths:
-        with ShardReader(p, _index_of(p, args)) as r:
-            counts = np.zeros(len(r.exts), np.int64)
-            for blk in _blocks(r):
-                counts += np.bincount(blk.ext_id, minlength=len(r.exts))
-                data_bytes += int(blk.size.sum())
-                n_members += len(blk.ext_id)
-            n_samples += r.n_samples
-            tar_bytes += r.tar_size
-            index_bytes += (
-                len(load_indexes([r.index_path], [p])[0][0])
-                if is_url(r.index_path)
-                else os.path.getsize(r.index_path)
-            )
-            for name, c in zip(r.exts, counts.tolist(), strict=True):
-                exts[name] += c
+    for p, r in _each_reader(args.sources, args):
+        n_shards += 1
+        counts = np.zeros(len(r.exts), np.int64)
+        for blk in _blocks(r):
+            counts += np.bincount(blk.ext_id, minlength=len(r.exts))
+            data_bytes += int(blk.size.sum())
+            n_members += len(blk.ext_id)
+        n_samples += r.n_samples
+        tar_bytes += r.tar_size
+        index_bytes += (
+            len(load_indexes([r.index_path], [p])[0][0])
+            if is_url(r.index_path)
+            else os.path.getsize(r.index_path)
+        )
+        for name, c in zip(r.exts, counts.tolist(), strict=True):
+            exts[name] += c
     info = {
-        "shards": len(paths),
+        "shards": n_shards,
         "samples": n_samples,
         "members": n_members,
         "extensions": dict(sorted(exts.items())),
@@ -386,7 +426,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
-    print(f"shards:      {len(paths)}")
+    print(f"shards:      {n_shards}")
     print(f"samples:     {n_samples}")
     print(f"members:     {n_members}")
     print("extensions:  " + (", ".join(f"{e} ({c})" for e, c in sorted(exts.items())) or "-"))
@@ -403,10 +443,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     :func:`tarindex.format.keys.escape_name` (control characters as backslash escapes), so
     one line is always one item.
     """
-    paths = _expand(args.sources)
     write = sys.stdout.write
     esc = escape_name
     if args.members or args.skipped:
+        paths = _expand(args.sources)
         for s, p in enumerate(paths):
             with _local_tar(p) as tmp:
                 m = scan_members(tmp)
@@ -420,15 +460,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 write(f"{esc(name)}\t{off}\t{size}\n")
         return EXIT_OK
     start = 0
-    for p in paths:
-        with ShardReader(p, _index_of(p, args)) as r:
-            exts = [esc(e) for e in r.exts]
-            for blk in _blocks(r):
-                ptr = blk.member_ptr.tolist()
-                names = [exts[e] for e in blk.ext_id.tolist()]
-                for b, (j, key) in enumerate(zip(blk.samples.tolist(), blk.keys, strict=True)):
-                    write(f"{start + j}\t{esc(key)}\t{','.join(names[ptr[b] : ptr[b + 1]])}\n")
-            start += r.n_samples
+    for _, r in _each_reader(args.sources, args):
+        exts = [esc(e) for e in r.exts]
+        for blk in _blocks(r):
+            ptr = blk.member_ptr.tolist()
+            names = [exts[e] for e in blk.ext_id.tolist()]
+            for b, (j, key) in enumerate(zip(blk.samples.tolist(), blk.keys, strict=True)):
+                write(f"{start + j}\t{esc(key)}\t{','.join(names[ptr[b] : ptr[b + 1]])}\n")
+        start += r.n_samples
     return EXIT_OK
 
 

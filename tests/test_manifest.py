@@ -187,6 +187,32 @@ def test_bad_manifests_are_refused_with_the_field(tmp_path: Path) -> None:
     assert t.meta["extra_field"] == {"later": 1} and t.n_samples == 10
 
 
+@pytest.mark.parametrize("change", ["rewritten", "deleted"])
+def test_cli_info_ls_verify_check_shards_against_the_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    """As the datasets do: a shard changed or missing since the manifest is an error (exit 1)."""
+    paths = write(tmp_path / "ds", 40, 10)
+    m = str(tmp_path / "ds" / "data.json")
+    write_manifest(paths, m)
+    if change == "rewritten":  # fewer samples: ls would renumber every later index
+        with tarindex.ShardWriter(paths[1], maxcount=10, durable=False) as w:
+            w.write({"__key__": "x", "cls": 1})
+        said = "changed since the manifest"
+    else:
+        os.unlink(paths[1])
+        said = "missing"
+    for cmd in (["info", m], ["info", "--json", m], ["ls", m], ["verify", m]):
+        code = main(cmd)
+        out, err = capsys.readouterr()
+        assert code == 1, (cmd, out, err)
+        assert "train-000001.tar" in err and said in err and "data.json" in err, (cmd, err)
+        assert "x\t" not in out and "\nx\t" not in out  # no line from the changed shard
+    # a plain glob over the same shards is no manifest: nothing to check them against
+    assert main(["info", str(tmp_path / "ds" / "*.tar")]) == 0
+    assert f"samples:     {31 if change == 'rewritten' else 30}" in capsys.readouterr().out
+
+
 def test_cli_manifest_and_commands_taking_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
