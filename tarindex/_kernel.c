@@ -34,6 +34,7 @@ typedef struct {
     Py_ssize_t kend;     /* where it ends */
     PyObject *exts;      /* tuple of str: extension names by id */
     Py_ssize_t n_exts;
+    uint64_t mark;       /* the batch() call that last checked this mapping's size */
 } Tables;
 
 static Py_buffer *tables_buf(Tables *t, int i) {
@@ -41,9 +42,15 @@ static Py_buffer *tables_buf(Tables *t, int i) {
     return all[i];
 }
 
-static void Tables_dealloc(Tables *t) {
+/* Release what init took: no buffers, no samples (every read then hands back). */
+static void tables_clear(Tables *t) {
     while (t->nbuf > 0) PyBuffer_Release(tables_buf(t, --t->nbuf));
-    Py_XDECREF(t->exts);
+    Py_CLEAR(t->exts);
+    t->n = t->members = t->kbase = t->kend = t->n_exts = 0;
+}
+
+static void Tables_dealloc(Tables *t) {
+    tables_clear(t);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -58,11 +65,11 @@ static int Tables_init(Tables *t, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOnnOOOOO!O:Tables", names, &obj[0], &obj[1],
                                      &obj[2], &t->kbase, &t->kend, &obj[5], &obj[6], &obj[7],
                                      &obj[8], &PyTuple_Type, &obj[9], &obj[10]))
-        return -1;
+        goto fail;
     int order[] = {0, 1, 2, 5, 6, 7, 8, 10};
     for (int i = 0; i < 8; i++) {
         int flags = i == 7 ? PyBUF_WRITABLE : PyBUF_SIMPLE;
-        if (PyObject_GetBuffer(obj[order[i]], tables_buf(t, i), flags) < 0) return -1;
+        if (PyObject_GetBuffer(obj[order[i]], tables_buf(t, i), flags) < 0) goto fail;
         t->nbuf = i + 1;
     }
     if (t->kp.len % 8 || t->sp.len % 8 || t->off.len % 8 || t->size.len % 8 || t->eid.len % 4 ||
@@ -70,18 +77,21 @@ static int Tables_init(Tables *t, PyObject *args, PyObject *kw) {
         t->off.len / 8 != t->eid.len / 4 || t->kbase < 0 || t->kend < t->kbase ||
         t->kend > t->keys.len) {
         PyErr_SetString(PyExc_ValueError, "Tables: inconsistent table lengths");
-        return -1;
+        goto fail;
     }
     t->n = t->kp.len / 8 - 1;
     t->members = t->eid.len / 4;
     if (t->checked.len < ((t->n + (1 << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT)) {
         PyErr_SetString(PyExc_ValueError, "Tables: chunk flags shorter than the sample count");
-        return -1;
+        goto fail;
     }
     Py_INCREF(obj[9]);
     t->exts = obj[9];
     t->n_exts = PyTuple_GET_SIZE(obj[9]);
     return 0;
+fail: /* a half-set object would read past what it holds (sample() after a caught error) */
+    tables_clear(t);
+    return -1;
 }
 
 /* Sample j's key and member run, bounded; 0 = hand back (unchecked chunk or out of bounds). */
@@ -89,18 +99,29 @@ static int tables_row(Tables *t, Py_ssize_t j, uint64_t *k0, uint64_t *k1, uint6
                       uint64_t *m1) {
     const uint64_t *kp = t->kp.buf, *sp = t->sp.buf;
     if (j < 0 || j >= t->n || !((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) return 0;
-    *k0 = kp[j];
-    *k1 = kp[j + 1];
-    *m0 = sp[j];
-    *m1 = sp[j + 1];
+    *k0 = ((const volatile uint64_t *)kp)[j]; /* each read once: see member_get */
+    *k1 = ((const volatile uint64_t *)kp)[j + 1];
+    *m0 = ((const volatile uint64_t *)sp)[j];
+    *m1 = ((const volatile uint64_t *)sp)[j + 1];
     return *k0 <= *k1 && *k1 <= (uint64_t)(t->kend - t->kbase) && *m0 <= *m1 &&
            *m1 <= (uint64_t)t->members;
 }
 
-static int member_ok(Tables *t, uint64_t m, Py_ssize_t data_len) {
-    uint64_t o = ((const uint64_t *)t->off.buf)[m], s = ((const uint64_t *)t->size.buf)[m];
-    return ((const uint32_t *)t->eid.buf)[m] < (uint64_t)t->n_exts && o <= (uint64_t)data_len &&
-           s <= (uint64_t)data_len - o;
+/* Member m's extension id, offset and size, each read once and bounded (0 = hand back).
+ * Callers use these copies, never the tables again: a table may change under a read (a
+ * writable buffer changed by Python code the loop runs, an index file rewritten in place). */
+static int member_get(Tables *t, uint64_t m, uint32_t *e, uint64_t *o, uint64_t *s) {
+    *e = ((const volatile uint32_t *)t->eid.buf)[m];
+    *o = ((const volatile uint64_t *)t->off.buf)[m];
+    *s = ((const volatile uint64_t *)t->size.buf)[m];
+    return *e < (uint64_t)t->n_exts && *o <= (uint64_t)t->data.len &&
+           *s <= (uint64_t)t->data.len - *o;
+}
+
+static int member_ok(Tables *t, uint64_t m) {
+    uint32_t e;
+    uint64_t o, s;
+    return member_get(t, m, &e, &o, &s);
 }
 
 /* sample(j, want, shard, index) -> {"__key__", ext: bytes..., "__shard__", "__index__"} | None
@@ -123,9 +144,7 @@ static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t narg
     uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
     if (!tables_row(t, j, &k0, &k1, &m0, &m1)) Py_RETURN_NONE;
     for (uint64_t m = m0; m < m1; m++)
-        if (!member_ok(t, m, t->data.len)) Py_RETURN_NONE;
-    const uint64_t *off = t->off.buf, *sz = t->size.buf;
-    const uint32_t *eid = t->eid.buf;
+        if (!member_ok(t, m)) Py_RETURN_NONE;
     const char *data = t->data.buf;
     PyObject *d = PyDict_New(), *v;
     if (d == NULL) return NULL;
@@ -133,10 +152,16 @@ static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t narg
                              "surrogateescape");
     if (v == NULL || PyDict_SetItemString(d, "__key__", v) < 0) goto fail;
     Py_DECREF(v);
-    for (uint64_t m = m0; m < m1; m++) {
-        if (want != NULL && !want[eid[m]]) continue;
-        v = PyBytes_FromStringAndSize(data + off[m], (Py_ssize_t)sz[m]);
-        if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(t->exts, eid[m]), v) < 0) goto fail;
+    for (uint64_t m = m0; m < m1; m++) { /* PyDict_New and hashing may have run Python code */
+        uint32_t e;
+        uint64_t o, s;
+        if (!member_get(t, m, &e, &o, &s)) { /* changed since the check above */
+            Py_DECREF(d);
+            Py_RETURN_NONE;
+        }
+        if (want != NULL && !want[e]) continue;
+        v = PyBytes_FromStringAndSize(data + o, (Py_ssize_t)s);
+        if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(t->exts, e), v) < 0) goto fail;
         Py_DECREF(v);
     }
     v = NULL;
@@ -220,7 +245,7 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
             break;
         }
         for (uint64_t m = m0; m < m1; m++)
-            if (!member_ok(t, m, t->data.len)) {
+            if (!member_ok(t, m)) {
                 bad = b;
                 break;
             }
@@ -239,10 +264,23 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     if (!keys || !cnt || !ob || !sb || !eb) goto done;
     int64_t *c = (int64_t *)PyBytes_AS_STRING(cnt);
     char *po = PyBytes_AS_STRING(ob), *ps = PyBytes_AS_STRING(sb), *pe = PyBytes_AS_STRING(eb);
+    Py_ssize_t left = total;
     for (Py_ssize_t b = 0; b < n; b++) {
         uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
-        Tables *t = (Tables *)PyTuple_GET_ITEM(tabs, slot[b]);
-        tables_row(t, (Py_ssize_t)local[b], &k0, &k1, &m0, &m1);
+        /* the allocations above may run Python code (a collection's finalizers): the slot,
+         * the row and its member count are read and bounded again */
+        int64_t sl = ((const volatile int64_t *)slot)[b];
+        if (sl < 0 || sl >= nt) {
+            res = PyLong_FromSsize_t(b);
+            goto done;
+        }
+        Tables *t = (Tables *)PyTuple_GET_ITEM(tabs, sl);
+        if (!tables_row(t, (Py_ssize_t)((const volatile int64_t *)local)[b], &k0, &k1, &m0, &m1) ||
+            m1 - m0 > (uint64_t)left) {
+            res = PyLong_FromSsize_t(b);
+            goto done;
+        }
+        left -= (Py_ssize_t)(m1 - m0);
         PyObject *k = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0,
                                            (Py_ssize_t)(k1 - k0), "surrogateescape");
         if (k == NULL) goto done;
@@ -397,7 +435,8 @@ static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyO
  * to read; int_fields: extensions parsed as decimal integers; alloc(nbytes) -> (keep,
  * writable buffer). Pass 1 bounds every read, checks each shard's mapping still covers its
  * tar (mmap.size()), decodes keys, parses integer members and sizes the field-major layout
- * (torch/batch.py field_major); pass 2 copies. offsets int64 (nf, n + 1), present uint8
+ * (torch/batch.py field_major); after alloc() the mappings are checked again and pass 2
+ * copies, each read bounded again. offsets int64 (nf, n + 1), present uint8
  * (nf, n), ints int64 (ni, n) (-1 where missing) and index int64 (n) come back as
  * bytearrays. A hand-back instead: "open" (the shard has no open reader), "check" (its
  * chunk's tables are unchecked), "python" (anything else: an index out of range or not an
@@ -417,20 +456,23 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer bst, out;
     int have_out = 0;
     if (get_i64(args[1], &bst, "starts", PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *seq = PySequence_Fast(args[0], "batch: indices must be a sequence");
+    /* a snapshot: an item's __index__ may change the caller's list while we walk it */
+    PyObject *seq = PySequence_Tuple(args[0]);
     if (seq == NULL) {
         PyBuffer_Release(&bst);
         return NULL;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), ns = bst.len / 8 - 1;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq), ns = bst.len / 8 - 1;
     const int64_t *starts = bst.buf;
     PyObject *res = NULL, *keys = NULL, *bnames = NULL, *inames = NULL, *offs = NULL,
              *pres = NULL, *ints = NULL, *index = NULL, *shards = NULL, *made = NULL,
              *pos = NULL;
     Tables **row_t = NULL;
+    PyObject **cks = NULL; /* the _ck of each mapping whose size was checked, to check again */
     int64_t *row_j = NULL, *row_s = NULL, *lens = NULL, *ivals = NULL;
-    char *seen = NULL;
-    Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0;
+    Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0, nck = 0;
+    static uint64_t calls = 0;
+    uint64_t call = ++calls;
     if (ns < 1 || n == 0) {
         res = hand_back(str_python, 0, 0);
         goto done;
@@ -438,7 +480,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     row_t = PyMem_Malloc(n * sizeof(Tables *));
     row_j = PyMem_Malloc(n * sizeof(int64_t));
     row_s = PyMem_Malloc(n * sizeof(int64_t));
-    seen = PyMem_Calloc(ns, 1);
+    cks = PyMem_Malloc(n * sizeof(PyObject *));
     lens = PyMem_Malloc(cap * n * sizeof(int64_t));
     ivals = PyMem_Malloc(cap * n * sizeof(int64_t));
     keys = PyList_New(n);
@@ -447,7 +489,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     pos = PyDict_New();
     index = PyByteArray_FromStringAndSize(NULL, n * 8);
     shards = PyList_New(n);
-    if (!row_t || !row_j || !row_s || !seen || !lens || !ivals) {
+    if (!row_t || !row_j || !row_s || !cks || !lens || !ivals) {
         PyErr_NoMemory();
         goto done;
     }
@@ -455,7 +497,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int64_t *idx = (int64_t *)PyByteArray_AS_STRING(index), total = starts[ns];
     /* pass 1: locate, look up, cut check; then (prefetched) keys, members, layout sizes */
     for (Py_ssize_t b = 0; b < n; b++) {
-        Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(seq, b), NULL);
+        Py_ssize_t i = PyNumber_AsSsize_t(PyTuple_GET_ITEM(seq, b), NULL);
         if (i == -1 && PyErr_Occurred()) { /* not an integer: the Python path says so */
             PyErr_Clear();
             res = hand_back(str_python, 0, 0);
@@ -478,7 +520,8 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             sh = lo;
         }
-        if (i < starts[sh] || i >= starts[sh + 1]) {
+        int64_t s0 = starts[sh]; /* read once: Python code below may change the buffer */
+        if (i < s0 || i >= starts[sh + 1]) {
             res = hand_back(str_python, 0, 0);
             goto done;
         }
@@ -496,7 +539,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         int ok = PyTuple_Check(ck) && PyTuple_GET_SIZE(ck) == 3 &&
                  PyObject_TypeCheck(PyTuple_GET_ITEM(ck, 0), &TablesType);
         Tables *t = ok ? (Tables *)PyTuple_GET_ITEM(ck, 0) : NULL;
-        if (ok && !seen[sh]) { /* cut while mapped: SIGBUS otherwise (READING.md) */
+        if (ok && t->mark != call) { /* cut while mapped: SIGBUS otherwise (READING.md) */
             PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
             if (now == NULL) {
                 Py_DECREF(ck);
@@ -509,7 +552,11 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
             ok = cmp;
-            seen[sh] = 1;
+            if (ok) { /* alloc() runs before the copies: checked again then */
+                t->mark = call;
+                Py_INCREF(ck);
+                cks[nck++] = ck;
+            }
         }
         if (ok) { /* owned: alloc() and fields run Python code, which may close a reader */
             Py_INCREF(t);
@@ -520,7 +567,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             res = hand_back(str_python, 0, 0);
             goto done;
         }
-        Py_ssize_t j = i - (Py_ssize_t)starts[sh];
+        Py_ssize_t j = i - (Py_ssize_t)s0;
         if (j >= t->n || !((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) {
             res = j >= t->n ? hand_back(str_python, 0, 0) : hand_back(str_check, sh, j >> CHUNK_SHIFT);
             goto done;
@@ -566,15 +613,15 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (path == NULL) goto done;
         Py_INCREF(path);
         PyList_SET_ITEM(shards, b, path);
-        const uint32_t *eid = t->eid.buf;
-        const uint64_t *off = t->off.buf, *sz = t->size.buf;
         for (uint64_t m = m0; m < m1; m++) {
-            if (!member_ok(t, m, t->data.len)) {
+            uint32_t e;
+            uint64_t mo, ms;
+            if (!member_get(t, m, &e, &mo, &ms)) {
                 res = hand_back(str_python, 0, 0);
                 goto done;
             }
-            Py_ssize_t p = field_pos(pos, PyTuple_GET_ITEM(t->exts, eid[m]), fields, intf,
-                                     bnames, inames);
+            Py_ssize_t p = field_pos(pos, PyTuple_GET_ITEM(t->exts, e), fields, intf, bnames,
+                                     inames);
             if (p == POS_ERROR) goto done;
             if (p == -1) continue;
             int is_int = p < -1;
@@ -600,8 +647,8 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
             if (!is_int) {
-                *cell = (int64_t)sz[m];
-            } else if (!parse_decimal((const char *)t->data.buf + off[m], (Py_ssize_t)sz[m], cell) ||
+                *cell = (int64_t)ms;
+            } else if (!parse_decimal((const char *)t->data.buf + mo, (Py_ssize_t)ms, cell) ||
                        *cell == -1) {
                 res = hand_back(str_python, 0, 0); /* int() decides; -1 reads as missing */
                 goto done;
@@ -636,7 +683,22 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "batch: alloc returned a short buffer");
         goto done;
     }
-    /* pass 2: copies (pass 1 bounded every read; row_t holds each Tables, so its buffers) */
+    /* alloc() ran Python code (another thread may have run too): a tar cut meanwhile is
+     * seen here, before the copies read its mapping */
+    for (Py_ssize_t c = 0; c < nck; c++) {
+        PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(cks[c], 1), str_size);
+        if (now == NULL) goto done;
+        int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(cks[c], 2), Py_GE);
+        Py_DECREF(now);
+        if (cmp < 0) goto done;
+        if (!cmp) {
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
+    }
+    /* pass 2: copies. row_t holds each Tables, so its buffers; each row and member is read
+     * and bounded again and must fill exactly the cell pass 1 sized (Python code has run
+     * since: a writable table may have changed) */
     char *dst = out.buf;
     for (Py_ssize_t b = 0; b < n; b++) {
         uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
@@ -646,18 +708,31 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             const uint64_t *usp = u->sp.buf, *uoff = u->off.buf;
             Py_ssize_t uj = (Py_ssize_t)row_j[b + 1];
             const uint64_t *usz = u->size.buf;
-            for (uint64_t m = usp[uj]; m < usp[uj + 1]; m++) /* bounded in pass 1 */
-                for (uint64_t at = 0; at < usz[m] && at < 256; at += 64)
+            for (uint64_t m = usp[uj]; m < usp[uj + 1] && m < (uint64_t)u->members; m++)
+                for (uint64_t at = 0; at < usz[m] && at < 256 && uoff[m] < (uint64_t)u->data.len;
+                     at += 64)
                     PREFETCH((const char *)u->data.buf + uoff[m] + at);
         }
-        tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1);
-        const uint32_t *eid = t->eid.buf;
-        const uint64_t *off = t->off.buf, *sz = t->size.buf;
+        if (!tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1)) {
+            res = hand_back(str_python, 0, 0);
+            goto done;
+        }
         for (uint64_t m = m0; m < m1; m++) {
-            PyObject *got = PyDict_GetItem(pos, PyTuple_GET_ITEM(t->exts, eid[m]));
+            uint32_t e;
+            uint64_t mo, ms;
+            if (!member_get(t, m, &e, &mo, &ms)) {
+                res = hand_back(str_python, 0, 0);
+                goto done;
+            }
+            PyObject *got = PyDict_GetItem(pos, PyTuple_GET_ITEM(t->exts, e));
             Py_ssize_t p = got ? PyLong_AsSsize_t(got) : -1;
             if (p < 0) continue;
-            memcpy(dst + o[p * (n + 1) + b], (const char *)t->data.buf + off[m], (size_t)sz[m]);
+            int64_t *at = o + p * (n + 1) + b;
+            if (p >= nf || !pr[p * n + b] || (uint64_t)(at[1] - at[0]) != ms) {
+                res = hand_back(str_python, 0, 0);
+                goto done;
+            }
+            memcpy(dst + at[0], (const char *)t->data.buf + mo, (size_t)ms);
         }
     }
     res = PyTuple_Pack(9, PyTuple_GET_ITEM(made, 0), keys, bnames, inames, offs, pres, ints,
@@ -675,10 +750,11 @@ done:
     Py_XDECREF(shards);
     Py_XDECREF(pos);
     while (nrow > 0) Py_DECREF(row_t[--nrow]);
+    while (nck > 0) Py_DECREF(cks[--nck]);
     PyMem_Free(row_t);
+    PyMem_Free(cks);
     PyMem_Free(row_j);
     PyMem_Free(row_s);
-    PyMem_Free(seen);
     PyMem_Free(lens);
     PyMem_Free(ivals);
     Py_DECREF(seq);

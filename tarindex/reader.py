@@ -2099,9 +2099,12 @@ class ShardSet:
         ck = r._ck
         if ck is not None:  # the compiled loop; None back: the Python path below decides
             tabs, mm, size = ck
+            # the flags first: hashing `fields` runs Python code, which must not come between
+            # the size check and the read
+            want = None if fields is None else r._want_flags(fields)
             if mm.size() < size:  # cut while mapped: SIGBUS otherwise (READING.md)
                 raise r._cut(mm.size())
-            got = tabs.sample(j, None if fields is None else r._want_flags(fields), self.paths[s], i)
+            got = tabs.sample(j, want, self.paths[s], i)
             if got is not None:
                 return got  # type: ignore[no-any-return]
         hot = r._scalar
