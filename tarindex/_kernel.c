@@ -435,8 +435,7 @@ static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyO
  * to read; int_fields: extensions parsed as decimal integers; alloc(nbytes) -> (keep,
  * writable buffer). Pass 1 bounds every read, checks each shard's mapping still covers its
  * tar (mmap.size()), decodes keys, parses integer members and sizes the field-major layout
- * (torch/batch.py field_major); after alloc() the mappings are checked again and pass 2
- * copies, each read bounded again. offsets int64 (nf, n + 1), present uint8
+ * (torch/batch.py field_major); pass 2 copies, each read bounded again. offsets int64 (nf, n + 1), present uint8
  * (nf, n), ints int64 (ni, n) (-1 where missing) and index int64 (n) come back as
  * bytearrays. A hand-back instead: "open" (the shard has no open reader), "check" (its
  * chunk's tables are unchecked), "python" (anything else: an index out of range or not an
@@ -468,9 +467,8 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
              *pres = NULL, *ints = NULL, *index = NULL, *shards = NULL, *made = NULL,
              *pos = NULL;
     Tables **row_t = NULL;
-    PyObject **cks = NULL; /* the _ck of each mapping whose size was checked, to check again */
     int64_t *row_j = NULL, *row_s = NULL, *lens = NULL, *ivals = NULL;
-    Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0, nck = 0;
+    Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0;
     static uint64_t calls = 0;
     uint64_t call = ++calls;
     if (ns < 1 || n == 0) {
@@ -480,7 +478,6 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     row_t = PyMem_Malloc(n * sizeof(Tables *));
     row_j = PyMem_Malloc(n * sizeof(int64_t));
     row_s = PyMem_Malloc(n * sizeof(int64_t));
-    cks = PyMem_Malloc(n * sizeof(PyObject *));
     lens = PyMem_Malloc(cap * n * sizeof(int64_t));
     ivals = PyMem_Malloc(cap * n * sizeof(int64_t));
     keys = PyList_New(n);
@@ -489,7 +486,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     pos = PyDict_New();
     index = PyByteArray_FromStringAndSize(NULL, n * 8);
     shards = PyList_New(n);
-    if (!row_t || !row_j || !row_s || !cks || !lens || !ivals) {
+    if (!row_t || !row_j || !row_s || !lens || !ivals) {
         PyErr_NoMemory();
         goto done;
     }
@@ -552,11 +549,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
             ok = cmp;
-            if (ok) { /* alloc() runs before the copies: checked again then */
-                t->mark = call;
-                Py_INCREF(ck);
-                cks[nck++] = ck;
-            }
+            if (ok) t->mark = call; /* once per call: see READING.md, "Compiled loops" */
         }
         if (ok) { /* owned: alloc() and fields run Python code, which may close a reader */
             Py_INCREF(t);
@@ -683,19 +676,6 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "batch: alloc returned a short buffer");
         goto done;
     }
-    /* alloc() ran Python code (another thread may have run too): a tar cut meanwhile is
-     * seen here, before the copies read its mapping */
-    for (Py_ssize_t c = 0; c < nck; c++) {
-        PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(cks[c], 1), str_size);
-        if (now == NULL) goto done;
-        int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(cks[c], 2), Py_GE);
-        Py_DECREF(now);
-        if (cmp < 0) goto done;
-        if (!cmp) {
-            res = hand_back(str_python, 0, 0);
-            goto done;
-        }
-    }
     /* pass 2: copies. row_t holds each Tables, so its buffers; each row and member is read
      * and bounded again and must fill exactly the cell pass 1 sized (Python code has run
      * since: a writable table may have changed) */
@@ -750,9 +730,7 @@ done:
     Py_XDECREF(shards);
     Py_XDECREF(pos);
     while (nrow > 0) Py_DECREF(row_t[--nrow]);
-    while (nck > 0) Py_DECREF(cks[--nck]);
     PyMem_Free(row_t);
-    PyMem_Free(cks);
     PyMem_Free(row_j);
     PyMem_Free(row_s);
     PyMem_Free(lens);
