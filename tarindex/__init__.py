@@ -3,7 +3,7 @@
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
     ShardWriter, TarWriter, write_shards, build_index, scan, ShardReader, ShardSet,
-    write_manifest, read_manifest, check_manifest, task_pattern,
+    read_kernel, write_manifest, read_manifest, check_manifest, task_pattern,
     split_by_key, split_keys, ShardSubset,
     TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
     MixedDataset, MixSampler (need torch)
@@ -43,7 +43,7 @@ from .errors import (
 from .indexfile import index_path_for
 from .manifest import check_manifest, read_manifest, task_pattern, write_manifest
 from .parallel import WriteResult, write_shards
-from .reader import ShardReader, ShardSet
+from .reader import ShardReader, ShardSet, read_kernel
 from .remote import RemoteOptions
 from .scan import Members, scan
 from .select import ToTuple, to_tuple
@@ -73,6 +73,7 @@ __all__ = [
     "Members",
     "ShardReader",
     "ShardSet",
+    "read_kernel",
     "RemoteOptions",
     "expand_source",
     "write_manifest",

@@ -50,7 +50,7 @@ from .build import build_index
 from .errors import PackError, TarIndexError
 from .format.keys import escape_name
 from .pack import LAYOUTS, plan_pack, write_pack
-from .reader import Block, ShardReader, ShardSet, index_for, is_up_to_date
+from .reader import Block, ShardReader, ShardSet, index_for, is_up_to_date, read_kernel
 from .remote import download, is_url, load_indexes
 from .scan import scan_members
 from .sources import expand_source, is_manifest
@@ -694,7 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Random access and streaming over tar shards with a sidecar index.",
         epilog="Exit codes: 0 ok, 1 failure (index, verification, missing data), 2 bad usage.",
     )
-    p.add_argument("--version", action="version", version=f"tarindex {__version__}")
+    p.add_argument(
+        "--version", action="version", version=f"tarindex {__version__} (read kernel: {read_kernel()})"
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser(

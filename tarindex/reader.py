@@ -112,22 +112,34 @@ Sample = dict[str, Any]
 _UNREAD = object()  # ShardReader.zstd_dict() not called yet
 
 
-def _load_kernel() -> Any:
-    """The compiled loops (``tarindex/_kernel.c``), or ``None``: the same loops run in Python.
+def _load_kernel() -> tuple[Any, str]:
+    """The compiled loops (``tarindex/_kernel.c``) or ``None``, and what :func:`read_kernel` says.
 
-    ``None`` when the extension was not built (no C compiler at install), on a big-endian
-    host (the tables are little-endian), or with ``TARINDEX_PURE_PYTHON=1`` in the environment.
+    ``None`` (the same loops then run in Python) when the extension was not built (no C
+    compiler at install), on a big-endian host (the tables are little-endian), or with
+    ``TARINDEX_PURE_PYTHON=1`` in the environment.
     """
-    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0") or sys.byteorder != "little":
-        return None
+    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
+        return None, "python (TARINDEX_PURE_PYTHON is set)"
+    if sys.byteorder != "little":
+        return None, "python (big-endian host)"
     try:
         from . import _kernel
-    except ImportError:
-        return None
-    return _kernel
+    except ImportError as e:
+        return None, f"python (tarindex._kernel not built: {e}; reinstall with a C compiler)"
+    return _kernel, "compiled"
 
 
-_kernel = _load_kernel()
+_kernel, _KERNEL = _load_kernel()
+
+
+def read_kernel() -> str:
+    """Which per-sample loops this process runs: ``"compiled"`` or ``"python (<why>)"``.
+
+    Both give the same samples, batches and errors; the compiled ones are faster
+    (docs/READING.md, "Compiled loops"). ``tarindex --version`` prints it too.
+    """
+    return _KERNEL
 
 CHUNK_SHIFT = 10
 CHUNK = 1 << CHUNK_SHIFT

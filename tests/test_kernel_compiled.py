@@ -80,6 +80,25 @@ def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> No
     assert out.stdout.split() == ["True", "True", "00000003"]
 
 
+@pytest.mark.parametrize("pure", [False, True])
+def test_read_kernel_and_version_say_which_loops_run(pure: bool) -> None:
+    """``tarindex.read_kernel()`` and ``tarindex --version`` name the loops in use, and why."""
+    env = {k: v for k, v in os.environ.items() if k != "TARINDEX_PURE_PYTHON"}
+    if pure:
+        env["TARINDEX_PURE_PYTHON"] = "1"
+    code = "import tarindex; print(tarindex.read_kernel())"
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    ver = subprocess.run(
+        [sys.executable, "-m", "tarindex", "--version"], env=env, capture_output=True, text=True
+    )
+    assert got.returncode == 0 and ver.returncode == 0, got.stderr + ver.stderr
+    want = "python (TARINDEX_PURE_PYTHON is set)" if pure else "compiled"
+    if not pure and COMPILED is None:
+        want = "python (tarindex._kernel not built"
+    assert got.stdout.startswith(want), got.stdout
+    assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), ver.stdout
+
+
 # --- varied shards --------------------------------------------------------------------------
 
 CLS_TEXT = [b"7", b" 12\n", b"+3", b"-0", b"007", b"\t42 ", b"-5", b"123456789012345678"]
