@@ -24,6 +24,9 @@
 
 /* ---- Tables: one open shard's tables and tar bytes, pinned while the object lives ------ */
 
+static PyObject *str_ck, *str_size, *str_open, *str_check, *str_python, *str_key, *str_shard,
+    *str_index, *str_move;
+
 typedef struct {
     PyObject_HEAD
     Py_buffer kp, sp, keys, eid, off, size, data, checked;
@@ -124,8 +127,47 @@ static int member_ok(Tables *t, uint64_t m) {
     return member_get(t, m, &e, &o, &s);
 }
 
-/* sample(j, want, shard, index) -> {"__key__", ext: bytes..., "__shard__", "__index__"} | None
- * want: None (every member) or bytes, want[ext_id] != 0 for the extensions to read. */
+/* Sample j as {"__key__", ext: bytes..., "__shard__", "__index__"} (new reference), Py_None
+ * (new reference: hand back, an unchecked chunk or a bound that does not hold) or NULL with
+ * an exception. want: NULL (every member) or want[ext_id] != 0 for the extensions to read.
+ * The caller has checked that the mapping still covers the tar. */
+static PyObject *tables_dict(Tables *t, Py_ssize_t j, const char *want, PyObject *shard,
+                             PyObject *index) {
+    uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
+    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) Py_RETURN_NONE;
+    for (uint64_t m = m0; m < m1; m++)
+        if (!member_ok(t, m)) Py_RETURN_NONE;
+    const char *data = t->data.buf;
+    PyObject *d = PyDict_New(), *v;
+    if (d == NULL) return NULL;
+    v = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0, (Py_ssize_t)(k1 - k0),
+                             "surrogateescape");
+    if (v == NULL || PyDict_SetItem(d, str_key, v) < 0) goto fail;
+    Py_DECREF(v);
+    for (uint64_t m = m0; m < m1; m++) { /* PyDict_New and hashing may have run Python code */
+        uint32_t e;
+        uint64_t o, s;
+        if (!member_get(t, m, &e, &o, &s)) { /* changed since the check above */
+            Py_DECREF(d);
+            Py_RETURN_NONE;
+        }
+        if (want != NULL && !want[e]) continue;
+        v = PyBytes_FromStringAndSize(data + o, (Py_ssize_t)s);
+        if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(t->exts, e), v) < 0) goto fail;
+        Py_DECREF(v);
+    }
+    v = NULL;
+    if (PyDict_SetItem(d, str_shard, shard) < 0 || PyDict_SetItem(d, str_index, index) < 0)
+        goto fail;
+    return d;
+fail:
+    Py_XDECREF(v);
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* sample(j, want, shard, index) -> dict | None: tables_dict; want None or bytes of one flag
+ * per extension. */
 static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "sample(j, want, shard, index)");
@@ -141,38 +183,7 @@ static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t narg
         }
         want = PyBytes_AS_STRING(args[1]);
     }
-    uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
-    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) Py_RETURN_NONE;
-    for (uint64_t m = m0; m < m1; m++)
-        if (!member_ok(t, m)) Py_RETURN_NONE;
-    const char *data = t->data.buf;
-    PyObject *d = PyDict_New(), *v;
-    if (d == NULL) return NULL;
-    v = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0, (Py_ssize_t)(k1 - k0),
-                             "surrogateescape");
-    if (v == NULL || PyDict_SetItemString(d, "__key__", v) < 0) goto fail;
-    Py_DECREF(v);
-    for (uint64_t m = m0; m < m1; m++) { /* PyDict_New and hashing may have run Python code */
-        uint32_t e;
-        uint64_t o, s;
-        if (!member_get(t, m, &e, &o, &s)) { /* changed since the check above */
-            Py_DECREF(d);
-            Py_RETURN_NONE;
-        }
-        if (want != NULL && !want[e]) continue;
-        v = PyBytes_FromStringAndSize(data + o, (Py_ssize_t)s);
-        if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(t->exts, e), v) < 0) goto fail;
-        Py_DECREF(v);
-    }
-    v = NULL;
-    if (PyDict_SetItemString(d, "__shard__", args[2]) < 0 ||
-        PyDict_SetItemString(d, "__index__", args[3]) < 0)
-        goto fail;
-    return d;
-fail:
-    Py_XDECREF(v);
-    Py_DECREF(d);
-    return NULL;
+    return tables_dict(t, j, want, args[2], args[3]);
 }
 
 static PyMethodDef Tables_methods[] = {
@@ -390,7 +401,6 @@ done:
 
 /* ---- batch: ShardSet.gather + pack_blocks in two passes -------------------------------- */
 
-static PyObject *str_ck, *str_size, *str_open, *str_check, *str_python;
 
 /* A hand-back: ("open", shard, 0), ("check", shard, chunk) or ("python", 0, 0). */
 static PyObject *hand_back(PyObject *what, Py_ssize_t s, Py_ssize_t c) {
@@ -740,7 +750,105 @@ done:
     return res;
 }
 
+/* ---- get: ShardSet.get over a mapping (what ds[i] runs) -------------------------------- */
+
+/* get(i, starts, per, readers, paths, evicts) -> dict | None
+ * ShardSet.get(i) with every member: i a global index (an exact int, negatives from the end);
+ * starts: ShardSet._starts_list (list of int, n_shards + 1); per, readers, paths as batch();
+ * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
+ * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
+ * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
+static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_Check(args[1]) || !PyDict_Check(args[3]) ||
+        !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "get(i, starts: list, per, readers: dict, paths: list, evicts)");
+        return NULL;
+    }
+    PyObject *starts = args[1], *readers = args[3], *paths = args[4];
+    if (!PyLong_CheckExact(args[0])) Py_RETURN_NONE;
+    Py_ssize_t ns = PyList_GET_SIZE(starts) - 1, i = PyLong_AsSsize_t(args[0]);
+    if (i == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (ns < 1 || ns > PyList_GET_SIZE(paths)) Py_RETURN_NONE;
+    Py_ssize_t total = PyLong_AsSsize_t(PyList_GET_ITEM(starts, ns));
+    if (total == -1 && PyErr_Occurred()) return NULL;
+    int neg = i < 0;
+    if (neg) i += total;
+    if (i < 0 || i >= total) Py_RETURN_NONE;
+    Py_ssize_t per = PyLong_AsSsize_t(args[2]), sh;
+    if (per == -1 && PyErr_Occurred()) return NULL;
+    if (per > 0) {
+        sh = i / per;
+        if (sh > ns - 1) sh = ns - 1;
+    } else { /* last shard whose start <= i */
+        Py_ssize_t lo = 0, hi = ns;
+        while (hi - lo > 1) {
+            Py_ssize_t mid = (lo + hi) / 2, at = PyLong_AsSsize_t(PyList_GET_ITEM(starts, mid));
+            if (at == -1 && PyErr_Occurred()) return NULL;
+            if (at <= i) lo = mid; else hi = mid;
+        }
+        sh = lo;
+    }
+    Py_ssize_t s0 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh)),
+               s1 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh + 1));
+    if ((s0 == -1 || s1 == -1) && PyErr_Occurred()) return NULL;
+    if (i < s0 || i >= s1) Py_RETURN_NONE;
+    PyObject *key = PyLong_FromSsize_t(sh), *res = NULL, *ck = NULL, *index = NULL;
+    if (key == NULL) return NULL;
+    PyObject *r = PyDict_GetItemWithError(readers, key); /* borrowed */
+    if (r == NULL) {
+        res = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_INCREF(r); /* held: the calls below run Python code */
+    int evicts = PyObject_IsTrue(args[5]);
+    if (evicts < 0) goto done_r;
+    if (evicts) {
+        PyObject *x = PyObject_CallMethodOneArg(readers, str_move, key);
+        if (x == NULL) goto done_r;
+        Py_DECREF(x);
+    }
+    ck = PyObject_GetAttr(r, str_ck);
+    if (ck == NULL) goto done_r;
+    if (!PyTuple_Check(ck) || PyTuple_GET_SIZE(ck) != 3 ||
+        !PyObject_TypeCheck(PyTuple_GET_ITEM(ck, 0), &TablesType)) {
+        res = Py_NewRef(Py_None);
+        goto done_r;
+    }
+    /* cut while mapped: SIGBUS otherwise (READING.md); nothing runs between this and the read
+     * but tables_dict's allocations */
+    PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
+    if (now == NULL) goto done_r;
+    int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
+    Py_DECREF(now);
+    if (cmp <= 0) {
+        res = cmp < 0 ? NULL : Py_NewRef(Py_None);
+        goto done_r;
+    }
+    if (sh >= PyList_GET_SIZE(paths)) { /* the calls above ran code that shortened it */
+        res = Py_NewRef(Py_None);
+        goto done_r;
+    }
+    index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(args[0]);
+    if (index == NULL) goto done_r;
+    res = tables_dict((Tables *)PyTuple_GET_ITEM(ck, 0), i - s0, NULL,
+                      PyList_GET_ITEM(paths, sh), index);
+done_r:
+    Py_XDECREF(index);
+    Py_XDECREF(ck);
+    Py_DECREF(r);
+done:
+    Py_DECREF(key);
+    return res;
+}
+
 static PyMethodDef kernel_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
+     "get(i, starts, per, readers, paths, evicts): ShardSet.get(i) as a dict, or None (take "
+     "the Python path)."},
     {"gather", (PyCFunction)(void (*)(void))k_gather, METH_FASTCALL,
      "gather(tables, slot, local): keys, counts and member table bytes of a batch, or the "
      "position of the first sample to hand back."},
@@ -764,7 +872,13 @@ PyMODINIT_FUNC PyInit__kernel(void) {
     str_open = PyUnicode_InternFromString("open");
     str_check = PyUnicode_InternFromString("check");
     str_python = PyUnicode_InternFromString("python");
-    if (!str_ck || !str_size || !str_open || !str_check || !str_python) return NULL;
+    str_key = PyUnicode_InternFromString("__key__");
+    str_shard = PyUnicode_InternFromString("__shard__");
+    str_index = PyUnicode_InternFromString("__index__");
+    str_move = PyUnicode_InternFromString("move_to_end");
+    if (!str_ck || !str_size || !str_open || !str_check || !str_python || !str_key ||
+        !str_shard || !str_index || !str_move)
+        return NULL;
     PyObject *m = PyModule_Create(&kernel_module);
     if (m == NULL) return NULL;
     Py_INCREF(&TablesType);

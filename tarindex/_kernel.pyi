@@ -20,6 +20,14 @@ class Tables:
     ) -> None: ...
     def sample(self, j: int, want: bytes | None, shard: str, index: int) -> dict[str, Any] | None: ...
 
+def get(
+    i: int,
+    starts: list[int],
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+    evicts: bool,
+) -> dict[str, Any] | None: ...
 def gather(
     tables: tuple[Tables, ...], slot: Any, local: Any
 ) -> tuple[list[str], bytes, bytes, bytes, bytes] | int: ...

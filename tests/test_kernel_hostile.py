@@ -64,6 +64,7 @@ def _run(code: str, *args: str, debug_malloc: bool = False) -> str:
 # item ("python", "open", "check"), or "batch"/"dict"/"gathered"/"-1" for a result.
 DIRECT = r'''
 import gc, sys
+from collections import OrderedDict
 import numpy as np
 from tarindex import _kernel as K
 
@@ -419,6 +420,82 @@ class Grow2(str):
 case("batch table changed by a hash",
      lambda: bt(indices=(0,), readers={0: R(tables(size=sizes2, exts=("bin", Grow2("cls")))), 1: R(T2)}),
      "python")
+
+
+# get()
+def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+    rd = {0: R(T), 1: R(T2)} if readers is None else readers
+    return K.get(i, list(starts), per, rd, ["a", "b"] if paths is None else paths, evicts)
+
+
+case("get", lambda: gt(), "dict")
+case("get the sample", lambda: "same" if sorted(gt(2).items()) == [
+     ("__index__", 2), ("__key__", "a"), ("__shard__", "b"), ("bin", DATA[:5]),
+     ("cls", DATA[100:107])] else None, "str")
+case("get per=0", lambda: gt(3, per=0), "dict")
+case("get per wrong", lambda: gt(1, per=1), "none")
+case("get per 2**63", lambda: gt(per=2**63), "OverflowError")
+case("get negative", lambda: "same" if gt(-1)["__index__"] == 3 else None, "str")
+case("get past", lambda: gt(4), "none")
+case("get -5", lambda: gt(-5), "none")
+case("get 2**64", lambda: gt(2**64), "none")
+case("get -2**64", lambda: gt(-2**64), "none")
+case("get float", lambda: gt(1.0), "none")
+case("get bool", lambda: gt(True), "none")
+case("get numpy int", lambda: gt(np.int64(1)), "none")
+case("get starts empty", lambda: gt(starts=()), "none")
+case("get starts one", lambda: gt(starts=(0,)), "none")
+case("get starts not ints", lambda: gt(1, starts=(0, "2", 4), per=0), "TypeError")
+case("get starts past 2**63", lambda: gt(starts=(0, 2, 2**63)), "OverflowError")
+case("get starts backwards", lambda: gt(1, starts=(0, 4, 2), per=0), "dict")
+case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"], False),
+     "TypeError")
+case("get readers a list", lambda: K.get(0, [0, 2, 4], 2, [], ["a", "b"], False), "TypeError")
+case("get not open", lambda: gt(readers={}), "none")
+case("get reader without _ck", lambda: gt(readers={0: NoCk()}), "AttributeError")
+case("get _ck None", lambda: gt(readers={0: NoneCk()}), "none")
+case("get _ck not Tables", lambda: gt(readers={0: BadCk()}), "none")
+case("get _ck short", lambda: gt(readers={0: ShortCk()}), "none")
+case("get size() raises", lambda: gt(readers={0: R(T, RaiseSize())}), "OSError")
+case("get cut", lambda: gt(readers={0: R(T, MM(0), 100)}), "none")
+case("get paths short", lambda: gt(paths=["a"], i=3), "none")
+case("get unchecked chunk", lambda: gt(readers={0: R(tables(checked=bytearray(1)))}), "none")
+case("get member past data", lambda: gt(readers={0: R(tables(offset=U8(0, len(DATA), 0)))}),
+     "none")
+case("get evicts on a dict", lambda: gt(evicts=True), "AttributeError")
+
+
+class Bad:
+    def __bool__(self):
+        raise ZeroDivisionError
+
+
+case("get evicts raises", lambda: gt(evicts=Bad()), "ZeroDivisionError")
+lru = OrderedDict([(0, R(T)), (1, R(T2))])
+case("get evicts moves to the end",
+     lambda: "moved" if (gt(0, readers=lru, evicts=True), list(lru))[1] == [1, 0] else None,
+     "str")
+gpaths = ["a", "b"]
+grd = {}
+
+
+class Shorten:
+    def size(self):  # Python code between the lookup and the read: the paths list shrinks
+        gpaths.clear()
+        return 1 << 30
+
+
+class Drop:
+    def size(self):  # ... or every reader is dropped (the Tables must stay alive)
+        grd.clear()
+        gc.collect()
+        return 1 << 30
+
+
+case("get size() empties paths", lambda: K.get(3, [0, 2, 4], 2, {1: R(T2, Shorten())}, gpaths,
+                                               False), "none")
+grd.update({0: R(tables(), Drop())})
+case("get size() drops the reader", lambda: K.get(1, [0, 2, 4], 2, grd, ["a", "b"], False), "dict")
 gc.collect()
 fails += [f"{name}: no such case" for name in ONLY - ran]
 print("\n".join(fails) if fails else "all held")
