@@ -666,7 +666,8 @@ sorted key order. OUT_PATTERN takes one integer field (out/train-%06d.tar).
 
 nothing is left out silently:
   skipped  files without an extension, names that are not valid keys, fifos/sockets/devices:
-           each listed on stderr (the first 5, then a count)
+           each listed on stderr (the first 5, then a count); hidden files and folders are
+           skipped without being listed (nor counted by --layout auto)
   symlinks followed when the target (fully resolved) is inside SRC_DIR: the sample gets the
            link's name and the target's bytes. Refused (exit 2): a link to outside SRC_DIR,
            a broken link, a link loop, a folder link to one of its own parents
@@ -870,11 +871,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "demo",
         help="the main job: digits -> shards -> DataLoader -> classifier",
-        description="Pack scikit-learn's handwritten digits into shards (and a "
-        "copy with the tar command), train a small classifier through "
-        "DataLoader(TarDataset(...), shuffle=True, num_workers=2), print the "
-        "held-out accuracy and random-access samples/s. Needs: "
-        'pip install "tarindex[demo]".',
+        description="Pack scikit-learn's handwritten digits into shards (and a copy with the\n"
+        "tar command), train a small classifier through DataLoader(TarDataset(...),\n"
+        "shuffle=True, num_workers=2), print the held-out accuracy and random-access\n"
+        "samples/s. Needs the demo extra; from a clone of the repository:\n\n"
+        '  pip install -c constraints.txt -e ".[demo]"',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument(
         "--workdir",

@@ -15,8 +15,9 @@ the scikit-learn wheel, so nothing is downloaded), and runs the whole tarindex p
    accuracy on the held-out split (a correct pipeline gets well above 90 %; labels scrambled
    by a wrong index would fall toward 10 %).
 
-Needs the ``demo`` extra (``pip install "tarindex[demo]"``: torch and scikit-learn). torch is
-imported inside the functions that train, so importing this module does not import torch.
+Needs the ``demo`` extra (``pip install -c constraints.txt -e ".[demo]"`` from a clone: torch
+and scikit-learn). torch is imported inside the functions that train, so importing this module
+does not import torch.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ __all__ = ["DemoResult", "MissingExtraError", "run", "DEFAULT_EPOCHS"]
 DEFAULT_EPOCHS = 12
 """Training epochs of :func:`run` unless told otherwise."""
 
-_INSTALL_HINT = 'pip install "tarindex[demo]"'
+_INSTALL_HINT = 'pip install -c constraints.txt -e ".[demo]" (from a clone of the repository)'
 
 
 class MissingExtraError(ImportError):

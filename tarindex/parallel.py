@@ -407,9 +407,10 @@ def write_shards(
         shard_sizes: Explicit samples per shard, in order, instead of ``maxcount`` (e.g. cut
             by size beforehand, as ``tarindex pack --jobs`` does). Defaults to ``None``.
         start_shard: Number of the first shard. Defaults to ``0``.
-        to_sample: ``f(index, item) -> sample dict``, run in the workers (picklable under
-            the ``spawn``/``forkserver`` start methods: a module-level function). Defaults
-            to ``None`` (items are samples).
+        to_sample: ``f(index, item) -> sample dict``, run in the workers (in this process
+            with ``jobs=1``); with ``jobs > 1`` under the ``spawn``/``forkserver`` start
+            methods it must pickle (a module-level function), under ``fork`` any callable
+            does. Defaults to ``None`` (items are samples).
         progress: Show a tqdm progress bar (on stderr). Defaults to ``True``.
         on_progress: Called with the number of samples just written. Defaults to ``None``.
         mp_context: A ``multiprocessing`` context. Defaults to the default one.

@@ -473,8 +473,10 @@ class ShardWriter:
         start_shard: Number of the first shard. Defaults to ``0``.
         mtime: Integer mtime for every member header. Defaults to the time of construction.
         encoder: ``(ext, value) -> bytes``, called with the extension without ``.zst``;
-            ``True`` is the default, ``False`` takes only ``bytes`` and ``str`` values (as
-            webdataset's ``encoder=False``). Defaults to :func:`tarindex.encode.encode_value`.
+            ``True`` is the default; ``False`` writes ``bytes``, ``bytearray`` and
+            ``memoryview`` values as they are and ``str`` as UTF-8, and refuses anything else
+            (webdataset 1.0's ``encoder=False`` refuses ``str`` too). Defaults to
+            :func:`tarindex.encode.encode_value`.
         durable: ``fsync`` every tar, index and the directory when a shard is finished, so
             finished shards survive a power loss. ``False`` for scratch data. Defaults to
             ``True``.

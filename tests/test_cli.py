@@ -443,7 +443,7 @@ def test_demo_without_sklearn_says_how_to_install(
     code, _, err = run(["demo"], capsys)
     assert code == 1
     one_clear_line(err)
-    assert 'pip install "tarindex[demo]"' in err
+    assert 'pip install -c constraints.txt -e ".[demo]"' in err
 
 
 # -- real processes ---------------------------------------------------------------------------
