@@ -18,7 +18,15 @@ import errno
 import mmap
 import os
 import stat
+import threading
 from typing import Protocol
+
+try:  # Linux: the calling thread's own page-fault counts
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD
+except (ImportError, AttributeError):  # no per-thread counts: always give the hint
+    _RUSAGE_THREAD = None
 
 import numpy as np
 from numpy.typing import NDArray
@@ -124,6 +132,43 @@ def _past_end(path: str, size: int, offset: int, end: int) -> TruncatedError:
     )
 
 
+_HINTED_RUN = 16
+"""Blocks read with the hint after one read without it took a major page fault."""
+
+
+class _ColdCache(threading.local):
+    """Whether a block's ``MADV_WILLNEED`` hint is worth giving, judged per thread.
+
+    On a cold page cache the hint turns a fault per page into one read of the block ahead
+    (~1.1x the streaming rate from disk here); on a warm one it only costs the kernel's walk
+    over resident pages (~57 ns a page: 0.8x the warm streaming rate). A block read without
+    the hint that took a major fault (the thread's ``ru_majflt`` grew) means cold: the next
+    :data:`_HINTED_RUN` blocks get it, then one goes without to look again. Without
+    per-thread counts (not Linux) every block gets it.
+    """
+
+    def __init__(self) -> None:
+        self.hinted = 0  # blocks left to hint
+        self.faults = -1  # ru_majflt at the last unhinted block, -1: none yet
+
+    def hint(self) -> bool:
+        """Called before each block is read: give this one the hint?"""
+        if _RUSAGE_THREAD is None:
+            return True
+        f = resource.getrusage(_RUSAGE_THREAD).ru_majflt
+        if self.faults >= 0 and f > self.faults:  # the unhinted block before this faulted
+            self.hinted = _HINTED_RUN
+        if self.hinted > 0:
+            self.hinted -= 1
+            self.faults = -1
+            return True
+        self.faults = f
+        return False
+
+
+_cold = _ColdCache()
+
+
 class MmapSource:
     """The whole tar mapped read-only; ranges are slices of the mapping (no read, no copy).
 
@@ -171,9 +216,13 @@ class MmapSource:
         return self.mm, starts
 
     def prefetch(self, start: int, end: int) -> None:
-        """``madvise(MADV_WILLNEED)`` over ``[start, end)``: the kernel reads it ahead."""
+        """``madvise(MADV_WILLNEED)`` over ``[start, end)``: the kernel reads it ahead.
+
+        Given only while blocks read without it take major page faults (:class:`_ColdCache`):
+        over a warm page cache the hint costs more than the read it speeds up.
+        """
         mm = self.mm
-        if mm is None or end <= start:
+        if mm is None or end <= start or not _cold.hint():
             return
         try:
             p0 = start - start % mmap.PAGESIZE

@@ -360,3 +360,39 @@ def test_gather_over_more_shards_than_may_stay_open(
         assert len(ss._readers) <= 2
         assert not any(isinstance(d, mmap.mmap) for d in g.data)  # copied out, not held
         assert g.to_samples() == [_project(ref[int(i)], fields) for i in order]
+
+
+def _evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise to drop pages")
+def test_willneed_hint_only_while_reads_fault(tmp_path: Path) -> None:
+    """The block hint (MADV_WILLNEED) follows the page cache: given after an unhinted block took
+    a major fault (cold), for the next run of blocks; not given while blocks read warm."""
+    from tarindex import bytesource
+
+    if bytesource._RUSAGE_THREAD is None:
+        pytest.skip("no per-thread fault counts (RUSAGE_THREAD): every block is hinted")
+    p = tmp_path / "cold.bin"
+    p.write_bytes(os.urandom(8 << 20))
+    _evict(str(p))  # before it is mapped: mapped pages stay
+    cold = bytesource._ColdCache()
+    with open(p, "rb") as f, mm_of(f) as mm:
+        assert cold.hint() is False  # this block goes unhinted ...
+        mm[:]  # ... and faults its pages in from disk
+        got = [cold.hint() for _ in range(bytesource._HINTED_RUN + 1)]
+        if not any(got):
+            pytest.skip("the page cache kept the file (no major fault after POSIX_FADV_DONTNEED)")
+        assert got == [True] * bytesource._HINTED_RUN + [False]  # a run hinted, then a look
+        warm = [cold.hint() for _ in range(3) if mm[:] is not None]
+        assert warm == [False, False, False]  # resident pages: no fault, no hint
+
+
+def mm_of(f: Any) -> mmap.mmap:
+    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
