@@ -1,4 +1,4 @@
-"""Rank and epoch plumbing shared by TarIterableDataset and BlockSampler.
+"""Rank and epoch plumbing shared by the streaming datasets and the planned samplers.
 
 Rank and world size are resolved in the parent process, never inside DataLoader workers
 (where a spawned process group is not initialised); the epoch counter advances once per
@@ -14,7 +14,7 @@ import torch.utils.data
 
 from .. import shuffle as plan_mod
 
-__all__ = ["resolve_rank", "require_rank", "RankEpoch"]
+__all__ = ["resolve_rank", "require_rank", "RankEpoch", "EpochOwner"]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int] | None:
@@ -169,3 +169,44 @@ class RankEpoch:
         epoch = int(loaded["epoch"])
         self.resume(epoch)
         return worker, nw, epoch, int(loaded["consumed"])
+
+
+class EpochOwner:
+    """Base of what holds a :class:`RankEpoch`: the streaming datasets and the planned samplers.
+
+    Holds ``_re`` (rank, world size, epoch counter), ``_loaded`` (a state from
+    ``load_state_dict`` not yet consumed by an ``__iter__``), ``_active`` (the epoch being
+    iterated by this process, or ``None``) and ``_consumed`` (positions passed in it, written
+    by the owner's per-sample loop as a plain attribute).
+    """
+
+    def _init_epochs(self, rank: int | None, world_size: int | None, what: str) -> None:
+        self._re = RankEpoch(rank, world_size, what)
+        self._loaded: dict[str, Any] | None = None
+        self._active: dict[str, Any] | None = None
+        self._consumed = 0
+
+    def _rank(self) -> tuple[int, int]:
+        return self._re.get()
+
+    @property
+    def epoch(self) -> int:
+        """The last :meth:`set_epoch` value (``0`` initially)."""
+        return self._re.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Play epoch ``epoch`` on the next ``__iter__`` (and ``epoch + k`` on the k-th after).
+
+        Call it in the parent before ``iter(loader)``: a streaming dataset's workers created
+        for that iterator get the new epoch; persistent workers advance by themselves (one
+        epoch per ``__iter__``).
+
+        Raises:
+            ValueError: If ``epoch`` is negative or ``>= 2**64``.
+        """
+        self._re.set_epoch(epoch)
+        self._active = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._re.before_pickle()
+        return self.__dict__.copy()

@@ -26,7 +26,7 @@ from ..remote import RemoteOptions
 from ..select import ToTuple, select_fields
 from ..sources import Source
 from ..split import ShardSubset
-from ._dist import RankEpoch
+from ._dist import EpochOwner
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
 from .dataset import decode_sample
 
@@ -46,7 +46,7 @@ _PLAN_KEYS = (
 )
 
 
-class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
+class TarIterableDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
     """Streaming dataset: sequential block reads, a deterministic shuffle, equal shares per rank.
 
     Per epoch the plan of :mod:`tarindex.shuffle` is computed from ``(seed, epoch)`` alone, the
@@ -255,21 +255,10 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
         self.fields = None if fields is None else tuple(fields)
         self.drop_last = bool(drop_last)
         self.on_error = on_error
-        self._re = RankEpoch(rank, world_size, "TarIterableDataset")
-        self._loaded: dict[str, Any] | None = None
-        self._active: dict[str, Any] | None = None  # the epoch being iterated by this process
-        self._consumed = 0
+        self._init_epochs(rank, world_size, "TarIterableDataset")
         self._blocks_cache: tuple[int, NDArray[np.int64]] | None = None
 
-    # -- ranks, epochs, sizes ---------------------------------------------------------------
-    def _rank(self) -> tuple[int, int]:
-        return self._re.get()
-
-    @property
-    def epoch(self) -> int:
-        """The last :meth:`set_epoch` value (``0`` initially)."""
-        return self._re.epoch
-
+    # -- ranks, sizes (epoch, set_epoch: EpochOwner) ----------------------------------------
     @property
     def rank(self) -> int:
         """This process's rank (resolved on first use)."""
@@ -279,19 +268,6 @@ class TarIterableDataset(torch.utils.data.IterableDataset[Any]):
     def world_size(self) -> int:
         """Number of ranks (resolved on first use)."""
         return self._rank()[1]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Play epoch ``epoch`` on the next ``__iter__`` (and ``epoch + k`` on the k-th after).
-
-        Call it in the parent before ``iter(loader)``: the workers created for that iterator
-        get the new epoch. Persistent workers advance by themselves (one epoch per
-        ``__iter__``).
-
-        Raises:
-            ValueError: If ``epoch`` is negative or ``>= 2**64``.
-        """
-        self._re.set_epoch(epoch)
-        self._active = None
 
     @property
     def n_samples(self) -> int:

@@ -18,7 +18,7 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
-from ._dist import RankEpoch
+from ._dist import EpochOwner
 from .iterable import TarIterableDataset
 from .sampler import PlanSampler, shard_counts
 
@@ -65,7 +65,7 @@ def _source_spans(
     ]
 
 
-class MixedDataset(torch.utils.data.IterableDataset[Any]):
+class MixedDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
     """Stream several :class:`~tarindex.TarIterableDataset` sources mixed by weight or count.
 
     Per epoch, source ``s`` fills ``counts[s]`` of the ``N = sum(counts)`` positions of the
@@ -167,29 +167,9 @@ class MixedDataset(torch.utils.data.IterableDataset[Any]):
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.source_key = source_key
-        self._re = RankEpoch(rank, world_size, "MixedDataset")
-        self._loaded: dict[str, Any] | None = None
-        self._active: dict[str, Any] | None = None
-        self._consumed = 0
+        self._init_epochs(rank, world_size, "MixedDataset")
 
-    # -- ranks, epochs, sizes ---------------------------------------------------------------
-    def _rank(self) -> tuple[int, int]:
-        return self._re.get()
-
-    @property
-    def epoch(self) -> int:
-        """The last :meth:`set_epoch` value (``0`` initially)."""
-        return self._re.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Play epoch ``epoch`` on the next ``__iter__`` (``epoch + k`` on the k-th after).
-
-        Raises:
-            ValueError: If ``epoch`` is negative or ``>= 2**64``.
-        """
-        self._re.set_epoch(epoch)
-        self._active = None
-
+    # -- sizes (rank, epoch, set_epoch: EpochOwner) -----------------------------------------
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all its workers), the same on every rank.
 

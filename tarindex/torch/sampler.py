@@ -15,14 +15,14 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
-from ._dist import RankEpoch
+from ._dist import EpochOwner
 
 __all__ = ["BlockSampler", "PlanSampler"]
 
 _STATE_VERSION = 1
 
 
-class PlanSampler(torch.utils.data.Sampler[int]):
+class PlanSampler(EpochOwner, torch.utils.data.Sampler[int]):
     """Base of the planned samplers: epochs, ranks, ``state_dict`` and world-size changes.
 
     A subclass sets :attr:`n_plan` (positions in one epoch's plan over all ranks) and
@@ -54,10 +54,7 @@ class PlanSampler(torch.utils.data.Sampler[int]):
     """Base seed."""
 
     def __init__(self, rank: int | None, world_size: int | None, what: str) -> None:
-        self._re = RankEpoch(rank, world_size, what)
-        self._loaded: dict[str, Any] | None = None
-        self._active: dict[str, Any] | None = None
-        self._consumed = 0
+        self._init_epochs(rank, world_size, what)
 
     # -- to implement -----------------------------------------------------------------------
     def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
@@ -72,28 +69,7 @@ class PlanSampler(torch.utils.data.Sampler[int]):
         """Return the parameters a saved state must match (besides seed and world size)."""
         raise NotImplementedError
 
-    # -- epochs and ranks -------------------------------------------------------------------
-    def _rank(self) -> tuple[int, int]:
-        return self._re.get()
-
-    @property
-    def epoch(self) -> int:
-        """The last :meth:`set_epoch` value (``0`` initially)."""
-        return self._re.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the next ``__iter__`` (and ``epoch + k`` for the k-th after).
-
-        Raises:
-            ValueError: If ``epoch`` is negative or ``>= 2**64``.
-        """
-        self._re.set_epoch(epoch)
-        self._active = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        self._re.before_pickle()
-        return self.__dict__.copy()
-
+    # -- epochs and ranks (rank, epoch, set_epoch: EpochOwner) ------------------------------
     def __len__(self) -> int:
         """Indices this rank yields in a fresh epoch; the same on every rank."""
         return plan_mod.rank_share(self.n_plan, self._rank()[1], self.drop_last)
