@@ -14,7 +14,7 @@ import torch.utils.data
 
 from .. import shuffle as plan_mod
 
-__all__ = ["resolve_rank", "require_rank", "RankEpoch", "EpochOwner"]
+__all__ = ["resolve_rank", "require_rank", "RankEpoch", "EpochOwner", "StreamEpochOwner"]
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int] | None:
@@ -210,3 +210,46 @@ class EpochOwner:
     def __getstate__(self) -> dict[str, Any]:
         self._re.before_pickle()
         return self.__dict__.copy()
+
+
+class StreamEpochOwner(EpochOwner):
+    """Base of the streaming datasets: one plan per worker, resumed per worker.
+
+    A subclass implements :meth:`_plan_params` (what a saved state must match).
+    """
+
+    seed: int
+    """Base seed."""
+
+    def _plan_params(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
+        return state
+
+    def _worker_state(self, version: int) -> dict[str, Any]:
+        """A streaming dataset's ``state_dict``: this process's worker's place in the epoch.
+
+        A loaded but not yet consumed state is returned as loaded; before any iteration the
+        state describes the next epoch at 0.
+        """
+        if self._loaded is not None:
+            return dict(self._loaded)
+        if self._active is not None:
+            epoch, worker, nw = (self._active[k] for k in ("epoch", "worker", "num_workers"))
+            consumed = self._consumed
+        else:
+            info = torch.utils.data.get_worker_info()
+            worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+            epoch, consumed = self._re.peek(), 0
+        return {
+            "version": version,
+            "seed": self.seed,
+            "epoch": epoch,
+            "consumed": consumed,
+            "worker": worker,
+            "num_workers": nw,
+            **self._plan_params(),
+        }

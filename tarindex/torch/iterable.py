@@ -26,7 +26,7 @@ from ..remote import RemoteOptions
 from ..select import ToTuple, select_fields
 from ..sources import Source
 from ..split import ShardSubset
-from ._dist import EpochOwner
+from ._dist import StreamEpochOwner
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
 from .dataset import decode_sample
 
@@ -46,7 +46,7 @@ _PLAN_KEYS = (
 )
 
 
-class TarIterableDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
+class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     """Streaming dataset: sequential block reads, a deterministic shuffle, equal shares per rank.
 
     Per epoch the plan of :mod:`tarindex.shuffle` is computed from ``(seed, epoch)`` alone, the
@@ -258,7 +258,7 @@ class TarIterableDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
         self._init_epochs(rank, world_size, "TarIterableDataset")
         self._blocks_cache: tuple[int, NDArray[np.int64]] | None = None
 
-    # -- ranks, sizes (epoch, set_epoch: EpochOwner) ----------------------------------------
+    # -- ranks, sizes (epoch, set_epoch: StreamEpochOwner) ----------------------------------------
     @property
     def rank(self) -> int:
         """This process's rank (resolved on first use)."""
@@ -368,28 +368,7 @@ class TarIterableDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
             ``batch_size`` is ``None`` unless batched. Before any iteration it describes the
             next epoch at 0; a loaded but not yet consumed state is returned as loaded.
         """
-        if self._loaded is not None:
-            return dict(self._loaded)
-        if self._active is not None:
-            epoch, worker, nw = (
-                self._active["epoch"],
-                self._active["worker"],
-                self._active["num_workers"],
-            )
-            consumed = self._consumed
-        else:
-            info = torch.utils.data.get_worker_info()
-            worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-            epoch, consumed = self._re.peek(), 0
-        return {
-            "version": _STATE_VERSION,
-            "seed": self.seed,
-            "epoch": epoch,
-            "consumed": consumed,
-            "worker": worker,
-            "num_workers": nw,
-            **self._plan_params(),
-        }
+        return self._worker_state(_STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
@@ -726,10 +705,8 @@ class TarIterableDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
 
     # -- pickling ---------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        self._re.before_pickle()
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_blocks_cache"] = None
-        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

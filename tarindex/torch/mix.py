@@ -18,7 +18,7 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from .. import shuffle as plan_mod
-from ._dist import EpochOwner
+from ._dist import StreamEpochOwner
 from .iterable import TarIterableDataset
 from .sampler import PlanSampler, shard_counts
 
@@ -65,7 +65,7 @@ def _source_spans(
     ]
 
 
-class MixedDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
+class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     """Stream several :class:`~tarindex.TarIterableDataset` sources mixed by weight or count.
 
     Per epoch, source ``s`` fills ``counts[s]`` of the ``N = sum(counts)`` positions of the
@@ -169,7 +169,7 @@ class MixedDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
         self.source_key = source_key
         self._init_epochs(rank, world_size, "MixedDataset")
 
-    # -- sizes (rank, epoch, set_epoch: EpochOwner) -----------------------------------------
+    # -- sizes (rank, epoch, set_epoch: StreamEpochOwner) -----------------------------------------
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all its workers), the same on every rank.
 
@@ -250,24 +250,7 @@ class MixedDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
             worker has passed in ``epoch``. Before any iteration it describes the next epoch
             at 0; a loaded but not yet consumed state is returned as loaded.
         """
-        if self._loaded is not None:
-            return dict(self._loaded)
-        if self._active is not None:
-            epoch, worker, nw = (self._active[k] for k in ("epoch", "worker", "num_workers"))
-            consumed = self._consumed
-        else:
-            info = torch.utils.data.get_worker_info()
-            worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-            epoch, consumed = self._re.peek(), 0
-        return {
-            "version": _STATE_VERSION,
-            "seed": self.seed,
-            "epoch": epoch,
-            "consumed": consumed,
-            "worker": worker,
-            "num_workers": nw,
-            **self._plan_params(),
-        }
+        return self._worker_state(_STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
@@ -378,13 +361,6 @@ class MixedDataset(EpochOwner, torch.utils.data.IterableDataset[Any]):
                     f"{a + pos} of [{a}, {b}) in epoch {epoch}: its plan is shorter than the "
                     "mix's spans (a bug: please report it)"
                 )
-
-    # -- pickling ---------------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        self._re.before_pickle()
-        state = self.__dict__.copy()
-        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
-        return state
 
     def __repr__(self) -> str:
         return (
