@@ -169,7 +169,21 @@ class _ColdCache(threading.local):
 _cold = _ColdCache()
 
 
-class MmapSource:
+class _LocalSource:
+    """What the local sources share: read-ahead of many ranges is their ``prefetch`` of each."""
+
+    def prefetch(self, start: int, end: int) -> None:
+        raise NotImplementedError
+
+    def prefetch_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64], wait: bool = False
+    ) -> None:
+        """:meth:`prefetch` of each range (the kernel's page cache does the rest)."""
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            self.prefetch(a, b)
+
+
+class MmapSource(_LocalSource):
     """The whole tar mapped read-only; ranges are slices of the mapping (no read, no copy).
 
     Args:
@@ -230,13 +244,6 @@ class MmapSource:
         except (AttributeError, OSError, ValueError):
             pass
 
-    def prefetch_ranges(
-        self, starts: NDArray[np.int64], ends: NDArray[np.int64], wait: bool = False
-    ) -> None:
-        """:meth:`prefetch` of each range (the kernel's page cache does the rest)."""
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            self.prefetch(a, b)
-
     def close(self) -> None:
         """Drop the mapping; a block handed out stays valid.
 
@@ -246,7 +253,7 @@ class MmapSource:
         self.mm = None
 
 
-class PreadSource:
+class PreadSource(_LocalSource):
     """The tar read with ``os.pread``: one read per range, and no SIGBUS if the tar is cut.
 
     Args:
@@ -313,13 +320,6 @@ class PreadSource:
                 os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_WILLNEED)
             except OSError:
                 pass
-
-    def prefetch_ranges(
-        self, starts: NDArray[np.int64], ends: NDArray[np.int64], wait: bool = False
-    ) -> None:
-        """:meth:`prefetch` of each range (the kernel's page cache does the rest)."""
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            self.prefetch(a, b)
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
