@@ -127,12 +127,13 @@ static int member_ok(Tables *t, uint64_t m) {
     return member_get(t, m, &e, &o, &s);
 }
 
-/* Sample j as {"__key__", ext: bytes..., "__shard__", "__index__"} (new reference), Py_None
- * (new reference: hand back, an unchecked chunk or a bound that does not hold) or NULL with
- * an exception. want: NULL (every member) or want[ext_id] != 0 for the extensions to read.
- * The caller has checked that the mapping still covers the tar. */
+/* Sample j as {"__key__", ext: bytes..., "__shard__", "__index__"} (ShardSet.get's order), or
+ * with meta_first {"__key__", "__shard__", "__index__", ext: bytes...} (Block.to_samples'):
+ * a new reference; Py_None (new reference: hand back, an unchecked chunk or a bound that does
+ * not hold) or NULL with an exception. want: NULL (every member) or want[ext_id] != 0 for the
+ * extensions to read. The caller has checked that the mapping still covers the tar. */
 static PyObject *tables_dict(Tables *t, Py_ssize_t j, const char *want, PyObject *shard,
-                             PyObject *index) {
+                             PyObject *index, int meta_first) {
     uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
     if (!tables_row(t, j, &k0, &k1, &m0, &m1)) Py_RETURN_NONE;
     for (uint64_t m = m0; m < m1; m++)
@@ -144,6 +145,10 @@ static PyObject *tables_dict(Tables *t, Py_ssize_t j, const char *want, PyObject
                              "surrogateescape");
     if (v == NULL || PyDict_SetItem(d, str_key, v) < 0) goto fail;
     Py_DECREF(v);
+    v = NULL;
+    if (meta_first &&
+        (PyDict_SetItem(d, str_shard, shard) < 0 || PyDict_SetItem(d, str_index, index) < 0))
+        goto fail;
     for (uint64_t m = m0; m < m1; m++) { /* PyDict_New and hashing may have run Python code */
         uint32_t e;
         uint64_t o, s;
@@ -157,7 +162,8 @@ static PyObject *tables_dict(Tables *t, Py_ssize_t j, const char *want, PyObject
         Py_DECREF(v);
     }
     v = NULL;
-    if (PyDict_SetItem(d, str_shard, shard) < 0 || PyDict_SetItem(d, str_index, index) < 0)
+    if (!meta_first &&
+        (PyDict_SetItem(d, str_shard, shard) < 0 || PyDict_SetItem(d, str_index, index) < 0))
         goto fail;
     return d;
 fail:
@@ -166,8 +172,19 @@ fail:
     return NULL;
 }
 
-/* sample(j, want, shard, index) -> dict | None: tables_dict; want None or bytes of one flag
- * per extension. */
+/* want: None (NULL: every member) or bytes of one flag per extension; -1 with TypeError. */
+static int get_want(Tables *t, PyObject *obj, const char **want) {
+    *want = NULL;
+    if (obj == Py_None) return 0;
+    if (!PyBytes_Check(obj) || PyBytes_GET_SIZE(obj) < t->n_exts) {
+        PyErr_SetString(PyExc_TypeError, "want: bytes of one flag per extension");
+        return -1;
+    }
+    *want = PyBytes_AS_STRING(obj);
+    return 0;
+}
+
+/* sample(j, want, shard, index) -> dict | None: tables_dict of sample j. */
 static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "sample(j, want, shard, index)");
@@ -175,20 +192,55 @@ static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t narg
     }
     Py_ssize_t j = PyLong_AsSsize_t(args[0]);
     if (j == -1 && PyErr_Occurred()) return NULL;
-    const char *want = NULL;
-    if (args[1] != Py_None) {
-        if (!PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) < t->n_exts) {
-            PyErr_SetString(PyExc_TypeError, "want: bytes of one flag per extension");
+    const char *want;
+    if (get_want(t, args[1], &want) < 0) return NULL;
+    return tables_dict(t, j, want, args[2], args[3], 0);
+}
+
+/* samples(j0, j1, want, shard, base) -> [dict, ...] | None: tables_dict of each sample
+ * j0 <= j < j1 in Block.to_samples' order, "__index__" base + j - j0 (a streaming block,
+ * ShardSet.read_samples); None
+ * if any sample hands back (the Python path then reads the block or raises). */
+static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "samples(j0, j1, want, shard, base)");
+        return NULL;
+    }
+    Py_ssize_t j0 = PyLong_AsSsize_t(args[0]), j1, base;
+    if (j0 == -1 && PyErr_Occurred()) return NULL;
+    j1 = PyLong_AsSsize_t(args[1]);
+    if (j1 == -1 && PyErr_Occurred()) return NULL;
+    base = PyLong_AsSsize_t(args[4]);
+    if (base == -1 && PyErr_Occurred()) return NULL;
+    const char *want;
+    if (get_want(t, args[2], &want) < 0) return NULL;
+    if (j0 < 0 || j1 < j0 || j1 > t->n || base > PY_SSIZE_T_MAX - (j1 - j0)) Py_RETURN_NONE;
+    PyObject *out = PyList_New(j1 - j0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t j = j0; j < j1; j++) {
+        PyObject *index = PyLong_FromSsize_t(base + (j - j0)), *d;
+        if (index == NULL) {
+            Py_DECREF(out);
             return NULL;
         }
-        want = PyBytes_AS_STRING(args[1]);
+        d = tables_dict(t, j, want, args[3], index, 1);
+        Py_DECREF(index);
+        if (d == NULL || d == Py_None) {
+            Py_DECREF(out);
+            if (d == NULL) return NULL;
+            return d; /* None: hand back */
+        }
+        PyList_SET_ITEM(out, j - j0, d);
     }
-    return tables_dict(t, j, want, args[2], args[3]);
+    return out;
 }
 
 static PyMethodDef Tables_methods[] = {
     {"sample", (PyCFunction)(void (*)(void))Tables_sample, METH_FASTCALL,
      "sample(j, want, shard, index): sample j as a dict, or None (take the Python path)."},
+    {"samples", (PyCFunction)(void (*)(void))Tables_samples, METH_FASTCALL,
+     "samples(j0, j1, want, shard, base): samples j0..j1 as dicts, or None (take the Python "
+     "path)."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject TablesType = {
@@ -835,7 +887,7 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(args[0]);
     if (index == NULL) goto done_r;
     res = tables_dict((Tables *)PyTuple_GET_ITEM(ck, 0), i - s0, NULL,
-                      PyList_GET_ITEM(paths, sh), index);
+                      PyList_GET_ITEM(paths, sh), index, 0);
 done_r:
     Py_XDECREF(index);
     Py_XDECREF(ck);

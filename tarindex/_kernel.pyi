@@ -19,6 +19,9 @@ class Tables:
         checked: bytearray,
     ) -> None: ...
     def sample(self, j: int, want: bytes | None, shard: str, index: int) -> dict[str, Any] | None: ...
+    def samples(
+        self, j0: int, j1: int, want: bytes | None, shard: str, base: int
+    ) -> list[dict[str, Any]] | None: ...
 
 def get(
     i: int,

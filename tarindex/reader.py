@@ -2171,6 +2171,42 @@ class ShardSet:
         b.index = b.samples + self._starts_list[s]
         return b
 
+    def read_samples(
+        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
+    ) -> list[Sample]:
+        """Samples ``j0 <= j < j1`` of shard ``s`` as dicts: ``read_block(...).to_samples()``.
+
+        The streaming read of a block. Over a mapping one compiled call builds the dicts from
+        the validated tables (``tarindex/_kernel.c``); otherwise (pread, remote, ``verify_data``,
+        no compiled loops, anything it hands back) the block is read and unpacked.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
+                :meth:`read_block`.
+        """
+        r = self.reader(s)
+        ck = r._ck
+        if ck is not None and 0 <= j0 < j1 <= r.n_samples:
+            tabs, mm, size = ck
+            hot = r._scalar
+            assert hot is not None  # a reader with _ck has _scalar
+            checked = hot[0]
+            for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1):
+                if not checked[c]:
+                    r._check_chunk(c)  # FormatError if corrupt
+            want = None if fields is None else r._want_flags(fields)
+            if mm.size() < size:  # cut while mapped: SIGBUS otherwise (READING.md)
+                raise r._cut(mm.size())
+            if prefetch and fields is None:  # projected: no pages of left-out members
+                sp, offs, sizes = hot[2], hot[7], hot[8]
+                m0, m1 = sp[j0], sp[j1]
+                if m1 > m0:
+                    r.source.prefetch(offs[m0], offs[m1 - 1] + sizes[m1 - 1])
+            got = tabs.samples(j0, j1, want, self.paths[s], self._starts_list[s] + j0)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
+
     def gather(
         self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
     ) -> Block:

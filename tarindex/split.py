@@ -295,6 +295,16 @@ class ShardSubset(ShardSet):
         b.index = local + self.base.starts[s]
         return b
 
+    def read_samples(
+        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
+    ) -> list[Sample]:
+        """The view's samples ``j0 <= j < j1`` of shard ``s``: ``read_block(...).to_samples()``.
+
+        Raises:
+            SampleIndexError: As :meth:`read_block`.
+        """
+        return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
+
     def indices_of(self, key: str) -> list[int]:
         """View indices of the samples whose key is ``key`` (see :meth:`ShardSet.indices_of`)."""
         hits = np.asarray(self.base.indices_of(key), np.int64)

@@ -235,6 +235,28 @@ def test_streaming_batches_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert compiled == python
 
 
+@needs_ext
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("fields", [None, ("cls", "txt")])
+def test_streaming_samples_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shuffle: bool, fields: Any
+) -> None:
+    """Per-sample streaming (``ShardSet.read_samples``), also of a split view, both ways."""
+    paths = _odd_shards(tmp_path)
+
+    def read() -> list[Any]:
+        ds = tarindex.TarIterableDataset(paths, shuffle=shuffle, seed=3, fields=fields)
+        parts = tarindex.split_by_key(paths, {"train": 0.7, "val": 0.3}, seed=1)
+        view = tarindex.TarIterableDataset(
+            paths, shuffle=shuffle, seed=3, fields=fields, subset=parts["train"]
+        )
+        return [[_items(x) for x in ds], [_items(x) for x in view]]
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    assert len(compiled[0]) == 360 and 0 < len(compiled[1]) < 360
+
+
 def _label_shard(tmp: Path, label: bytes) -> str:
     p = tmp / f"lab-{len(label)}.tar"
     with tarindex.ShardWriter(str(p), maxcount=100, mtime=0) as w:
@@ -304,6 +326,8 @@ def test_corrupt_chunk_is_refused_by_the_compiled_paths(
             ds = tarindex.TarDataset(path, batched=batched)
             out.append(_outcome(partial(ds.__getitems__, list(range(50)))))
             out.append(_outcome(partial(ds.__getitem__, 10)))
+        stream = tarindex.TarIterableDataset(path, shuffle=False)
+        out.append(_outcome(lambda: list(stream)))
         return out
 
     compiled, python = _both(read, monkeypatch)

@@ -422,6 +422,40 @@ case("batch table changed by a hash",
      "python")
 
 
+# samples()
+case("samples", lambda: "two" if [d["__index__"] for d in T.samples(0, 2, None, "s", 10)] == [10, 11]
+     else None, "str")
+case("samples order", lambda: "same" if list(T.samples(0, 1, None, "s", 0)[0]) == [
+     "__key__", "__shard__", "__index__", "bin", "cls"] else None, "str")
+case("samples empty", lambda: T.samples(1, 1, None, "s", 0), "list")
+case("samples want", lambda: "same" if list(T.samples(0, 1, b"\x00\x01", "s", 0)[0]) == [
+     "__key__", "__shard__", "__index__", "cls"] else None, "str")
+case("samples j0 > j1", lambda: T.samples(2, 1, None, "s", 0), "none")
+case("samples j1 past", lambda: T.samples(0, 3, None, "s", 0), "none")
+case("samples j0 -1", lambda: T.samples(-1, 1, None, "s", 0), "none")
+case("samples j1 2**63", lambda: T.samples(0, 2**63, None, "s", 0), "OverflowError")
+case("samples base overflows", lambda: T.samples(0, 2, None, "s", 2**63 - 2), "none")
+case("samples base 2**63", lambda: T.samples(0, 2, None, "s", 2**63), "OverflowError")
+case("samples want short", lambda: T.samples(0, 1, b"\x01", "s", 0), "TypeError")
+case("samples nargs", lambda: T.samples(0, 1, None, "s"), "TypeError")
+case("samples unchecked chunk", lambda: tables(checked=bytearray(1)).samples(0, 2, None, "s", 0),
+     "none")
+case("samples second sample bad",
+     lambda: tables(offset=U8(0, 100, len(DATA))).samples(0, 2, None, "s", 0), "none")
+case("uninitialised samples", lambda: t0.samples(0, 0, None, "s", 0), "list")
+sizes3 = bytearray(U8(5, 7, 9))
+
+
+class Grow3(str):  # hashing an extension grows the next sample's member past the data
+    def __hash__(self):
+        sizes3[16:24] = (1 << 26).to_bytes(8, "little")
+        return str.__hash__(self)
+
+
+case("samples table changed mid-read",
+     lambda: tables(size=sizes3, exts=(Grow3("bin"), "cls")).samples(0, 2, None, "s", 0), "none")
+
+
 # get()
 def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers

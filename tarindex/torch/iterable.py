@@ -522,7 +522,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                 if ra is not None:
                     ra.add(pieces)
                 for piece in pieces:
-                    got = self._samples(piece, self._read1(piece, False, ra))
+                    got = self._read_samples(piece, False, ra)
                     got.reverse()
                     yield map(got.pop, repeat(-1, len(got)))
                 return
@@ -539,7 +539,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                         ra.add(nxt[0].tolist())
                 buf: list[Sample | None] = []
                 for piece in pieces.tolist():  # each block is unpacked (and freed) at once
-                    buf.extend(self._samples(piece, self._read1(piece, True, ra)))
+                    buf.extend(self._read_samples(piece, True, ra))
                 lo = start - k * w if start > k * w else 0
                 hi = min(end - k * w, len(buf))
                 if perm is None:
@@ -552,23 +552,21 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
             if ra is not None:
                 ra.close()
 
-    @staticmethod
-    def _samples(piece: list[int], blk: Block | None) -> list[Sample | None]:
-        if blk is None:
-            return [None] * (piece[2] - piece[1])
-        return cast("list[Sample | None]", blk.to_samples())
-
     def _read1(
-        self, piece: list[int], prefetch: bool, ra: _ReadAhead | None = None
-    ) -> Block | None:
+        self, piece: list[int], prefetch: bool, ra: _ReadAhead | None = None, *,
+        samples: bool = False,
+    ) -> Any:
         """Kernel read of a planned piece ``(shard, j0, j1)``; ``None`` if skipped.
 
+        A :class:`Block`, or with ``samples`` its sample dicts (``ShardSet.read_samples``).
         ``ra`` (remote shards): the plan's next blocks are queued for read-ahead first.
         """
         s, j0, j1 = piece
         try:
             if ra is not None:
                 ra.pump()
+            if samples:
+                return self.shards.read_samples(s, j0, j1, self.fields, prefetch=prefetch)
             return self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
         except Exception as e:
             if self.on_error != "skip":
@@ -579,6 +577,13 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                 stacklevel=3,
             )
             return None
+
+    def _read_samples(
+        self, piece: list[int], prefetch: bool, ra: _ReadAhead | None = None
+    ) -> list[Sample | None]:
+        """The piece's samples, or one ``None`` per sample if it was skipped."""
+        got = self._read1(piece, prefetch, ra, samples=True)
+        return [None] * (piece[2] - piece[1]) if got is None else cast("list[Sample | None]", got)
 
     def _read_window(
         self, pieces: NDArray[np.int64], prefetch: bool, ra: _ReadAhead | None = None
