@@ -19,7 +19,10 @@ Usage: ``python benchmarks/bench_kernel.py [--data GLOB] [--n 20000] [--passes 5
 [--before PATH]``. ``--data`` defaults to run.py's full-mode tarindex shards (run
 ``python benchmarks/run.py`` once first); ``--before PATH`` also runs the same measurement with
 ``PYTHONPATH=PATH`` (another checkout's tarindex, e.g. a ``git worktree`` of an older commit)
-in a child process, alternating, and prints after/before ratios.
+in a child process, alternating, and prints after/before ratios. A row whose keyword the
+older checkout lacks (``batched=``, ``fields=``) prints ``n/a``; a checkout older than the
+index format of ``--data`` cannot read it: write the data with that checkout's
+``benchmarks/run.py --only write --match tarindex --data DIR`` and pass that to both.
 """
 
 from __future__ import annotations
