@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import importlib.util
 import mmap
 import operator
 import os
@@ -123,10 +124,12 @@ def _load_kernel() -> tuple[Any, str]:
         return None, "python (TARINDEX_PURE_PYTHON is set)"
     if sys.byteorder != "little":
         return None, "python (big-endian host)"
+    if importlib.util.find_spec(f"{__package__}._kernel") is None:  # no C compiler at install
+        return None, "python (the extension tarindex._kernel is not built: reinstall with gcc)"
     try:
         from . import _kernel
-    except ImportError as e:
-        return None, f"python (tarindex._kernel not built: {e}; reinstall with a C compiler)"
+    except ImportError as e:  # built for another Python, or damaged
+        return None, f"python (tarindex._kernel failed to load: {e}; reinstall it)"
     return _kernel, "compiled"
 
 

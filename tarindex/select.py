@@ -109,10 +109,19 @@ class ToTuple:
         return tuple(None if n is None else _entry(picked, *n) for n in names)
 
     def _missing(self, sample: dict[str, Any], alt: tuple[str, ...]) -> str:
+        shard = sample.get("__shard__")
         have = sorted(k for k in sample if not k.startswith("__"))
+        fields = self.fields
+        if all(h in fields for h in have):  # read projected (the datasets read only these)
+            what = (
+                f"of the selected members it has {', '.join(have) or 'none'}; "
+                f"`tarindex ls {shard}` lists every member"
+            )
+        else:
+            what = f"it has {', '.join(have)}"
         return (
-            f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} has no "
-            f"{' or '.join(repr(a) for a in alt)} (it has {', '.join(have) or 'no members'}); "
+            f"{shard}: sample {sample.get('__key__')!r} has no "
+            f"{' or '.join(repr(a) for a in alt)} ({what}); "
             f"to_tuple(..., missing_is_error=False) gives None instead"
         )
 

@@ -94,7 +94,7 @@ def test_read_kernel_and_version_say_which_loops_run(pure: bool) -> None:
     assert got.returncode == 0 and ver.returncode == 0, got.stderr + ver.stderr
     want = "python (TARINDEX_PURE_PYTHON is set)" if pure else "compiled"
     if not pure and COMPILED is None:
-        want = "python (tarindex._kernel not built"
+        want = "python (the extension tarindex._kernel is not built"
     assert got.stdout.startswith(want), got.stdout
     assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), ver.stdout
 

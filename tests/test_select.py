@@ -54,6 +54,12 @@ def test_to_tuple_picks_the_first_alternative_present() -> None:
     msg = str(ei.value)
     assert msg.startswith("s.tar: sample 'k' has no 'txt' or 'caption' (it has jpg, json, png)")
     assert isinstance(ei.value, KeyError) and isinstance(ei.value, tarindex.TarIndexError)
+    projected = {"__key__": "k", "__shard__": "s.tar", "jpg": b"J"}  # as a dataset reads it
+    with pytest.raises(tarindex.MissingFieldError, match=r"\(of the selected members it has "
+                       r"jpg; `tarindex ls s.tar` lists every member\)"):
+        tarindex.to_tuple("jpg", "txt")(projected)
+    with pytest.raises(tarindex.MissingFieldError, match="of the selected members it has none"):
+        tarindex.to_tuple("txt")({"__key__": "k", "__shard__": "s.tar"})
     lax = tarindex.to_tuple("jpg", "txt", missing_is_error=False)
     assert lax(s) == (b"J", None)
     assert pickle.loads(pickle.dumps(lax)).alternatives == lax.alternatives
