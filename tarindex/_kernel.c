@@ -217,6 +217,9 @@ static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nar
     if (j0 < 0 || j1 < j0 || j1 > t->n || base > PY_SSIZE_T_MAX - (j1 - j0)) Py_RETURN_NONE;
     PyObject *out = PyList_New(j1 - j0);
     if (out == NULL) return NULL;
+    /* its slots are NULL until filled and tables_dict runs Python code (a hash), which could
+     * reach a tracked list through gc.get_objects(): tracked again once full */
+    PyObject_GC_UnTrack(out);
     for (Py_ssize_t j = j0; j < j1; j++) {
         PyObject *index = PyLong_FromSsize_t(base + (j - j0)), *d;
         if (index == NULL) {
@@ -232,6 +235,7 @@ static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nar
         }
         PyList_SET_ITEM(out, j - j0, d);
     }
+    PyObject_GC_Track(out);
     return out;
 }
 

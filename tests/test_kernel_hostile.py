@@ -456,6 +456,19 @@ case("samples table changed mid-read",
      lambda: tables(size=sizes3, exts=(Grow3("bin"), "cls")).samples(0, 2, None, "s", 0), "none")
 
 
+class Peek(str):  # hashing an extension walks every list the collector tracks
+    def __hash__(self):
+        for o in gc.get_objects():
+            if type(o) is list and len(o) == 2:
+                [type(x) for x in o]
+        return str.__hash__(self)
+
+
+# once: SIGSEGV (the block's list, tracked with empty slots, was reached through the collector)
+case("samples list reached through gc",
+     lambda: len(tables(exts=(Peek("bin"), "cls")).samples(0, 2, None, "s", 0)), "int")
+
+
 # get()
 def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
@@ -548,6 +561,7 @@ ONCE_CRASHED = [  # each killed the interpreter (SIGSEGV) before the fix; run al
     "batch __index__ empties the list",
     "batch _ck moves the starts",
     "batch table changed by a hash",
+    "samples list reached through gc",
 ]
 
 
