@@ -852,7 +852,7 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
                s1 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh + 1));
     if ((s0 == -1 || s1 == -1) && PyErr_Occurred()) return NULL;
     if (i < s0 || i >= s1) Py_RETURN_NONE;
-    PyObject *key = PyLong_FromSsize_t(sh), *res = NULL, *ck = NULL, *index = NULL;
+    PyObject *key = PyLong_FromSsize_t(sh), *res = NULL, *ck = NULL, *index = NULL, *path = NULL;
     if (key == NULL) return NULL;
     PyObject *r = PyDict_GetItemWithError(readers, key); /* borrowed */
     if (r == NULL) {
@@ -890,9 +890,11 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     }
     index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(args[0]);
     if (index == NULL) goto done_r;
-    res = tables_dict((Tables *)PyTuple_GET_ITEM(ck, 0), i - s0, NULL,
-                      PyList_GET_ITEM(paths, sh), index, 0);
+    /* owned: tables_dict hashes extension names (Python code) before it stores the path */
+    path = Py_NewRef(PyList_GET_ITEM(paths, sh));
+    res = tables_dict((Tables *)PyTuple_GET_ITEM(ck, 0), i - s0, NULL, path, index, 0);
 done_r:
+    Py_XDECREF(path);
     Py_XDECREF(index);
     Py_XDECREF(ck);
     Py_DECREF(r);

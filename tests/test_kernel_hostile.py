@@ -543,6 +543,21 @@ case("get size() empties paths", lambda: K.get(3, [0, 2, 4], 2, {1: R(T2, Shorte
                                                False), "none")
 grd.update({0: R(tables(), Drop())})
 case("get size() drops the reader", lambda: K.get(1, [0, 2, 4], 2, grd, ["a", "b"], False), "dict")
+spaths = [c * 50 + str(k) for k, c in enumerate("ab")]  # made at run time: no other reference
+
+
+class Swap(str):  # hashing an extension replaces the sample's path (its one reference)
+    def __hash__(self):
+        spaths[1] = "c" * 50 + str(len(spaths))
+        gc.collect()
+        [bytes(60) for _ in range(1000)]
+        return str.__hash__(self)
+
+
+# once: SIGSEGV (the path was borrowed from the list, stored after the hash freed it)
+case("get hash replaces the path",
+     lambda: K.get(2, [0, 2, 4], 2, {1: R(tables(exts=(Swap("bin"), "cls")))}, spaths, False)[
+         "__shard__"][:2], "str")
 gc.collect()
 fails += [f"{name}: no such case" for name in ONLY - ran]
 print("\n".join(fails) if fails else "all held")
@@ -562,6 +577,7 @@ ONCE_CRASHED = [  # each killed the interpreter (SIGSEGV) before the fix; run al
     "batch _ck moves the starts",
     "batch table changed by a hash",
     "samples list reached through gc",
+    "get hash replaces the path",
 ]
 
 
