@@ -329,6 +329,7 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     sb = PyBytes_FromStringAndSize(NULL, total * 8);
     eb = PyBytes_FromStringAndSize(NULL, total * 4);
     if (!keys || !cnt || !ob || !sb || !eb) goto done;
+    PyObject_GC_UnTrack(keys); /* NULL slots until filled: see Tables_samples */
     int64_t *c = (int64_t *)PyBytes_AS_STRING(cnt);
     char *po = PyBytes_AS_STRING(ob), *ps = PyBytes_AS_STRING(sb), *pe = PyBytes_AS_STRING(eb);
     Py_ssize_t left = total;
@@ -361,6 +362,7 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
         ps += cm * 8;
         pe += cm * 4;
     }
+    PyObject_GC_Track(keys);
     res = PyTuple_Pack(5, keys, cnt, ob, sb, eb);
 done:
     Py_XDECREF(keys);
@@ -557,6 +559,10 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (!keys || !bnames || !inames || !pos || !index || !shards) goto done;
+    /* NULL slots until filled, while Python code runs (_ck, size(), hashes, alloc): a
+     * tracked list would be reachable through gc.get_objects() (see Tables_samples) */
+    PyObject_GC_UnTrack(keys);
+    PyObject_GC_UnTrack(shards);
     int64_t *idx = (int64_t *)PyByteArray_AS_STRING(index), total = starts[ns];
     /* pass 1: locate, look up, cut check; then (prefetched) keys, members, layout sizes */
     for (Py_ssize_t b = 0; b < n; b++) {
@@ -781,6 +787,8 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             memcpy(dst + at[0], (const char *)t->data.buf + mo, (size_t)ms);
         }
     }
+    PyObject_GC_Track(keys);
+    PyObject_GC_Track(shards);
     res = PyTuple_Pack(9, PyTuple_GET_ITEM(made, 0), keys, bnames, inames, offs, pres, ints,
                        index, shards);
 done:

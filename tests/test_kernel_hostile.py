@@ -422,6 +422,19 @@ case("batch table changed by a hash",
      "python")
 
 
+class Peek(str):  # hashing an extension walks every list the collector tracks
+    def __hash__(self):
+        for o in gc.get_objects():
+            if type(o) is list and len(o) in (2, 3):
+                [type(x) for x in o]
+        return str.__hash__(self)
+
+
+# once: SIGSEGV (the batch's key and path lists, tracked with empty slots, reached through gc)
+case("batch list reached through gc",
+     lambda: bt(readers={0: R(tables(exts=(Peek("bin"), "cls"))), 1: R(T2)}), "batch")
+
+
 # samples()
 case("samples", lambda: "two" if [d["__index__"] for d in T.samples(0, 2, None, "s", 10)] == [10, 11]
      else None, "str")
@@ -454,14 +467,6 @@ class Grow3(str):  # hashing an extension grows the next sample's member past th
 
 case("samples table changed mid-read",
      lambda: tables(size=sizes3, exts=(Grow3("bin"), "cls")).samples(0, 2, None, "s", 0), "none")
-
-
-class Peek(str):  # hashing an extension walks every list the collector tracks
-    def __hash__(self):
-        for o in gc.get_objects():
-            if type(o) is list and len(o) == 2:
-                [type(x) for x in o]
-        return str.__hash__(self)
 
 
 # once: SIGSEGV (the block's list, tracked with empty slots, was reached through the collector)
@@ -578,6 +583,7 @@ ONCE_CRASHED = [  # each killed the interpreter (SIGSEGV) before the fix; run al
     "batch table changed by a hash",
     "samples list reached through gc",
     "get hash replaces the path",
+    "batch list reached through gc",
 ]
 
 
