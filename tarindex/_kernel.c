@@ -839,6 +839,7 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (ns < 1 || ns > PyList_GET_SIZE(paths)) Py_RETURN_NONE;
     Py_ssize_t total = PyLong_AsSsize_t(PyList_GET_ITEM(starts, ns));
     if (total == -1 && PyErr_Occurred()) return NULL;
+    if (total < 0) Py_RETURN_NONE; /* never from a ShardSet; i + total must not overflow */
     int neg = i < 0;
     if (neg) i += total;
     if (i < 0 || i >= total) Py_RETURN_NONE;
@@ -859,7 +860,7 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t s0 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh)),
                s1 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh + 1));
     if ((s0 == -1 || s1 == -1) && PyErr_Occurred()) return NULL;
-    if (i < s0 || i >= s1) Py_RETURN_NONE;
+    if (s0 < 0 || i < s0 || i >= s1) Py_RETURN_NONE; /* s0 < 0: i - s0 must not overflow */
     PyObject *key = PyLong_FromSsize_t(sh), *res = NULL, *ck = NULL, *index = NULL, *path = NULL;
     if (key == NULL) return NULL;
     PyObject *r = PyDict_GetItemWithError(readers, key); /* borrowed */

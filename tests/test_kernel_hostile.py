@@ -500,6 +500,8 @@ case("get starts one", lambda: gt(starts=(0,)), "none")
 case("get starts not ints", lambda: gt(1, starts=(0, "2", 4), per=0), "TypeError")
 case("get starts past 2**63", lambda: gt(starts=(0, 2, 2**63)), "OverflowError")
 case("get starts backwards", lambda: gt(1, starts=(0, 4, 2), per=0), "dict")
+case("get starts negative", lambda: gt(-2**63, starts=(0, 2, -1), per=0), "none")
+case("get shard start negative", lambda: gt(0, starts=(-5, 2, 4), per=0), "none")
 case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"], False),
      "TypeError")
 case("get readers a list", lambda: K.get(0, [0, 2, 4], 2, [], ["a", "b"], False), "TypeError")
