@@ -457,6 +457,22 @@ done:
     return res;
 }
 
+/* The shard holding global sample i, 0 <= i < starts[ns]: i // per when every shard but the
+ * last holds `per` samples (per > 0), else the last shard whose start is <= i. The caller
+ * checks starts[sh] <= i < starts[sh + 1] (a hostile `per` or `starts` can break it). */
+static Py_ssize_t shard_of(const int64_t *starts, Py_ssize_t ns, Py_ssize_t per, Py_ssize_t i) {
+    if (per > 0) {
+        Py_ssize_t sh = i / per;
+        return sh > ns - 1 ? ns - 1 : sh;
+    }
+    Py_ssize_t lo = 0, hi = ns;
+    while (hi - lo > 1) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (starts[mid] <= i) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
 /* ---- batch: ShardSet.gather + pack_blocks in two passes -------------------------------- */
 
 
@@ -577,18 +593,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             res = hand_back(str_python, 0, 0);
             goto done;
         }
-        Py_ssize_t sh;
-        if (per > 0) {
-            sh = i / per;
-            if (sh > ns - 1) sh = ns - 1;
-        } else { /* last shard whose start <= i */
-            Py_ssize_t lo = 0, hi = ns;
-            while (hi - lo > 1) {
-                Py_ssize_t mid = (lo + hi) / 2;
-                if (starts[mid] <= i) lo = mid; else hi = mid;
-            }
-            sh = lo;
-        }
+        Py_ssize_t sh = shard_of(starts, ns, per, i);
         int64_t s0 = starts[sh]; /* read once: Python code below may change the buffer */
         if (i < s0 || i >= starts[sh + 1]) {
             res = hand_back(str_python, 0, 0);
@@ -818,48 +823,35 @@ done:
 
 /* get(i, starts, per, readers, paths, evicts) -> dict | None
  * ShardSet.get(i) with every member: i a global index (an exact int, negatives from the end);
- * starts: ShardSet._starts_list (list of int, n_shards + 1); per, readers, paths as batch();
+ * starts: ShardSet._starts_bytes (int64, n_shards + 1, as bytes); per, readers, paths as batch();
  * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
  * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
  * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
 static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyList_Check(args[1]) || !PyDict_Check(args[3]) ||
-        !PyList_Check(args[4])) {
+    if (nargs != 6 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
+        !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError,
-                        "get(i, starts: list, per, readers: dict, paths: list, evicts)");
+                        "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts)");
         return NULL;
     }
-    PyObject *starts = args[1], *readers = args[3], *paths = args[4];
+    PyObject *readers = args[3], *paths = args[4];
+    const int64_t *starts = (const int64_t *)PyBytes_AS_STRING(args[1]); /* immutable */
     if (!PyLong_CheckExact(args[0])) Py_RETURN_NONE;
-    Py_ssize_t ns = PyList_GET_SIZE(starts) - 1, i = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t ns = PyBytes_GET_SIZE(args[1]) / 8 - 1, i = PyLong_AsSsize_t(args[0]);
     if (i == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
     if (ns < 1 || ns > PyList_GET_SIZE(paths)) Py_RETURN_NONE;
-    Py_ssize_t total = PyLong_AsSsize_t(PyList_GET_ITEM(starts, ns));
-    if (total == -1 && PyErr_Occurred()) return NULL;
+    int64_t total = starts[ns];
     if (total < 0) Py_RETURN_NONE; /* never from a ShardSet; i + total must not overflow */
     int neg = i < 0;
     if (neg) i += total;
     if (i < 0 || i >= total) Py_RETURN_NONE;
-    Py_ssize_t per = PyLong_AsSsize_t(args[2]), sh;
+    Py_ssize_t per = PyLong_AsSsize_t(args[2]);
     if (per == -1 && PyErr_Occurred()) return NULL;
-    if (per > 0) {
-        sh = i / per;
-        if (sh > ns - 1) sh = ns - 1;
-    } else { /* last shard whose start <= i */
-        Py_ssize_t lo = 0, hi = ns;
-        while (hi - lo > 1) {
-            Py_ssize_t mid = (lo + hi) / 2, at = PyLong_AsSsize_t(PyList_GET_ITEM(starts, mid));
-            if (at == -1 && PyErr_Occurred()) return NULL;
-            if (at <= i) lo = mid; else hi = mid;
-        }
-        sh = lo;
-    }
-    Py_ssize_t s0 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh)),
-               s1 = PyLong_AsSsize_t(PyList_GET_ITEM(starts, sh + 1));
-    if ((s0 == -1 || s1 == -1) && PyErr_Occurred()) return NULL;
+    Py_ssize_t sh = shard_of(starts, ns, per, i);
+    int64_t s0 = starts[sh], s1 = starts[sh + 1];
     if (s0 < 0 || i < s0 || i >= s1) Py_RETURN_NONE; /* s0 < 0: i - s0 must not overflow */
     PyObject *key = PyLong_FromSsize_t(sh), *res = NULL, *ck = NULL, *index = NULL, *path = NULL;
     if (key == NULL) return NULL;

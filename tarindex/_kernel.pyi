@@ -25,7 +25,7 @@ class Tables:
 
 def get(
     i: int,
-    starts: list[int],
+    starts: bytes,
     per: int,
     readers: dict[int, Any],
     paths: list[str],

@@ -1661,6 +1661,7 @@ class ShardSet:
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
         self._starts_list: list[int] = self.starts.tolist()
+        self._starts_bytes = self.starts.tobytes()  # the compiled get's (immutable) copy
         c0 = counts[0] if counts else 0  # equal counts but maybe the last: i // c0 finds i
         self._per = c0 if c0 > 0 and all(c == c0 for c in counts[:-1]) else 0
         self._last = len(counts) - 1
@@ -2094,7 +2095,7 @@ class ShardSet:
         # Compiled, in one call, for every member of a mapped shard; None: the steps below
         if fields is None and _kernel is not None:
             got = _kernel.get(
-                i, self._starts_list, self._per, self._readers, self.paths, self._evicts
+                i, self._starts_bytes, self._per, self._readers, self.paths, self._evicts
             )
             if got is not None:
                 return got  # type: ignore[no-any-return]

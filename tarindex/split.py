@@ -188,6 +188,7 @@ class ShardSubset(ShardSet):
         self.starts = np.zeros(len(self.counts) + 1, np.int64)
         np.cumsum(self.counts, out=self.starts[1:])
         self._starts_list = self.starts.tolist()
+        self._starts_bytes = self.starts.tobytes()
         self._per = 0  # no equal-count shortcut in the view's numbering
         self._last = len(self.counts) - 1
 
