@@ -24,6 +24,7 @@
 
 /* ---- Tables: one open shard's tables and tar bytes, pinned while the object lives ------ */
 
+static uint64_t kernel_calls = 0; /* numbers the calls that check each mapping's size once */
 static PyObject *str_ck, *str_size, *str_open, *str_check, *str_python, *str_key, *str_shard,
     *str_index, *str_move;
 
@@ -553,8 +554,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Tables **row_t = NULL;
     int64_t *row_j = NULL, *row_s = NULL, *lens = NULL, *ivals = NULL;
     Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0;
-    static uint64_t calls = 0;
-    uint64_t call = ++calls;
+    uint64_t call = ++kernel_calls;
     if (ns < 1 || n == 0) {
         res = hand_back(str_python, 0, 0);
         goto done;
@@ -819,25 +819,18 @@ done:
     return res;
 }
 
-/* ---- get: ShardSet.get over a mapping (what ds[i] runs) -------------------------------- */
+/* ---- get, take: ShardSet.get and ShardSet.take over mappings ------------------------------ */
 
-/* get(i, starts, per, readers, paths, evicts) -> dict | None
- * ShardSet.get(i) with every member: i a global index (an exact int, negatives from the end);
- * starts: ShardSet._starts_bytes (int64, n_shards + 1, as bytes); per, readers, paths as batch();
- * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
- * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
- * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
-static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
-        !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts)");
-        return NULL;
-    }
-    PyObject *readers = args[3], *paths = args[4];
-    const int64_t *starts = (const int64_t *)PyBytes_AS_STRING(args[1]); /* immutable */
-    if (!PyLong_CheckExact(args[0])) Py_RETURN_NONE;
-    Py_ssize_t ns = PyBytes_GET_SIZE(args[1]) / 8 - 1, i = PyLong_AsSsize_t(args[0]);
+/* Global sample `iobj` as tables_dict gives it (meta_first: Block.to_samples' key order), or
+ * Py_None (hand back) or NULL with an exception. starts: ShardSet._starts_bytes (int64,
+ * ns + 1, immutable); readers: the ShardSet's (an OrderedDict when evicts: a shard's entry
+ * moves to the end on a hit). call 0: the mapping's size is checked now; else once per Tables
+ * in call number `call`. */
+static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
+                         PyObject *readers, PyObject *paths, int evicts, uint64_t call,
+                         int meta_first) {
+    if (!PyLong_CheckExact(iobj)) Py_RETURN_NONE;
+    Py_ssize_t i = PyLong_AsSsize_t(iobj);
     if (i == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         Py_RETURN_NONE;
@@ -848,8 +841,6 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     int neg = i < 0;
     if (neg) i += total;
     if (i < 0 || i >= total) Py_RETURN_NONE;
-    Py_ssize_t per = PyLong_AsSsize_t(args[2]);
-    if (per == -1 && PyErr_Occurred()) return NULL;
     Py_ssize_t sh = shard_of(starts, ns, per, i);
     int64_t s0 = starts[sh], s1 = starts[sh + 1];
     if (s0 < 0 || i < s0 || i >= s1) Py_RETURN_NONE; /* s0 < 0: i - s0 must not overflow */
@@ -861,13 +852,6 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
         goto done;
     }
     Py_INCREF(r); /* held: the calls below run Python code */
-    int evicts = PyObject_IsTrue(args[5]);
-    if (evicts < 0) goto done_r;
-    if (evicts) {
-        PyObject *x = PyObject_CallMethodOneArg(readers, str_move, key);
-        if (x == NULL) goto done_r;
-        Py_DECREF(x);
-    }
     ck = PyObject_GetAttr(r, str_ck);
     if (ck == NULL) goto done_r;
     if (!PyTuple_Check(ck) || PyTuple_GET_SIZE(ck) != 3 ||
@@ -875,25 +859,34 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
         res = Py_NewRef(Py_None);
         goto done_r;
     }
-    /* cut while mapped: SIGBUS otherwise (READING.md); nothing runs between this and the read
-     * but tables_dict's allocations */
-    PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
-    if (now == NULL) goto done_r;
-    int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
-    Py_DECREF(now);
-    if (cmp <= 0) {
-        res = cmp < 0 ? NULL : Py_NewRef(Py_None);
-        goto done_r;
+    Tables *t = (Tables *)PyTuple_GET_ITEM(ck, 0);
+    if (call == 0 || t->mark != call) {
+        if (evicts) {
+            PyObject *x = PyObject_CallMethodOneArg(readers, str_move, key);
+            if (x == NULL) goto done_r;
+            Py_DECREF(x);
+        }
+        /* cut while mapped: SIGBUS otherwise (READING.md); between this and the read runs only
+         * Python code that tables_dict's allocations and hashes run */
+        PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
+        if (now == NULL) goto done_r;
+        int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
+        Py_DECREF(now);
+        if (cmp <= 0) {
+            res = cmp < 0 ? NULL : Py_NewRef(Py_None);
+            goto done_r;
+        }
+        if (call) t->mark = call;
     }
     if (sh >= PyList_GET_SIZE(paths)) { /* the calls above ran code that shortened it */
         res = Py_NewRef(Py_None);
         goto done_r;
     }
-    index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(args[0]);
+    index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(iobj);
     if (index == NULL) goto done_r;
     /* owned: tables_dict hashes extension names (Python code) before it stores the path */
     path = Py_NewRef(PyList_GET_ITEM(paths, sh));
-    res = tables_dict((Tables *)PyTuple_GET_ITEM(ck, 0), i - s0, NULL, path, index, 0);
+    res = tables_dict(t, i - s0, NULL, path, index, meta_first);
 done_r:
     Py_XDECREF(path);
     Py_XDECREF(index);
@@ -904,7 +897,83 @@ done:
     return res;
 }
 
+/* Parse (starts: int64 bytes, per, readers: dict, paths: list, evicts) at args[1..5]; -1 on
+ * error. */
+static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                    const int64_t **starts, Py_ssize_t *ns, Py_ssize_t *per, int *evicts) {
+    if (nargs != 6 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
+        !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *starts = (const int64_t *)PyBytes_AS_STRING(args[1]); /* immutable */
+    *ns = PyBytes_GET_SIZE(args[1]) / 8 - 1;
+    *per = PyLong_AsSsize_t(args[2]);
+    if (*per == -1 && PyErr_Occurred()) return -1;
+    *evicts = PyObject_IsTrue(args[5]);
+    return *evicts < 0 ? -1 : 0;
+}
+
+/* get(i, starts, per, readers, paths, evicts) -> dict | None
+ * ShardSet.get(i) with every member: i a global index (an exact int, negatives from the end);
+ * starts: ShardSet._starts_bytes (int64, n_shards + 1, as bytes); per, readers, paths as batch();
+ * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
+ * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
+ * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
+static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    const int64_t *starts;
+    Py_ssize_t ns, per;
+    int evicts;
+    if (get_args(args, nargs,
+                 "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts)", &starts,
+                 &ns, &per, &evicts) < 0)
+        return NULL;
+    return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0);
+}
+
+/* take(indices, starts, per, readers, paths, evicts) -> [dict, ...] | None
+ * ShardSet.take: get_one of each global index of the list `indices`, in Block.to_samples' key
+ * order (a streaming window's samples, copied out as they are yielded), each mapping's size
+ * checked once per call. None if any hands back (the Python path then reads them). */
+static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    const int64_t *starts;
+    Py_ssize_t ns, per;
+    int evicts;
+    if (get_args(args, nargs,
+                 "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
+                 "evicts)",
+                 &starts, &ns, &per, &evicts) < 0)
+        return NULL;
+    /* a snapshot: Python code run below (hashes) may change the caller's list */
+    PyObject *seq = PySequence_Tuple(args[0]);
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    uint64_t call = ++kernel_calls;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    PyObject_GC_UnTrack(out); /* NULL slots until filled: see Tables_samples */
+    for (Py_ssize_t b = 0; b < n; b++) {
+        PyObject *d = get_one(PyTuple_GET_ITEM(seq, b), starts, ns, per, args[3], args[4],
+                              evicts, call, 1);
+        if (d == NULL || d == Py_None) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            return d; /* NULL: the error; None: hand back */
+        }
+        PyList_SET_ITEM(out, b, d);
+    }
+    Py_DECREF(seq);
+    PyObject_GC_Track(out);
+    return out;
+}
+
 static PyMethodDef kernel_methods[] = {
+    {"take", (PyCFunction)(void (*)(void))k_take, METH_FASTCALL,
+     "take(indices, starts, per, readers, paths, evicts): ShardSet.take(indices) as dicts, or "
+     "None (take the Python path)."},
     {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
      "get(i, starts, per, readers, paths, evicts): ShardSet.get(i) as a dict, or None (take "
      "the Python path)."},

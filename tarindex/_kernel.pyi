@@ -31,6 +31,14 @@ def get(
     paths: list[str],
     evicts: bool,
 ) -> dict[str, Any] | None: ...
+def take(
+    indices: list[int],
+    starts: bytes,
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+    evicts: bool,
+) -> list[dict[str, Any]] | None: ...
 def gather(
     tables: tuple[Tables, ...], slot: Any, local: Any
 ) -> tuple[list[str], bytes, bytes, bytes, bytes] | int: ...

@@ -169,6 +169,14 @@ class _ColdCache(threading.local):
 _cold = _ColdCache()
 
 
+def cold_cache() -> bool:
+    """Give the next block read (or window of blocks) the ``MADV_WILLNEED`` hint?
+
+    Called once before each read it decides for: see :class:`_ColdCache`.
+    """
+    return _cold.hint()
+
+
 class _LocalSource:
     """What the local sources share: read-ahead of many ranges is their ``prefetch`` of each."""
 
@@ -232,11 +240,16 @@ class MmapSource(_LocalSource):
     def prefetch(self, start: int, end: int) -> None:
         """``madvise(MADV_WILLNEED)`` over ``[start, end)``: the kernel reads it ahead.
 
-        Given only while blocks read without it take major page faults (:class:`_ColdCache`):
+        Given only while blocks read without it take major page faults (:func:`cold_cache`):
         over a warm page cache the hint costs more than the read it speeds up.
         """
+        if cold_cache():
+            self.willneed(start, end)
+
+    def willneed(self, start: int, end: int) -> None:
+        """``madvise(MADV_WILLNEED)`` over ``[start, end)``, whatever the page cache holds."""
         mm = self.mm
-        if mm is None or end <= start or not _cold.hint():
+        if mm is None or end <= start:
             return
         try:
             p0 = start - start % mmap.PAGESIZE

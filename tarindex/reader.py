@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .bytesource import Buffer, ByteSource, open_regular, open_source
+from .bytesource import Buffer, ByteSource, MmapSource, cold_cache, open_regular, open_source
 from .errors import (
     AmbiguousKeyError,
     ChecksumError,
@@ -2210,6 +2210,67 @@ class ShardSet:
             if got is not None:
                 return got  # type: ignore[no-any-return]
         return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
+
+    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> bool:
+        """Prepare blocks ``(shard, j0, j1)`` for :meth:`take`: open them and check their tables.
+
+        A streaming window then holds where its samples are, not their bytes, and copies each
+        out as it is yielded. ``True`` when :meth:`take` reads these samples through the
+        compiled loops from mappings: every member (``fields`` ``None``), local mapped shards,
+        no more of them than may stay open. The blocks also get the ``MADV_WILLNEED`` hint
+        while reads fault (:func:`tarindex.bytesource.cold_cache`), since the window reads
+        them in its shuffled order. ``False``: read the blocks with :meth:`read_samples`.
+
+        Raises:
+            FormatError, StaleIndexError: As :meth:`read_block` (a corrupt chunk of tables).
+        """
+        if _kernel is None or fields is not None or self.remote:
+            return False
+        shards = {int(p[0]) for p in pieces}
+        if len(shards) > self.open_bound:
+            return False
+        readers = {s: self.reader(s) for s in shards}
+        if any(r._ck is None for r in readers.values()):
+            return False
+        hint = cold_cache()
+        for s, j0, j1 in pieces:
+            r = readers[s]
+            if not 0 <= j0 < j1 <= r.n_samples:
+                return False  # read_samples says what is wrong
+            checked = r._checked
+            for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1):
+                if not checked[c]:
+                    r._check_chunk(c)  # FormatError if corrupt
+            src = r.source
+            if hint and isinstance(src, MmapSource):
+                hot = r._scalar
+                assert hot is not None  # a reader with _ck has _scalar
+                sp, offs, sizes = hot[2], hot[7], hot[8]
+                m0, m1 = sp[j0], sp[j1]
+                if m1 > m0:
+                    src.willneed(offs[m0], offs[m1 - 1] + sizes[m1 - 1])
+        return True
+
+    def take(self, indices: list[int]) -> list[Sample]:
+        """Global samples ``indices`` as :meth:`read_samples` gives them (a window's, in order).
+
+        One compiled call over mappings (each tar's size checked once per call), after
+        :meth:`take_ready`; otherwise each sample is read with :meth:`read_samples`.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
+        """
+        if _kernel is not None:
+            got = _kernel.take(
+                indices, self._starts_bytes, self._per, self._readers, self.paths, self._evicts
+            )
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        out: list[Sample] = []
+        for i in indices:
+            s, j = self.locate(i)
+            out.extend(self.read_samples(s, j, j + 1))
+        return out
 
     def gather(
         self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None

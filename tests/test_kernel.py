@@ -396,3 +396,27 @@ def test_willneed_hint_only_while_reads_fault(tmp_path: Path) -> None:
 
 def mm_of(f: Any) -> mmap.mmap:
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+@pytest.mark.skipif(tarindex.reader._kernel is None, reason="tarindex._kernel not built")
+def test_a_shuffle_window_holds_where_its_samples_are_not_their_bytes(tmp_path: Path) -> None:
+    """A window of 1024 samples of 20 KB would hold 20 MB of sample bytes; taken out as they
+    are yielded (``ShardSet.take``), at most a few hundred samples exist at a time."""
+    import tracemalloc
+
+    with tarindex.ShardWriter(str(tmp_path / "w-%06d.tar"), maxcount=1024, mtime=0) as w:
+        for i in range(2048):
+            w.write({"__key__": f"k{i:05d}", "bin": bytes([i % 251]) * 20_000, "cls": i})
+    paths = sorted(str(p) for p in tmp_path.glob("w-*.tar"))
+    ds = tarindex.TarIterableDataset(paths, buffer_size=1024, block_size=64, seed=0)
+    seen = []
+    tracemalloc.start()
+    try:
+        for s in ds:
+            seen.append(s["__index__"])
+            assert s["bin"] == bytes([s["__index__"] % 251]) * 20_000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sorted(seen) == list(range(2048)) and seen != sorted(seen)
+    assert peak < 12 << 20, f"peak {peak / 2**20:.1f} MiB: the window holds its samples' bytes"

@@ -570,6 +570,47 @@ class Swap(str):  # hashing an extension replaces the sample's path (its one ref
 case("get hash replaces the path",
      lambda: K.get(2, ST.tobytes(), 2, {1: R(tables(exts=(Swap("bin"), "cls")))}, spaths, False)[
          "__shard__"][:2], "str")
+
+
+# take()
+def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+    rd = {0: R(T), 1: R(T2)} if readers is None else readers
+    st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
+    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts)
+
+
+class Counted(MM):
+    calls = 0
+
+    def size(self):
+        Counted.calls += 1
+        return self.n
+
+
+def size_calls():
+    Counted.calls = 0
+    tk((0, 1, 0, -4), readers={0: R(T, Counted(1 << 30))})
+    return Counted.calls
+
+
+case("take", lambda: "same" if [d["__index__"] for d in tk()] == [0, 3] else None, "str")
+case("take order", lambda: "same" if list(tk((1,))[0]) == [
+     "__key__", "__shard__", "__index__", "bin"] else None, "str")
+case("take empty", lambda: tk(()), "list")
+case("take a tuple", lambda: K.take((0, 2), I8(0, 2, 4).tobytes(), 2, {0: R(T), 1: R(T2)},
+                                    ["a", "b"], False), "list")
+case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
+     "TypeError")
+case("take one past", lambda: tk((0, 4)), "none")
+case("take not open", lambda: tk(readers={0: R(T)}), "none")
+case("take cut", lambda: tk(readers={0: R(T, MM(0), 100), 1: R(T2)}), "none")
+case("take float", lambda: tk((0, 1.0)), "none")
+case("take size once, counted", lambda: "once" if size_calls() == 1 else None, "str")
+case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
+case("take evicts on a dict", lambda: tk(evicts=True), "AttributeError")
+# the list, tracked with empty slots, must not be reachable through the collector
+case("take list reached through gc",
+     lambda: tk((0, 1), readers={0: R(tables(exts=(Peek("bin"), "cls")))}), "list")
 gc.collect()
 fails += [f"{name}: no such case" for name in ONLY - ran]
 print("\n".join(fails) if fails else "all held")
@@ -655,12 +696,19 @@ import os, sys, json, tarindex
 from tarindex.errors import TruncatedError
 from tarindex.torch import TarIterableDataset
 paths = json.loads(sys.argv[1])
-for what in ("get", "get fields", "getitems", "batched", "batched fields", "gather", "iter"):
+WHAT = ("get", "get fields", "getitems", "batched", "batched fields", "gather", "iter", "stream",
+        "stream mid-epoch")
+for what in WHAT:
     fields = ("bin", "cls") if "fields" in what else None
     ds = tarindex.TarDataset(paths, batched=what.startswith("batched"), fields=fields)
     it = TarIterableDataset(paths, batched=True, batch_size=8) if what == "iter" else None
+    if what.startswith("stream"):  # per sample, shuffled: windows taken out as yielded
+        it = TarIterableDataset(paths, block_size=4, buffer_size=40)
     if it is not None:
         next(iter(it))
+    going = iter(it) if what == "stream mid-epoch" else None
+    if going is not None:
+        next(going)  # its first window prepared (take_ready), a part of it taken
     ds.shards.reader(0); ds.shards.reader(1)
     ds[0]; ds[35]  # both mapped, both shards' first chunks checked
     with open(paths[1], "rb") as f:
@@ -673,6 +721,8 @@ for what in ("get", "get fields", "getitems", "batched", "batched fields", "gath
             ds.__getitems__([3, 35, 36])
         elif what == "gather":
             ds.shards.gather([3, 35, 36])
+        elif going is not None:
+            list(going)
         else:
             list(it)
         print(what, "returned")
@@ -688,7 +738,7 @@ for what in ("get", "get fields", "getitems", "batched", "batched fields", "gath
 def test_tar_cut_while_mapped_on_every_compiled_path(make_shards: MakeShards) -> None:
     paths = make_shards([30, 30])
     out = _run(CUT_EVERY_PATH, json.dumps(paths)).splitlines()
-    assert [line.rsplit(" ", 1)[1] for line in out] == ["TruncatedError"] * 7, out
+    assert [line.rsplit(" ", 1)[1] for line in out] == ["TruncatedError"] * 9, out
 
 
 ODD_INDICES = """

@@ -33,6 +33,7 @@ from .dataset import decode_sample
 __all__ = ["TarIterableDataset"]
 
 _STATE_VERSION = 1
+_TAKE = 256  # a window's samples copied out at a time (ShardSet.take)
 _PLAN_KEYS = (
     "block_size",
     "buffer_size",
@@ -527,6 +528,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                     yield map(got.pop, repeat(-1, len(got)))
                 return
             w = p.buffer_size
+            lean = self.on_error == "raise"  # a window's samples copied out as yielded
             k_end = (end - 1) // w + 1
             nxt = p.window(start // w)
             if ra is not None:
@@ -537,10 +539,14 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                     nxt = p.window(k + 1)
                     if ra is not None:
                         ra.add(nxt[0].tolist())
-                buf: list[Sample | None] = []
-                for piece in pieces.tolist():  # each block is unpacked (and freed) at once
-                    buf.extend(self._read_samples(piece, True, ra))
                 lo = start - k * w if start > k * w else 0
+                plist = pieces.tolist()
+                if lean and self.shards.take_ready(plist, self.fields):
+                    yield from self._taken(plist, perm, lo, end - k * w)
+                    continue
+                buf: list[Sample | None] = []
+                for piece in plist:  # each block is unpacked (and freed) at once
+                    buf.extend(self._read_samples(piece, True, ra))
                 hi = min(end - k * w, len(buf))
                 if perm is None:
                     rev = buf[lo:hi][::-1]
@@ -551,6 +557,27 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         finally:
             if ra is not None:
                 ra.close()
+
+    def _taken(
+        self, pieces: list[list[int]], perm: NDArray[np.int64] | None, lo: int, hi: int
+    ) -> Iterator[Iterator[Sample | None]]:
+        """A window's positions ``[lo, hi)`` in its order, copied out ``_TAKE`` at a time.
+
+        The window holds the global indices of its samples (8 bytes each) instead of their
+        bytes (``ShardSet.take_ready`` has opened and checked its blocks): each sample is
+        made just before it is yielded, so it is still in the cache when the consumer drops
+        it, and a window of large samples costs no memory.
+        """
+        starts = self.shards.starts
+        idx = np.concatenate(
+            [np.arange(j0, j1, dtype=np.int64) + starts[s] for s, j0, j1 in pieces]
+        )
+        order = (idx if perm is None else idx[perm])[lo:hi].tolist()
+        take = self.shards.take
+        for c in range(0, len(order), _TAKE):
+            got = take(order[c : c + _TAKE])
+            got.reverse()
+            yield map(got.pop, repeat(-1, len(got)))
 
     def _read1(
         self, piece: list[int], prefetch: bool, ra: _ReadAhead | None = None, *,
