@@ -821,34 +821,51 @@ done:
 
 /* ---- get, take: ShardSet.get and ShardSet.take over mappings ------------------------------ */
 
-/* Global sample `iobj` as tables_dict gives it (meta_first: Block.to_samples' key order), or
- * Py_None (hand back) or NULL with an exception. starts: ShardSet._starts_bytes (int64,
- * ns + 1, immutable); readers: the ShardSet's (an OrderedDict when evicts: a shard's entry
- * moves to the end on a hit). call 0: the mapping's size is checked now; else once per Tables
- * in call number `call`. */
-static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
-                         PyObject *readers, PyObject *paths, int evicts, uint64_t call,
-                         int meta_first) {
-    if (!PyLong_CheckExact(iobj)) Py_RETURN_NONE;
+/* Where global sample `iobj` is, found by get_resolve: held references (resolved_clear). */
+typedef struct {
+    PyObject *ck;    /* the reader's _ck: (Tables, source, size) */
+    PyObject *index; /* its "__index__" */
+    PyObject *path;  /* its "__shard__" */
+    Py_ssize_t j;    /* the sample in its shard */
+} Resolved;
+
+static void resolved_clear(Resolved *r) {
+    Py_CLEAR(r->ck);
+    Py_CLEAR(r->index);
+    Py_CLEAR(r->path);
+}
+
+static Tables *resolved_tables(Resolved *r) { return (Tables *)PyTuple_GET_ITEM(r->ck, 0); }
+
+/* Locate global sample `iobj`, look its reader up and check the mapping's size: 1 (`out`
+ * filled), 0 (hand back) or -1 (an exception). starts: ShardSet._starts_bytes (int64, ns + 1,
+ * immutable); readers: the ShardSet's (an OrderedDict when evicts: a shard's entry moves to
+ * the end on a hit). call 0: the mapping's size is checked now; else once per Tables in call
+ * number `call`. */
+static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
+                       PyObject *readers, PyObject *paths, int evicts, uint64_t call,
+                       Resolved *out) {
+    if (!PyLong_CheckExact(iobj)) return 0;
     Py_ssize_t i = PyLong_AsSsize_t(iobj);
     if (i == -1 && PyErr_Occurred()) {
         PyErr_Clear();
-        Py_RETURN_NONE;
+        return 0;
     }
-    if (ns < 1 || ns > PyList_GET_SIZE(paths)) Py_RETURN_NONE;
+    if (ns < 1 || ns > PyList_GET_SIZE(paths)) return 0;
     int64_t total = starts[ns];
-    if (total < 0) Py_RETURN_NONE; /* never from a ShardSet; i + total must not overflow */
+    if (total < 0) return 0; /* never from a ShardSet; i + total must not overflow */
     int neg = i < 0;
     if (neg) i += total;
-    if (i < 0 || i >= total) Py_RETURN_NONE;
+    if (i < 0 || i >= total) return 0;
     Py_ssize_t sh = shard_of(starts, ns, per, i);
     int64_t s0 = starts[sh], s1 = starts[sh + 1];
-    if (s0 < 0 || i < s0 || i >= s1) Py_RETURN_NONE; /* s0 < 0: i - s0 must not overflow */
-    PyObject *key = PyLong_FromSsize_t(sh), *res = NULL, *ck = NULL, *index = NULL, *path = NULL;
-    if (key == NULL) return NULL;
+    if (s0 < 0 || i < s0 || i >= s1) return 0; /* s0 < 0: i - s0 must not overflow */
+    PyObject *key = PyLong_FromSsize_t(sh), *ck = NULL;
+    int res = -1;
+    if (key == NULL) return -1;
     PyObject *r = PyDict_GetItemWithError(readers, key); /* borrowed */
     if (r == NULL) {
-        res = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        res = PyErr_Occurred() ? -1 : 0;
         goto done;
     }
     Py_INCREF(r); /* held: the calls below run Python code */
@@ -856,7 +873,7 @@ static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, P
     if (ck == NULL) goto done_r;
     if (!PyTuple_Check(ck) || PyTuple_GET_SIZE(ck) != 3 ||
         !PyObject_TypeCheck(PyTuple_GET_ITEM(ck, 0), &TablesType)) {
-        res = Py_NewRef(Py_None);
+        res = 0;
         goto done_r;
     }
     Tables *t = (Tables *)PyTuple_GET_ITEM(ck, 0);
@@ -873,29 +890,78 @@ static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, P
         int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
         Py_DECREF(now);
         if (cmp <= 0) {
-            res = cmp < 0 ? NULL : Py_NewRef(Py_None);
+            res = cmp < 0 ? -1 : 0;
             goto done_r;
         }
         if (call) t->mark = call;
     }
     if (sh >= PyList_GET_SIZE(paths)) { /* the calls above ran code that shortened it */
-        res = Py_NewRef(Py_None);
+        res = 0;
         goto done_r;
     }
-    index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(iobj);
-    if (index == NULL) goto done_r;
+    out->index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(iobj);
+    if (out->index == NULL) goto done_r;
     /* owned: tables_dict hashes extension names (Python code) before it stores the path */
-    path = Py_NewRef(PyList_GET_ITEM(paths, sh));
-    res = tables_dict(t, i - s0, NULL, path, index, meta_first);
+    out->path = Py_NewRef(PyList_GET_ITEM(paths, sh));
+    out->ck = ck;
+    ck = NULL;
+    out->j = i - s0;
+    res = 1;
 done_r:
-    Py_XDECREF(path);
-    Py_XDECREF(index);
     Py_XDECREF(ck);
     Py_DECREF(r);
 done:
     Py_DECREF(key);
     return res;
 }
+
+/* Global sample `iobj` as tables_dict gives it (meta_first: Block.to_samples' key order), or
+ * Py_None (hand back) or NULL with an exception; the arguments as get_resolve's. */
+static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
+                         PyObject *readers, PyObject *paths, int evicts, uint64_t call,
+                         int meta_first) {
+    Resolved r = {NULL, NULL, NULL, 0};
+    int ok = get_resolve(iobj, starts, ns, per, readers, paths, evicts, call, &r);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *res = tables_dict(resolved_tables(&r), r.j, NULL, r.path, r.index, meta_first);
+    resolved_clear(&r);
+    return res;
+}
+
+/* Prefetch, for a take a few samples ahead (read in the window's shuffled order, each a
+ * cache miss otherwise): sample j's table rows; its member entries (reads its row); the
+ * first bytes of its members (reads the entries). Bounded as tables_dict reads; no effect on
+ * results. */
+static void prefetch_row(Tables *t, Py_ssize_t j) {
+    if (j < 0 || j >= t->n) return;
+    PREFETCH((const uint64_t *)t->kp.buf + j);
+    PREFETCH((const uint64_t *)t->sp.buf + j);
+}
+
+static void prefetch_members(Tables *t, Py_ssize_t j) {
+    uint64_t k0, k1, m0, m1;
+    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) return;
+    PREFETCH((const char *)t->keys.buf + t->kbase + k0);
+    for (uint64_t m = m0; m < m1 && m < m0 + 8; m++) {
+        PREFETCH((const uint64_t *)t->off.buf + m);
+        PREFETCH((const uint64_t *)t->size.buf + m);
+        PREFETCH((const uint32_t *)t->eid.buf + m);
+    }
+}
+
+static void prefetch_data(Tables *t, Py_ssize_t j) {
+    uint64_t k0, k1, m0, m1;
+    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) return;
+    for (uint64_t m = m0; m < m1 && m < m0 + 8; m++) {
+        uint32_t e;
+        uint64_t o, s;
+        if (!member_get(t, m, &e, &o, &s)) return;
+        const char *p = (const char *)t->data.buf + o;
+        for (uint64_t at = 0; at < s && at < 512; at += 64) PREFETCH(p + at);
+    }
+}
+
+
 
 /* Parse (starts: int64 bytes, per, readers: dict, paths: list, evicts) at args[1..5]; -1 on
  * error. */
@@ -931,49 +997,91 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0);
 }
 
-/* take(indices, starts, per, readers, paths, evicts) -> [dict, ...] | None
+/* new_call() -> int: a fresh call number, for take(). */
+static PyObject *k_new_call(PyObject *mod, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(++kernel_calls);
+}
+
+/* take(indices, starts, per, readers, paths, evicts, call) -> [dict, ...] | None
  * ShardSet.take: get_one of each global index of the list `indices`, in Block.to_samples' key
- * order (a streaming window's samples, copied out as they are yielded), each mapping's size
- * checked once per call. None if any hands back (the Python path then reads them). */
+ * order (a streaming window's samples, copied out as they are yielded). call: a number from
+ * new_call(); each mapping's size is checked once per call number, so the takes that pass the
+ * same number check it once between them (ShardSet.take asks for a new number every ~1 MB
+ * copied, as often as block reads check). None if any hands back (the Python path then reads
+ * them). */
 static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
     int evicts;
-    if (get_args(args, nargs,
-                 "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
-                 "evicts)",
-                 &starts, &ns, &per, &evicts) < 0)
+    const char *usage = "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
+                        "evicts, call: int)";
+    if (nargs != 7 || !PyLong_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
+    }
+    uint64_t call = PyLong_AsUnsignedLongLong(args[6]);
+    if (call == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    if (call == 0 || call > kernel_calls) {
+        PyErr_SetString(PyExc_ValueError, "take: call must be a number from new_call()");
+        return NULL;
+    }
+    if (get_args(args, 6, usage, &starts, &ns, &per, &evicts) < 0) return NULL;
     /* a snapshot: Python code run below (hashes) may change the caller's list */
     PyObject *seq = PySequence_Tuple(args[0]);
     if (seq == NULL) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    uint64_t call = ++kernel_calls;
     PyObject *out = PyList_New(n);
     if (out == NULL) {
         Py_DECREF(seq);
         return NULL;
     }
     PyObject_GC_UnTrack(out); /* NULL slots until filled: see Tables_samples */
+    Resolved *rs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(Resolved));
+    PyObject *res = NULL;
+    Py_ssize_t got = 0; /* entries of rs filled */
+    if (rs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* pass 1: locate, look up, cut check (each mapping once); pass 2: copy, prefetching */
+    for (; got < n; got++) {
+        int ok = get_resolve(PyTuple_GET_ITEM(seq, got), starts, ns, per, args[3], args[4],
+                             evicts, call, &rs[got]);
+        if (ok <= 0) {
+            res = ok < 0 ? NULL : Py_NewRef(Py_None);
+            goto done;
+        }
+    }
     for (Py_ssize_t b = 0; b < n; b++) {
-        PyObject *d = get_one(PyTuple_GET_ITEM(seq, b), starts, ns, per, args[3], args[4],
-                              evicts, call, 1);
+        if (b + 6 < n) prefetch_row(resolved_tables(&rs[b + 6]), rs[b + 6].j);
+        if (b + 4 < n) prefetch_members(resolved_tables(&rs[b + 4]), rs[b + 4].j);
+        if (b + 2 < n) prefetch_data(resolved_tables(&rs[b + 2]), rs[b + 2].j);
+        PyObject *d = tables_dict(resolved_tables(&rs[b]), rs[b].j, NULL, rs[b].path,
+                                  rs[b].index, 1);
         if (d == NULL || d == Py_None) {
-            Py_DECREF(out);
-            Py_DECREF(seq);
-            return d; /* NULL: the error; None: hand back */
+            res = d; /* NULL: the error; None: hand back */
+            goto done;
         }
         PyList_SET_ITEM(out, b, d);
     }
-    Py_DECREF(seq);
     PyObject_GC_Track(out);
-    return out;
+    res = out;
+    out = NULL;
+done:
+    while (got > 0) resolved_clear(&rs[--got]);
+    PyMem_Free(rs);
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return res;
 }
 
 static PyMethodDef kernel_methods[] = {
     {"take", (PyCFunction)(void (*)(void))k_take, METH_FASTCALL,
-     "take(indices, starts, per, readers, paths, evicts): ShardSet.take(indices) as dicts, or "
-     "None (take the Python path)."},
+     "take(indices, starts, per, readers, paths, evicts, call): ShardSet.take(indices) as "
+     "dicts, or None (take the Python path)."},
+    {"new_call", (PyCFunction)k_new_call, METH_NOARGS,
+     "new_call(): a fresh call number for take() (each mapping's size is checked once per "
+     "number)."},
     {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
      "get(i, starts, per, readers, paths, evicts): ShardSet.get(i) as a dict, or None (take "
      "the Python path)."},

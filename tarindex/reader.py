@@ -1631,6 +1631,8 @@ class ShardSet:
             §2.1), or a manifest is not valid (FORMAT.md §9).
     """
 
+    _take_call = 0  # take(): the compiled call number its size checks go by (0: none yet)
+
     def __init__(
         self,
         source: Source,
@@ -2211,58 +2213,73 @@ class ShardSet:
                 return got  # type: ignore[no-any-return]
         return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
 
-    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> bool:
+    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
         """Prepare blocks ``(shard, j0, j1)`` for :meth:`take`: open them and check their tables.
 
         A streaming window then holds where its samples are, not their bytes, and copies each
-        out as it is yielded. ``True`` when :meth:`take` reads these samples through the
-        compiled loops from mappings: every member (``fields`` ``None``), local mapped shards,
-        no more of them than may stay open. The blocks also get the ``MADV_WILLNEED`` hint
-        while reads fault (:func:`tarindex.bytesource.cold_cache`), since the window reads
-        them in its shuffled order. ``False``: read the blocks with :meth:`read_samples`.
+        out as it is yielded. An ``int`` (the bytes the blocks span in their tars, headers
+        included) when :meth:`take` reads these samples through the compiled loops from
+        mappings: every member (``fields`` ``None``), local mapped shards, no more of them than
+        may stay open. The blocks also get the ``MADV_WILLNEED`` hint while reads fault
+        (:func:`tarindex.bytesource.cold_cache`), since the window reads them in its shuffled
+        order. ``None``: read the blocks with :meth:`read_samples`.
 
         Raises:
             FormatError, StaleIndexError: As :meth:`read_block` (a corrupt chunk of tables).
         """
         if _kernel is None or fields is not None or self.remote:
-            return False
+            return None
         shards = {int(p[0]) for p in pieces}
         if len(shards) > self.open_bound:
-            return False
+            return None
         readers = {s: self.reader(s) for s in shards}
-        if any(r._ck is None for r in readers.values()):
-            return False
+        if any(r._ck is None or not isinstance(r.source, MmapSource) for r in readers.values()):
+            return None
         hint = cold_cache()
+        span = 0
         for s, j0, j1 in pieces:
             r = readers[s]
             if not 0 <= j0 < j1 <= r.n_samples:
-                return False  # read_samples says what is wrong
+                return None  # read_samples says what is wrong
             checked = r._checked
             for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1):
                 if not checked[c]:
                     r._check_chunk(c)  # FormatError if corrupt
-            src = r.source
-            if hint and isinstance(src, MmapSource):
-                hot = r._scalar
-                assert hot is not None  # a reader with _ck has _scalar
-                sp, offs, sizes = hot[2], hot[7], hot[8]
-                m0, m1 = sp[j0], sp[j1]
-                if m1 > m0:
-                    src.willneed(offs[m0], offs[m1 - 1] + sizes[m1 - 1])
-        return True
+            hot = r._scalar
+            assert hot is not None  # a reader with _ck has _scalar
+            sp, offs, sizes = hot[2], hot[7], hot[8]
+            m0, m1 = sp[j0], sp[j1]
+            if m1 > m0:
+                a, b = offs[m0], offs[m1 - 1] + sizes[m1 - 1]
+                span += b - a
+                src = r.source
+                if hint and isinstance(src, MmapSource):
+                    src.willneed(a, b)
+        return span
 
-    def take(self, indices: list[int]) -> list[Sample]:
+    def take(self, indices: list[int], check: bool = True) -> list[Sample]:
         """Global samples ``indices`` as :meth:`read_samples` gives them (a window's, in order).
 
-        One compiled call over mappings (each tar's size checked once per call), after
-        :meth:`take_ready`; otherwise each sample is read with :meth:`read_samples`.
+        One compiled call over mappings, after :meth:`take_ready`; otherwise each sample is
+        read with :meth:`read_samples`. ``check``: each tar's size is checked (a tar cut while
+        mapped raises :class:`TruncatedError`, not ``SIGBUS``) once in this call; ``False``:
+        once since the last take that checked (a window's takes check about every MB copied,
+        as often as its block reads would).
 
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
         """
         if _kernel is not None:
+            if check or not self._take_call:
+                self._take_call = _kernel.new_call()
             got = _kernel.take(
-                indices, self._starts_bytes, self._per, self._readers, self.paths, self._evicts
+                indices,
+                self._starts_bytes,
+                self._per,
+                self._readers,
+                self.paths,
+                self._evicts,
+                self._take_call,
             )
             if got is not None:
                 return got  # type: ignore[no-any-return]

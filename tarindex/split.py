@@ -296,9 +296,9 @@ class ShardSubset(ShardSet):
         b.index = local + self.base.starts[s]
         return b
 
-    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> bool:
-        """``False``: a view's windows read their blocks (:meth:`read_samples`)."""
-        return False
+    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
+        """``None``: a view's windows read their blocks (:meth:`read_samples`)."""
+        return None
 
     def read_samples(
         self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False

@@ -573,10 +573,11 @@ case("get hash replaces the path",
 
 
 # take()
-def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False, call=None):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
     st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
-    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts)
+    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts,
+                  K.new_call() if call is None else call)
 
 
 class Counted(MM):
@@ -587,10 +588,17 @@ class Counted(MM):
         return self.n
 
 
-def size_calls():
+def size_calls(calls=(None,)):
     Counted.calls = 0
-    tk((0, 1, 0, -4), readers={0: R(T, Counted(1 << 30))})
+    rd = {0: R(T, Counted(1 << 30))}
+    for c in calls:
+        tk((0, 1, 0, -4), readers=rd, call=c)
     return Counted.calls
+
+
+def shared_call():
+    c = K.new_call()
+    return size_calls((c, c, c))
 
 
 case("take", lambda: "same" if [d["__index__"] for d in tk()] == [0, 3] else None, "str")
@@ -598,16 +606,50 @@ case("take order", lambda: "same" if list(tk((1,))[0]) == [
      "__key__", "__shard__", "__index__", "bin"] else None, "str")
 case("take empty", lambda: tk(()), "list")
 case("take a tuple", lambda: K.take((0, 2), I8(0, 2, 4).tobytes(), 2, {0: R(T), 1: R(T2)},
-                                    ["a", "b"], False), "list")
-case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
+                                    ["a", "b"], False, K.new_call()), "list")
+case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False,
+                                         K.new_call()), "TypeError")
+case("take call 0", lambda: tk(call=0), "ValueError")
+case("take call not made yet", lambda: tk(call=K.new_call() + 1), "ValueError")
+case("take call negative", lambda: tk(call=-1), "OverflowError")
+case("take call huge", lambda: tk(call=1 << 80), "OverflowError")
+case("take call a float", lambda: tk(call=1.0), "TypeError")
+case("take no call", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
      "TypeError")
+case("takes of one call number check once", lambda: "once" if shared_call() == 1 else None,
+     "str")
+case("takes of new numbers check each", lambda: "each" if size_calls((None,) * 3) == 3 else None,
+     "str")
 case("take one past", lambda: tk((0, 4)), "none")
 case("take not open", lambda: tk(readers={0: R(T)}), "none")
 case("take cut", lambda: tk(readers={0: R(T, MM(0), 100), 1: R(T2)}), "none")
 case("take float", lambda: tk((0, 1.0)), "none")
 case("take size once, counted", lambda: "once" if size_calls() == 1 else None, "str")
-case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
+case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False,
+                                          K.new_call()), "TypeError")
 case("take evicts on a dict", lambda: tk(evicts=True), "AttributeError")
+tdrop = {}
+
+
+class Drop(str):  # hashing an extension drops every reader and path the take was given
+    def __hash__(self):
+        tdrop.clear()
+        tpaths[:] = []
+        gc.collect()
+        [bytes(60) for _ in range(1000)]
+        return str.__hash__(self)
+
+
+def take_drops():
+    tdrop.update({0: R(tables(exts=(Drop("bin"), "cls"))), 1: R(T2)})
+    tpaths[:] = ["a" * 40 + "0", "b" * 40 + "1"]
+    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths, False, K.new_call())
+    return "held" if [d["__shard__"][0] for d in got] == ["a", "b", "a", "b"] else None
+
+
+tpaths = []
+# pass 2 copies from what pass 1 found: it holds the readers' tables and the paths
+case("take hash drops the readers", take_drops, "str")
 # the list, tracked with empty slots, must not be reachable through the collector
 case("take list reached through gc",
      lambda: tk((0, 1), readers={0: R(tables(exts=(Peek("bin"), "cls")))}), "list")

@@ -33,7 +33,14 @@ from .dataset import decode_sample
 __all__ = ["TarIterableDataset"]
 
 _STATE_VERSION = 1
-_TAKE = 256  # a window's samples copied out at a time (ShardSet.take)
+# A shuffle window's samples are copied out (ShardSet.take) a few at a time as they are yielded:
+# at most _TAKE of them, and about _TAKE_BYTES of them. A consumer frees each sample before the
+# next, so a take's bytes are freed in one run. Runs of several MB went back to the system
+# (glibc trims the top of its heap) and faulted in again at the next take: 1024 samples of
+# 100 KB streamed at 27k/s held in a window, 68k/s taken 256 KB at a time (benchmarks/README).
+_TAKE = 256
+_TAKE_BYTES = 256 << 10
+_CHECK_BYTES = 1 << 20  # the tars' sizes are checked again after this many bytes taken
 _PLAN_KEYS = (
     "block_size",
     "buffer_size",
@@ -541,8 +548,9 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                         ra.add(nxt[0].tolist())
                 lo = start - k * w if start > k * w else 0
                 plist = pieces.tolist()
-                if lean and self.shards.take_ready(plist, self.fields):
-                    yield from self._taken(plist, perm, lo, end - k * w)
+                span = self.shards.take_ready(plist, self.fields) if lean else None
+                if span is not None:
+                    yield from self._taken(plist, perm, lo, end - k * w, span)
                     continue
                 buf: list[Sample | None] = []
                 for piece in plist:  # each block is unpacked (and freed) at once
@@ -559,23 +567,27 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                 ra.close()
 
     def _taken(
-        self, pieces: list[list[int]], perm: NDArray[np.int64] | None, lo: int, hi: int
+        self, pieces: list[list[int]], perm: NDArray[np.int64] | None, lo: int, hi: int,
+        span: int,
     ) -> Iterator[Iterator[Sample | None]]:
-        """A window's positions ``[lo, hi)`` in its order, copied out ``_TAKE`` at a time.
+        """A window's positions ``[lo, hi)`` in its order, copied out a few at a time.
 
         The window holds the global indices of its samples (8 bytes each) instead of their
-        bytes (``ShardSet.take_ready`` has opened and checked its blocks): each sample is
-        made just before it is yielded, so it is still in the cache when the consumer drops
-        it, and a window of large samples costs no memory.
+        bytes (``ShardSet.take_ready`` has opened and checked its blocks, ``span`` bytes of
+        tar): each sample is made just before it is yielded, so it is still in the cache when
+        the consumer drops it, and a window of large samples costs no memory. A take is
+        ``_TAKE`` samples or ``_TAKE_BYTES`` of them, whichever is fewer (one at least).
         """
         starts = self.shards.starts
         idx = np.concatenate(
             [np.arange(j0, j1, dtype=np.int64) + starts[s] for s, j0, j1 in pieces]
         )
         order = (idx if perm is None else idx[perm])[lo:hi].tolist()
+        step = max(1, min(_TAKE, _TAKE_BYTES * len(idx) // max(span, 1)))
+        every = max(1, _CHECK_BYTES * len(idx) // max(span, 1) // step)  # takes per check
         take = self.shards.take
-        for c in range(0, len(order), _TAKE):
-            got = take(order[c : c + _TAKE])
+        for c in range(0, len(order), step):
+            got = take(order[c : c + step], c // step % every == 0)
             got.reverse()
             yield map(got.pop, repeat(-1, len(got)))
 
