@@ -15,13 +15,16 @@ shared machine disturb much less than wall time:
 * ``mix weights=1:1:1, replacement``: the same ``N`` per epoch, the small sources upsampled;
 * ``mix counts=sizes, source_key``: each sample dict also gets ``__source__``;
 * the same ``single`` / ``mix`` pair through a ``DataLoader`` with 2 workers (batch 64);
-* map-style: indices/s of ``list(BlockSampler)`` over the concatenation against
-  ``list(MixSampler)`` (the sampler alone; reading is the same ``TarDataset`` either way).
+* map-style: ``ds[i]`` over one ``TarDataset`` of all shards (the three sources' shards in
+  order: the concatenation the samplers index) for the indices of a ``BlockSampler`` against
+  those of a ``MixSampler counts=sizes`` (each sample once either way), and indices/s of the
+  samplers alone (``list(BlockSampler)`` against ``list(MixSampler)``).
 
 Also printed: the largest deviation ``|count - k * p_s|`` over all windows of the mixed epoch
 per source, against the stated bound (``tarindex.shuffle.mix_bound``).
 
-Run: ``python benchmarks/bench_mix.py [--quick] [--samples 60000] [--size 2000] [--rounds 5]``.
+Run: ``python benchmarks/bench_mix.py [--quick] [--samples 60000] [--size 2000] [--rounds 15]``
+(``--size 100000 --samples 6000``: image-sized samples).
 """
 
 from __future__ import annotations
@@ -146,16 +149,28 @@ def run(samples: int, size: int, rounds: int, workers: int = 2) -> int:
             ),
         }
         ds_all = [tarindex.TarDataset(p) for p in paths]
+        ds_cat = tarindex.TarDataset(allp)  # the concatenation the samplers index
+        configs["map-style ds[i], BlockSampler"] = (
+            lambda: map(ds_cat.__getitem__, tarindex.BlockSampler(ds_cat, block_size=64, seed=0)),
+            lambda _: 1,
+        )
+        configs["map-style ds[i], MixSampler counts=sizes"] = (
+            lambda: map(
+                ds_cat.__getitem__,
+                tarindex.MixSampler(ds_all, counts=sizes, block_size=64, seed=0),
+            ),
+            lambda _: 1,
+        )
 
         class _Cat:
             def __len__(self) -> int:
                 return n_all
 
         samplers: dict[str, Callable[[], Iterable[Any]]] = {
-            "BlockSampler over the concatenation": lambda: tarindex.BlockSampler(
+            "BlockSampler over the concatenation (indices only)": lambda: tarindex.BlockSampler(
                 _Cat(), block_size=64, seed=0
             ),
-            "MixSampler counts=sizes": lambda: tarindex.MixSampler(
+            "MixSampler counts=sizes (indices only)": lambda: tarindex.MixSampler(
                 ds_all, counts=sizes, block_size=64, seed=0
             ),
         }
@@ -166,9 +181,11 @@ def run(samples: int, size: int, rounds: int, workers: int = 2) -> int:
         base_of = {}
         for name in [*configs, *samplers]:
             base_of[name] = (
-                f"single, DataLoader {workers} workers"
+                "map-style ds[i], BlockSampler"
+                if "map-style" in name
+                else f"single, DataLoader {workers} workers"
                 if "DataLoader" in name
-                else "BlockSampler over the concatenation"
+                else "BlockSampler over the concatenation (indices only)"
                 if "Sampler" in name
                 else "single TarIterableDataset"
             )
