@@ -61,7 +61,8 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
     same in every rank and worker: shards permuted, cut into blocks of ``block_size`` contiguous
     samples, blocks permuted and dealt to ``(rank, worker)``, samples mixed in windows of
     ``buffer_size``. Each block (or the part of it in one window) is read with one sequential
-    read of its byte range.
+    read of its byte range; over local mapped shards a window's samples are instead copied out
+    of the mappings a few at a time as they are yielded (see ``buffer_size``).
 
     Samples are dicts like :class:`TarDataset`'s: ``__key__`` (str), ``__shard__`` (path),
     ``__index__`` (int, global index) and one entry per extension (``bytes`` unless decoded).
@@ -117,8 +118,11 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         seed: Base seed, ``0 <= seed < 2**64``. Defaults to ``0``.
         block_size: Contiguous samples per block (one read each). Larger reads faster,
             mixes less. Defaults to ``64``.
-        buffer_size: Samples mixed together (a window held in memory per worker); ``<= 1``
-            yields each worker's blocks in plan order. Defaults to ``1024``.
+        buffer_size: Samples mixed together (a window per worker); ``<= 1`` yields each
+            worker's blocks in plan order. Defaults to ``1024``. Over local mapped shards the
+            window holds 8 bytes per sample and copies ~256 KB of samples out at a time as
+            they are yielded; otherwise (pread, remote, ``fields=``, ``subset=``,
+            ``on_error="skip"``) it holds its samples' bytes (docs/STREAMING.md).
         decode: ``None`` (bytes), an image spec (``"rgb8"``, ``"rgb"``, ``"torchrgb8"``,
             ``"pil"``, ...), a handler ``f(key, data)``, a dict ``{ext: f(data)}``, a list of
             those, or a sample function, as for :class:`TarDataset`.
