@@ -887,3 +887,35 @@ def test_reads_while_another_thread_closes_the_shards(make_shards: MakeShards) -
     """No crash and no wrong bytes: the batch holds each Tables (so its mappings) it reads."""
     paths = make_shards([40, 40, 40])
     assert _run(CONCURRENT_CLOSE, json.dumps(paths)).split() == ["0", "True"]
+
+
+CUT_MID_WINDOW = """
+import os, sys, json
+from tarindex.errors import TruncatedError
+from tarindex.torch import TarIterableDataset
+path, after = sys.argv[1], int(sys.argv[2])
+it = iter(TarIterableDataset([path], buffer_size=1024, block_size=64, seed=0))
+for _ in range(after):
+    next(it)
+os.truncate(path, os.path.getsize(path) // 10)
+try:
+    for _ in it:
+        pass
+    print("returned")
+except TruncatedError as e:
+    print("TruncatedError" if path in str(e) else str(e))
+"""
+
+
+@pytest.mark.parametrize("after", [1, 300, 700])
+def test_tar_cut_between_the_takes_of_a_window(tmp_path, after: int) -> None:
+    """Once SIGBUS: a window's takes checked the tar's size only about every MB taken, so a
+    cut while the consumer held the first samples of a window (1 KB samples: up to ~680 of
+    them between checks) was read through the mapping by the next, unchecked, take."""
+    import tarindex
+
+    with tarindex.ShardWriter(str(tmp_path / "c-%06d.tar"), maxcount=4096, mtime=0) as w:
+        for i in range(4096):
+            w.write({"__key__": f"k{i:05d}", "bin": bytes([i % 251]) * 1000})
+    path = str(tmp_path / "c-000000.tar")
+    assert _run(CUT_MID_WINDOW, path, str(after)).split() == ["TruncatedError"]
