@@ -2611,6 +2611,7 @@ class ShardSet:
         state["_readers"] = OrderedDict()  # handles are reopened lazily, never pickled
         state["_bound"] = 0  # sized again from the receiving process's descriptor limit
         state.pop("_keyidx", None)  # per process, made again on first lookup
+        state["_take_call"] = 0  # a call number of this process (_kernel.new_call): none yet
         state["_evicts"] = True
         return state
 

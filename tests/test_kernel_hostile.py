@@ -919,3 +919,30 @@ def test_tar_cut_between_the_takes_of_a_window(tmp_path, after: int) -> None:
             w.write({"__key__": f"k{i:05d}", "bin": bytes([i % 251]) * 1000})
     path = str(tmp_path / "c-000000.tar")
     assert _run(CUT_MID_WINDOW, path, str(after)).split() == ["TruncatedError"]
+
+
+TAKE_UNPICKLED = """
+import pickle, sys
+ss = pickle.loads(bytes.fromhex(sys.stdin.readline()))
+ss.take_ready([[0, 0, 5]])
+print(len(ss.take([0, 1, 2], check=False)))
+"""
+
+
+def test_take_of_a_shard_set_pickled_after_takes(make_shards: MakeShards) -> None:
+    """Once ValueError ("call must be a number from new_call()"): the call number of the
+    parent's last take went along with the pickle, where it was not issued (or named another
+    call, whose size checks it would have skipped)."""
+    import pickle
+
+    import tarindex
+
+    ss = tarindex.ShardSet(make_shards([10]))
+    ss.take_ready([[0, 0, 5]])
+    for _ in range(3):
+        ss.take([0, 1, 2])
+    p = subprocess.run(
+        [sys.executable, "-c", TAKE_UNPICKLED], input=pickle.dumps(ss).hex() + "\n",
+        capture_output=True, text=True, timeout=100,
+    )
+    assert p.stdout.split() == ["3"], p.stderr[-2000:]
