@@ -300,6 +300,14 @@ class ShardSubset(ShardSet):
         """``None``: a view's windows read their blocks (:meth:`read_samples`)."""
         return None
 
+    def take(self, indices: list[int], check: bool = True) -> list[Sample]:
+        """:meth:`ShardSet.take` of view samples ``indices`` (``__index__``: the base's).
+
+        Raises:
+            SampleIndexError: If an index is outside the view.
+        """
+        return self.base.take(self._to_base(indices).tolist(), check)
+
     def read_samples(
         self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
     ) -> list[Sample]:

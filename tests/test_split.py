@@ -206,3 +206,19 @@ def test_subset_streaming_through_workers_and_resume(tmp_path: Path) -> None:
     )
     idx = [i for b in batched for i in b.index.tolist()]
     assert idx == parts["1"].tolist()
+
+
+def test_subset_take_reads_the_view_samples(tmp_path: Path) -> None:
+    """Once wrong samples: the inherited ShardSet.take located a view index in the base's
+    numbering and read it back in the view's (view sample 0 came back as base sample 5, the
+    others as SampleIndexError)."""
+    paths = write(tmp_path, range(200), 60)
+    ss = tarindex.ShardSet(paths)
+    idx = [1, 5, 9, 61, 62, 130, 199]
+    val = ShardSubset(ss, idx)
+    order = [0, 3, -1, 2, 2, 6, 1, 4, 5]
+    got = val.take(order)
+    assert [s["__index__"] for s in got] == [idx[i] for i in order]
+    assert [s["cls"] for s in got] == [ss.get(idx[i])["cls"] for i in order]
+    with pytest.raises(SampleIndexError):
+        val.take([7])
