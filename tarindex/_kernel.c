@@ -997,39 +997,25 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0);
 }
 
-/* new_call() -> int: a fresh call number, for take(). */
-static PyObject *k_new_call(PyObject *mod, PyObject *unused) {
-    return PyLong_FromUnsignedLongLong(++kernel_calls);
-}
-
-/* take(indices, starts, per, readers, paths, evicts, call) -> [dict, ...] | None
+/* take(indices, starts, per, readers, paths, evicts) -> [dict, ...] | None
  * ShardSet.take: get_one of each global index of the list `indices`, in Block.to_samples' key
- * order (a streaming window's samples, copied out as they are yielded). call: a number from
- * new_call(); each mapping's size is checked once per call number, so the takes that pass the
- * same number check it once between them (ShardSet.take asks for a new number every ~1 MB
- * copied, as often as block reads check). None if any hands back (the Python path then reads
- * them). */
+ * order (a streaming window's samples, copied out as they are yielded); each mapping's size is
+ * checked once per call, before its first byte is copied (the consumer runs between two takes,
+ * so every take checks). None if any hands back (the Python path then reads them). */
 static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
     int evicts;
-    const char *usage = "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
-                        "evicts, call: int)";
-    if (nargs != 7 || !PyLong_CheckExact(args[6])) {
-        PyErr_SetString(PyExc_TypeError, usage);
+    if (get_args(args, nargs,
+                 "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
+                 "evicts)",
+                 &starts, &ns, &per, &evicts) < 0)
         return NULL;
-    }
-    uint64_t call = PyLong_AsUnsignedLongLong(args[6]);
-    if (call == (uint64_t)-1 && PyErr_Occurred()) return NULL;
-    if (call == 0 || call > kernel_calls) {
-        PyErr_SetString(PyExc_ValueError, "take: call must be a number from new_call()");
-        return NULL;
-    }
-    if (get_args(args, 6, usage, &starts, &ns, &per, &evicts) < 0) return NULL;
     /* a snapshot: Python code run below (hashes) may change the caller's list */
     PyObject *seq = PySequence_Tuple(args[0]);
     if (seq == NULL) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    uint64_t call = ++kernel_calls;
     PyObject *out = PyList_New(n);
     if (out == NULL) {
         Py_DECREF(seq);
@@ -1077,11 +1063,8 @@ done:
 
 static PyMethodDef kernel_methods[] = {
     {"take", (PyCFunction)(void (*)(void))k_take, METH_FASTCALL,
-     "take(indices, starts, per, readers, paths, evicts, call): ShardSet.take(indices) as "
-     "dicts, or None (take the Python path)."},
-    {"new_call", (PyCFunction)k_new_call, METH_NOARGS,
-     "new_call(): a fresh call number for take() (each mapping's size is checked once per "
-     "number)."},
+     "take(indices, starts, per, readers, paths, evicts): ShardSet.take(indices) as dicts, or "
+     "None (take the Python path)."},
     {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
      "get(i, starts, per, readers, paths, evicts): ShardSet.get(i) as a dict, or None (take "
      "the Python path)."},

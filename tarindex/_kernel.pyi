@@ -38,9 +38,7 @@ def take(
     readers: dict[int, Any],
     paths: list[str],
     evicts: bool,
-    call: int,
 ) -> list[dict[str, Any]] | None: ...
-def new_call() -> int: ...
 def gather(
     tables: tuple[Tables, ...], slot: Any, local: Any
 ) -> tuple[list[str], bytes, bytes, bytes, bytes] | int: ...

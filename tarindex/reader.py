@@ -1631,8 +1631,6 @@ class ShardSet:
             §2.1), or a manifest is not valid (FORMAT.md §9).
     """
 
-    _take_call = 0  # take(): the compiled call number its size checks go by (0: none yet)
-
     def __init__(
         self,
         source: Source,
@@ -2257,29 +2255,20 @@ class ShardSet:
                     src.willneed(a, b)
         return span
 
-    def take(self, indices: list[int], check: bool = True) -> list[Sample]:
+    def take(self, indices: list[int]) -> list[Sample]:
         """Global samples ``indices`` as :meth:`read_samples` gives them (a window's, in order).
 
         One compiled call over mappings, after :meth:`take_ready`; otherwise each sample is
-        read with :meth:`read_samples`. ``check``: each tar's size is checked (a tar cut while
-        mapped raises :class:`TruncatedError`, not ``SIGBUS``) once in this call; ``False``:
-        once since the last take that checked (a window's takes check about every MB copied,
-        as often as its block reads would).
+        read with :meth:`read_samples`. Each tar's size is checked once per call, before its
+        first byte is copied, so a tar cut since (while the consumer held earlier samples)
+        raises :class:`TruncatedError`, not ``SIGBUS``.
 
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
         """
         if _kernel is not None:
-            if check or not self._take_call:
-                self._take_call = _kernel.new_call()
             got = _kernel.take(
-                indices,
-                self._starts_bytes,
-                self._per,
-                self._readers,
-                self.paths,
-                self._evicts,
-                self._take_call,
+                indices, self._starts_bytes, self._per, self._readers, self.paths, self._evicts
             )
             if got is not None:
                 return got  # type: ignore[no-any-return]
@@ -2611,7 +2600,6 @@ class ShardSet:
         state["_readers"] = OrderedDict()  # handles are reopened lazily, never pickled
         state["_bound"] = 0  # sized again from the receiving process's descriptor limit
         state.pop("_keyidx", None)  # per process, made again on first lookup
-        state["_take_call"] = 0  # a call number of this process (_kernel.new_call): none yet
         state["_evicts"] = True
         return state
 

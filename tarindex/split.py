@@ -300,13 +300,13 @@ class ShardSubset(ShardSet):
         """``None``: a view's windows read their blocks (:meth:`read_samples`)."""
         return None
 
-    def take(self, indices: list[int], check: bool = True) -> list[Sample]:
+    def take(self, indices: list[int]) -> list[Sample]:
         """:meth:`ShardSet.take` of view samples ``indices`` (``__index__``: the base's).
 
         Raises:
             SampleIndexError: If an index is outside the view.
         """
-        return self.base.take(self._to_base(indices).tolist(), check)
+        return self.base.take(self._to_base(indices).tolist())
 
     def read_samples(
         self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -573,11 +574,10 @@ case("get hash replaces the path",
 
 
 # take()
-def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False, call=None):
+def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
     st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
-    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts,
-                  K.new_call() if call is None else call)
+    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts)
 
 
 class Counted(MM):
@@ -588,17 +588,12 @@ class Counted(MM):
         return self.n
 
 
-def size_calls(calls=(None,)):
+def size_calls(takes=1):
     Counted.calls = 0
     rd = {0: R(T, Counted(1 << 30))}
-    for c in calls:
-        tk((0, 1, 0, -4), readers=rd, call=c)
+    for _ in range(takes):
+        tk((0, 1, 0, -4), readers=rd)
     return Counted.calls
-
-
-def shared_call():
-    c = K.new_call()
-    return size_calls((c, c, c))
 
 
 case("take", lambda: "same" if [d["__index__"] for d in tk()] == [0, 3] else None, "str")
@@ -606,27 +601,19 @@ case("take order", lambda: "same" if list(tk((1,))[0]) == [
      "__key__", "__shard__", "__index__", "bin"] else None, "str")
 case("take empty", lambda: tk(()), "list")
 case("take a tuple", lambda: K.take((0, 2), I8(0, 2, 4).tobytes(), 2, {0: R(T), 1: R(T2)},
-                                    ["a", "b"], False, K.new_call()), "list")
-case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False,
-                                         K.new_call()), "TypeError")
-case("take call 0", lambda: tk(call=0), "ValueError")
-case("take call not made yet", lambda: tk(call=K.new_call() + 1), "ValueError")
-case("take call negative", lambda: tk(call=-1), "OverflowError")
-case("take call huge", lambda: tk(call=1 << 80), "OverflowError")
-case("take call a float", lambda: tk(call=1.0), "TypeError")
-case("take no call", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
+                                    ["a", "b"], False), "list")
+case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
      "TypeError")
-case("takes of one call number check once", lambda: "once" if shared_call() == 1 else None,
-     "str")
-case("takes of new numbers check each", lambda: "each" if size_calls((None,) * 3) == 3 else None,
-     "str")
+case("take 7 arguments", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False, 1),
+     "TypeError")
+# the consumer runs between two takes: each take checks (a cut since is a hand-back)
+case("takes check each", lambda: "each" if size_calls(3) == 3 else None, "str")
 case("take one past", lambda: tk((0, 4)), "none")
 case("take not open", lambda: tk(readers={0: R(T)}), "none")
 case("take cut", lambda: tk(readers={0: R(T, MM(0), 100), 1: R(T2)}), "none")
 case("take float", lambda: tk((0, 1.0)), "none")
 case("take size once, counted", lambda: "once" if size_calls() == 1 else None, "str")
-case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False,
-                                          K.new_call()), "TypeError")
+case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
 case("take evicts on a dict", lambda: tk(evicts=True), "AttributeError")
 tdrop = {}
 
@@ -643,7 +630,7 @@ class Drop(str):  # hashing an extension drops every reader and path the take wa
 def take_drops():
     tdrop.update({0: R(tables(exts=(Drop("bin"), "cls"))), 1: R(T2)})
     tpaths[:] = ["a" * 40 + "0", "b" * 40 + "1"]
-    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths, False, K.new_call())
+    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths, False)
     return "held" if [d["__shard__"][0] for d in got] == ["a", "b", "a", "b"] else None
 
 
@@ -908,10 +895,11 @@ except TruncatedError as e:
 
 
 @pytest.mark.parametrize("after", [1, 300, 700])
-def test_tar_cut_between_the_takes_of_a_window(tmp_path, after: int) -> None:
+def test_tar_cut_between_the_takes_of_a_window(tmp_path: Path, after: int) -> None:
     """Once SIGBUS: a window's takes checked the tar's size only about every MB taken, so a
     cut while the consumer held the first samples of a window (1 KB samples: up to ~680 of
-    them between checks) was read through the mapping by the next, unchecked, take."""
+    them between checks) was read through the mapping by the next, unchecked, take. Every
+    take checks now."""
     import tarindex
 
     with tarindex.ShardWriter(str(tmp_path / "c-%06d.tar"), maxcount=4096, mtime=0) as w:
@@ -919,30 +907,3 @@ def test_tar_cut_between_the_takes_of_a_window(tmp_path, after: int) -> None:
             w.write({"__key__": f"k{i:05d}", "bin": bytes([i % 251]) * 1000})
     path = str(tmp_path / "c-000000.tar")
     assert _run(CUT_MID_WINDOW, path, str(after)).split() == ["TruncatedError"]
-
-
-TAKE_UNPICKLED = """
-import pickle, sys
-ss = pickle.loads(bytes.fromhex(sys.stdin.readline()))
-ss.take_ready([[0, 0, 5]])
-print(len(ss.take([0, 1, 2], check=False)))
-"""
-
-
-def test_take_of_a_shard_set_pickled_after_takes(make_shards: MakeShards) -> None:
-    """Once ValueError ("call must be a number from new_call()"): the call number of the
-    parent's last take went along with the pickle, where it was not issued (or named another
-    call, whose size checks it would have skipped)."""
-    import pickle
-
-    import tarindex
-
-    ss = tarindex.ShardSet(make_shards([10]))
-    ss.take_ready([[0, 0, 5]])
-    for _ in range(3):
-        ss.take([0, 1, 2])
-    p = subprocess.run(
-        [sys.executable, "-c", TAKE_UNPICKLED], input=pickle.dumps(ss).hex() + "\n",
-        capture_output=True, text=True, timeout=100,
-    )
-    assert p.stdout.split() == ["3"], p.stderr[-2000:]
