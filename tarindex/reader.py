@@ -1089,6 +1089,22 @@ class ShardReader:
         check_samples(self.index, j0, min(j0 + CHUNK, self.n_samples), self.index_path)
         self._checked[c] = 1
 
+    def _ready(self, j0: int, j1: int) -> tuple[int, int]:
+        """A compiled reader's ``0 <= j0 < j1 <= n_samples``: check their tables' chunks once.
+
+        Returns the byte range ``(a, b)`` of the tar its members span (``a == b``: none), for
+        a read-ahead hint. Raises FormatError (a corrupt chunk: FORMAT.md §2.2-2.5).
+        """
+        hot = self._scalar
+        assert hot is not None  # a reader with _ck has _scalar
+        checked = hot[0]
+        for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1):
+            if not checked[c]:
+                self._check_chunk(c)  # FormatError if corrupt
+        sp, offs, sizes = hot[2], hot[7], hot[8]
+        m0, m1 = sp[j0], sp[j1]
+        return (offs[m0], offs[m1 - 1] + sizes[m1 - 1]) if m1 > m0 else (0, 0)
+
     def _range(self, j0: int, j1: int) -> None:
         """Refuse ``[j0, j1)`` outside the shard; check the tables of its chunks once."""
         if not 0 <= j0 <= j1 <= self.n_samples:
@@ -2192,20 +2208,12 @@ class ShardSet:
         ck = r._ck
         if ck is not None and 0 <= j0 < j1 <= r.n_samples:
             tabs, mm, size = ck
-            hot = r._scalar
-            assert hot is not None  # a reader with _ck has _scalar
-            checked = hot[0]
-            for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1):
-                if not checked[c]:
-                    r._check_chunk(c)  # FormatError if corrupt
+            a, b = r._ready(j0, j1)
             want = None if fields is None else r._want_flags(fields)
             if mm.size() < size:  # cut while mapped: SIGBUS otherwise (READING.md)
                 raise r._cut(mm.size())
-            if prefetch and fields is None:  # projected: no pages of left-out members
-                sp, offs, sizes = hot[2], hot[7], hot[8]
-                m0, m1 = sp[j0], sp[j1]
-                if m1 > m0:
-                    r.source.prefetch(offs[m0], offs[m1 - 1] + sizes[m1 - 1])
+            if prefetch and fields is None and b > a:  # projected: no left-out members' pages
+                r.source.prefetch(a, b)
             got = tabs.samples(j0, j1, want, self.paths[s], self._starts_list[s] + j0)
             if got is not None:
                 return got  # type: ignore[no-any-return]
@@ -2230,29 +2238,23 @@ class ShardSet:
         shards = {int(p[0]) for p in pieces}
         if len(shards) > self.open_bound:
             return None
-        readers = {s: self.reader(s) for s in shards}
-        if any(r._ck is None or not isinstance(r.source, MmapSource) for r in readers.values()):
-            return None
+        mapped: dict[int, tuple[ShardReader, MmapSource]] = {}
+        for s in shards:
+            r = self.reader(s)
+            src = r.source
+            if r._ck is None or not isinstance(src, MmapSource):
+                return None
+            mapped[s] = (r, src)
         hint = cold_cache()
         span = 0
         for s, j0, j1 in pieces:
-            r = readers[s]
+            r, src = mapped[s]
             if not 0 <= j0 < j1 <= r.n_samples:
                 return None  # read_samples says what is wrong
-            checked = r._checked
-            for c in range(j0 >> CHUNK_SHIFT, ((j1 - 1) >> CHUNK_SHIFT) + 1):
-                if not checked[c]:
-                    r._check_chunk(c)  # FormatError if corrupt
-            hot = r._scalar
-            assert hot is not None  # a reader with _ck has _scalar
-            sp, offs, sizes = hot[2], hot[7], hot[8]
-            m0, m1 = sp[j0], sp[j1]
-            if m1 > m0:
-                a, b = offs[m0], offs[m1 - 1] + sizes[m1 - 1]
-                span += b - a
-                src = r.source
-                if hint and isinstance(src, MmapSource):
-                    src.willneed(a, b)
+            a, b = r._ready(j0, j1)
+            span += b - a
+            if hint and b > a:
+                src.willneed(a, b)
         return span
 
     def take(self, indices: list[int]) -> list[Sample]:

@@ -553,7 +553,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                 plist = pieces.tolist()
                 span = self.shards.take_ready(plist, self.fields) if lean else None
                 if span is not None:
-                    yield from self._taken(plist, perm, lo, end - k * w, span)
+                    yield from self._taken(pieces, perm, lo, end - k * w, span)
                     continue
                 buf: list[Sample | None] = []
                 for piece in plist:  # each block is unpacked (and freed) at once
@@ -570,7 +570,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
                 ra.close()
 
     def _taken(
-        self, pieces: list[list[int]], perm: NDArray[np.int64] | None, lo: int, hi: int,
+        self, pieces: NDArray[np.int64], perm: NDArray[np.int64] | None, lo: int, hi: int,
         span: int,
     ) -> Iterator[Iterator[Sample | None]]:
         """A window's positions ``[lo, hi)`` in its order, copied out a few at a time.
@@ -581,10 +581,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         the consumer drops it, and a window of large samples costs no memory. A take is
         ``_TAKE`` samples or ``_TAKE_BYTES`` of them, whichever is fewer (one at least).
         """
-        starts = self.shards.starts
-        idx = np.concatenate(
-            [np.arange(j0, j1, dtype=np.int64) + starts[s] for s, j0, j1 in pieces]
-        )
+        idx = plan_mod.blocks_to_indices(pieces, self.shards.starts)
         order = (idx if perm is None else idx[perm])[lo:hi].tolist()
         step = max(1, min(_TAKE, _TAKE_BYTES * len(idx) // max(span, 1)))
         # each take checks its tars' sizes: the consumer runs between takes, and a tar cut
