@@ -173,6 +173,39 @@ fail:
     return NULL;
 }
 
+/* Prefetch, a few samples or a pass ahead of the reads (batch, take: samples in random or
+ * shuffled order are a cache miss each otherwise): sample j's table rows; its key and member
+ * entries (reads its row); the first `bytes` bytes of each of its members (reads the
+ * entries). Bounded as tables_dict reads; no effect on results. */
+static void prefetch_row(Tables *t, Py_ssize_t j) {
+    if (j < 0 || j >= t->n) return;
+    PREFETCH((const uint64_t *)t->kp.buf + j);
+    PREFETCH((const uint64_t *)t->sp.buf + j);
+}
+
+static void prefetch_members(Tables *t, Py_ssize_t j) {
+    uint64_t k0, k1, m0, m1;
+    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) return;
+    PREFETCH((const char *)t->keys.buf + t->kbase + k0);
+    for (uint64_t m = m0; m < m1 && m < m0 + 8; m++) {
+        PREFETCH((const uint64_t *)t->off.buf + m);
+        PREFETCH((const uint64_t *)t->size.buf + m);
+        PREFETCH((const uint32_t *)t->eid.buf + m);
+    }
+}
+
+static void prefetch_data(Tables *t, Py_ssize_t j, uint64_t bytes) {
+    uint64_t k0, k1, m0, m1;
+    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) return;
+    for (uint64_t m = m0; m < m1; m++) {
+        uint32_t e;
+        uint64_t o, s;
+        if (!member_get(t, m, &e, &o, &s)) return;
+        const char *p = (const char *)t->data.buf + o;
+        for (uint64_t at = 0; at < s && at < bytes; at += 64) PREFETCH(p + at);
+    }
+}
+
 /* want: None (NULL: every member) or bytes of one flag per extension; -1 with TypeError. */
 static int get_want(Tables *t, PyObject *obj, const char **want) {
     *want = NULL;
@@ -644,29 +677,12 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         row_j[b] = j;
         row_s[b] = sh;
-        PREFETCH((const uint64_t *)t->kp.buf + j); /* table rows: a cache miss each, else */
-        PREFETCH((const uint64_t *)t->sp.buf + j);
+        prefetch_row(t, j); /* table rows: a cache miss each, else */
     }
-    for (Py_ssize_t b = 0; b < n; b++) { /* the member rows of those samples, ahead too */
-        Tables *t = row_t[b];
-        Py_ssize_t j = (Py_ssize_t)row_j[b];
-        uint64_t m = ((const uint64_t *)t->sp.buf)[j];
-        if (m < (uint64_t)t->members) {
-            PREFETCH((const uint64_t *)t->off.buf + m);
-            PREFETCH((const uint64_t *)t->size.buf + m);
-            PREFETCH((const uint32_t *)t->eid.buf + m);
-        }
-        uint64_t k = ((const uint64_t *)t->kp.buf)[j];
-        if (k < (uint64_t)(t->kend - t->kbase)) PREFETCH((const char *)t->keys.buf + t->kbase + k);
-    }
-    for (Py_ssize_t b = 0; b < n; b++) { /* the members' first bytes (integers parsed next) */
-        Tables *t = row_t[b];
-        Py_ssize_t j = (Py_ssize_t)row_j[b];
-        const uint64_t *sp = t->sp.buf, *off = t->off.buf;
-        uint64_t m0 = sp[j], m1 = sp[j + 1];
-        for (uint64_t m = m0; m < m1 && m < (uint64_t)t->members; m++)
-            if (off[m] < (uint64_t)t->data.len) PREFETCH((const char *)t->data.buf + off[m]);
-    }
+    for (Py_ssize_t b = 0; b < n; b++) /* the key and member rows of those samples, ahead too */
+        prefetch_members(row_t[b], (Py_ssize_t)row_j[b]);
+    for (Py_ssize_t b = 0; b < n; b++) /* the members' first bytes (integers parsed next) */
+        prefetch_data(row_t[b], (Py_ssize_t)row_j[b], 64);
     for (Py_ssize_t b = 0; b < n; b++) { /* keys, members, layout sizes */
         Tables *t = row_t[b];
         Py_ssize_t j = (Py_ssize_t)row_j[b], sh = (Py_ssize_t)row_s[b];
@@ -760,16 +776,8 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t b = 0; b < n; b++) {
         uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         Tables *t = row_t[b];
-        if (b + 1 < n) { /* the next sample's members: their first lines while this one copies */
-            Tables *u = row_t[b + 1];
-            const uint64_t *usp = u->sp.buf, *uoff = u->off.buf;
-            Py_ssize_t uj = (Py_ssize_t)row_j[b + 1];
-            const uint64_t *usz = u->size.buf;
-            for (uint64_t m = usp[uj]; m < usp[uj + 1] && m < (uint64_t)u->members; m++)
-                for (uint64_t at = 0; at < usz[m] && at < 256 && uoff[m] < (uint64_t)u->data.len;
-                     at += 64)
-                    PREFETCH((const char *)u->data.buf + uoff[m] + at);
-        }
+        if (b + 1 < n) /* the next sample's members: their first lines while this one copies */
+            prefetch_data(row_t[b + 1], (Py_ssize_t)row_j[b + 1], 256);
         if (!tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1)) {
             res = hand_back(str_python, 0, 0);
             goto done;
@@ -928,38 +936,6 @@ static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, P
     return res;
 }
 
-/* Prefetch, for a take a few samples ahead (read in the window's shuffled order, each a
- * cache miss otherwise): sample j's table rows; its member entries (reads its row); the
- * first bytes of its members (reads the entries). Bounded as tables_dict reads; no effect on
- * results. */
-static void prefetch_row(Tables *t, Py_ssize_t j) {
-    if (j < 0 || j >= t->n) return;
-    PREFETCH((const uint64_t *)t->kp.buf + j);
-    PREFETCH((const uint64_t *)t->sp.buf + j);
-}
-
-static void prefetch_members(Tables *t, Py_ssize_t j) {
-    uint64_t k0, k1, m0, m1;
-    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) return;
-    PREFETCH((const char *)t->keys.buf + t->kbase + k0);
-    for (uint64_t m = m0; m < m1 && m < m0 + 8; m++) {
-        PREFETCH((const uint64_t *)t->off.buf + m);
-        PREFETCH((const uint64_t *)t->size.buf + m);
-        PREFETCH((const uint32_t *)t->eid.buf + m);
-    }
-}
-
-static void prefetch_data(Tables *t, Py_ssize_t j) {
-    uint64_t k0, k1, m0, m1;
-    if (!tables_row(t, j, &k0, &k1, &m0, &m1)) return;
-    for (uint64_t m = m0; m < m1 && m < m0 + 8; m++) {
-        uint32_t e;
-        uint64_t o, s;
-        if (!member_get(t, m, &e, &o, &s)) return;
-        const char *p = (const char *)t->data.buf + o;
-        for (uint64_t at = 0; at < s && at < 512; at += 64) PREFETCH(p + at);
-    }
-}
 
 
 
@@ -1041,7 +1017,7 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     for (Py_ssize_t b = 0; b < n; b++) {
         if (b + 6 < n) prefetch_row(resolved_tables(&rs[b + 6]), rs[b + 6].j);
         if (b + 4 < n) prefetch_members(resolved_tables(&rs[b + 4]), rs[b + 4].j);
-        if (b + 2 < n) prefetch_data(resolved_tables(&rs[b + 2]), rs[b + 2].j);
+        if (b + 2 < n) prefetch_data(resolved_tables(&rs[b + 2]), rs[b + 2].j, 512);
         PyObject *d = tables_dict(resolved_tables(&rs[b]), rs[b].j, NULL, rs[b].path,
                                   rs[b].index, 1);
         if (d == NULL || d == Py_None) {
