@@ -102,7 +102,7 @@ def bench_decode(args: argparse.Namespace) -> list[Row]:
     from PIL import Image
 
     import tarindex
-    from tarindex.codecs import ExtDecoder
+    from tarindex.codecs.decode import ExtDecoder
 
     n, (h, w) = (120, (240, 320)) if args.quick else (400, (384, 512))
     rounds = 5 if args.quick else 7

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import tarindex
-from tarindex.codecs import ExtDecoder
+from tarindex.codecs.decode import ExtDecoder
 
 PER_SHARD = 10_000
 

@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tarindex  # noqa: E402
-from tarindex import remote  # noqa: E402
+from tarindex.storage import remote  # noqa: E402
 
 
 def make_data(root: str, n: int, size: int, shards: int, seed: int = 0) -> list[str]:

@@ -76,7 +76,7 @@ CHILD = r"""
 import gc, json, os, resource, sys, time, tracemalloc
 import numpy as np
 import tarindex
-from tarindex.split import split_by_key
+from tarindex.read.split import split_by_key
 job = json.loads(sys.argv[1])
 gc.freeze()
 out = {}

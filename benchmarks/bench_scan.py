@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tarindex.build import build_index
-from tarindex.scan import scan_members
+from tarindex.index.build import build_index
+from tarindex.index.scan import scan_members
 
 GNU_TAR = shutil.which("tar")
 
@@ -160,7 +160,7 @@ def time_jobs(root: str, n_shards: int = 4, per_shard: int = 25_000) -> dict[str
         paths.append(p)
     out = {}
     try:
-        import tarindex.cli  # noqa: F401
+        import tarindex.cli.main  # noqa: F401
 
         for jobs in (1, 2):
             t = time.perf_counter()

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import tarindex
-from tarindex import shuffle as plan_mod
+from tarindex.plan import shuffle as plan_mod
 
 
 def make_data(root: str, n_samples: int, mean_size: int, n_shards: int, seed: int = 0) -> list[str]:

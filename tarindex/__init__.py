@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
-from .build import build_index
+from .codecs.select import ToTuple, to_tuple
 from .errors import (
     AmbiguousKeyError,
     BadMagicError,
@@ -40,16 +40,16 @@ from .errors import (
     UnsupportedVersionError,
     WriterError,
 )
-from .indexfile import index_path_for
-from .manifest import check_manifest, read_manifest, task_pattern, write_manifest
-from .parallel import WriteResult, write_shards
-from .reader import ShardReader, ShardSet, read_kernel
-from .remote import RemoteOptions
-from .scan import Members, scan
-from .select import ToTuple, to_tuple
-from .sources import expand_source
-from .split import ShardSubset, split_by_key, split_keys
-from .writer import ShardWriter, TarWriter
+from .index.build import build_index
+from .index.scan import Members, scan
+from .read.manifest import check_manifest, read_manifest, task_pattern, write_manifest
+from .read.reader import ShardReader, ShardSet, read_kernel
+from .read.sources import expand_source
+from .read.split import ShardSubset, split_by_key, split_keys
+from .storage.indexfile import index_path_for
+from .storage.remote import RemoteOptions
+from .write.parallel import WriteResult, write_shards
+from .write.writer import ShardWriter, TarWriter
 
 _TORCH_NAMES = {
     "TarDataset": "dataset",

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.cli import main, parse_size
-from tarindex.pack import plan_pack, sanitize_stem
+from tarindex.cli.main import main, parse_size
+from tarindex.write.pack import plan_pack, sanitize_stem
 from tests.conftest import MakeShards
 
 Cap = pytest.CaptureFixture[str]
@@ -226,7 +226,7 @@ def test_verify_ok(shards: list[str], capsys: Cap) -> None:
 def test_verify_calls_tarindex_verify(
     shards: list[str], monkeypatch: pytest.MonkeyPatch, capsys: Cap
 ) -> None:
-    import tarindex.verify
+    import tarindex.read.verify
 
     seen: list[str] = []
 
@@ -234,7 +234,7 @@ def test_verify_calls_tarindex_verify(
         seen.append(p)
         return "checked"
 
-    monkeypatch.setattr(tarindex.verify, "verify", fake)
+    monkeypatch.setattr(tarindex.read.verify, "verify", fake)
     code, out, _ = run(["verify", *shards], capsys)
     assert code == 0 and seen == shards and f"ok   {shards[0]}: checked" in out
 
@@ -466,7 +466,7 @@ def test_python_m_tarindex(shards: list[str], tmp_path: Path) -> None:
 def test_cli_works_without_torch(shards: list[str]) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from tarindex.cli import main\n"
+        "from tarindex.cli.main import main\n"
         f"rc = main(['info', {shards[0]!r}]) or main(['verify', {shards[0]!r}])\n"
         "assert 'torch' not in [m.split('.')[0] for m in sys.modules if sys.modules[m]]\n"
         "sys.exit(rc)\n"

@@ -24,8 +24,9 @@ from numpy.typing import NDArray
 from PIL import Image, UnidentifiedImageError
 
 import tarindex
-from tarindex import DecodeError, TarIndexError, codecs
-from tarindex.codecs import IMAGE_EXTS, IMAGE_FORMATS, ExtDecoder, decode_value, encode_value
+from tarindex import DecodeError, TarIndexError
+from tarindex.codecs import decode as codecs
+from tarindex.codecs.decode import IMAGE_EXTS, IMAGE_FORMATS, ExtDecoder, decode_value, encode_value
 
 MiB = 1 << 20
 _LINUX = pytest.mark.skipif(
@@ -104,7 +105,7 @@ def hook(event, args):
         spawned.append(event)
 sys.addaudithook(hook)
 import tarindex
-from tarindex.codecs import ExtDecoder, IMAGE_EXTS
+from tarindex.codecs.decode import ExtDecoder, IMAGE_EXTS
 payloads = [open(p, "rb").read() for p in sys.argv[2:]]
 results = []
 if sys.argv[1] == "pillow":  # the control: Pillow left to sniff the format
@@ -274,7 +275,7 @@ from PIL import Image
 if sys.argv[1] == "off":
     Image.MAX_IMAGE_PIXELS = None  # what users set to silence Pillow's warning
 import tarindex
-from tarindex.codecs import ExtDecoder
+from tarindex.codecs.decode import ExtDecoder
 data = open(sys.argv[2], "rb").read()
 dec = ExtDecoder("rgb8", max_image_pixels=int(sys.argv[3]) if sys.argv[3] != "-" else None)
 before = hwm_kib()
@@ -383,7 +384,7 @@ _BOMB_SCRIPT = (
     + r"""
 import json, sys
 import tarindex
-from tarindex.codecs import ExtDecoder
+from tarindex.codecs.decode import ExtDecoder
 shards = tarindex.ShardSet(sys.argv[1])
 sample = shards.get(0)
 before = hwm_kib()
@@ -564,9 +565,9 @@ def test_messages_without_shard_or_key_and_usage_errors() -> None:
 
 def test_import_tarindex_does_not_import_zstandard_or_pillow() -> None:
     code = (
-        "import sys, tarindex, tarindex.codecs\n"
+        "import sys, tarindex, tarindex.codecs.decode\n"
         "assert 'zstandard' not in sys.modules and 'PIL' not in sys.modules, sorted(sys.modules)\n"
-        "tarindex.codecs.ZstdDecodeError\n"
+        "tarindex.codecs.decode.ZstdDecodeError\n"
         "assert 'zstandard' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

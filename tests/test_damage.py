@@ -30,7 +30,7 @@ from tarindex.errors import (
     TruncatedError,
 )
 from tarindex.format.tar import padded
-from tarindex.scan import scan_members
+from tarindex.index.scan import scan_members
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -299,7 +299,7 @@ def test_fuzz_header_bytes(
 
 # -- verify ----------------------------------------------------------------------------------
 def test_verify_ok_and_report(tmp_path: Path) -> None:
-    from tarindex.verify import VerifyReport, verify
+    from tarindex.read.verify import VerifyReport, verify
 
     tar = tmp_path / "v.tar"
     with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as tf:
@@ -316,7 +316,7 @@ def test_verify_ok_and_report(tmp_path: Path) -> None:
 
 def test_verify_catches_in_place_header_rewrite_the_fingerprint_misses(tmp_path: Path) -> None:
     from tarindex.errors import StaleIndexError
-    from tarindex.verify import verify
+    from tarindex.read.verify import verify
 
     tar = tmp_path / "t.tar"
     ref = make_tar(tar, sizes=[5000] * 6)  # headers in the middle, far from the first/last 4 KiB
@@ -341,7 +341,7 @@ def test_verify_catches_in_place_header_rewrite_the_fingerprint_misses(tmp_path:
 def test_verify_appended_and_corrupt_index(tmp_path: Path) -> None:
     from tarindex.errors import ChecksumError as CE
     from tarindex.errors import StaleIndexError
-    from tarindex.verify import verify
+    from tarindex.read.verify import verify
 
     tar = tmp_path / "t.tar"
     make_tar(tar)
@@ -363,7 +363,7 @@ def test_verify_appended_and_corrupt_index(tmp_path: Path) -> None:
 def test_verify_reports_a_bad_size_field_with_path_and_offset(tmp_path: Path) -> None:
     # was a bare ValueError("not an octal number") from parse_number: no path, and a traceback
     # from `tarindex verify` (the CLI catches TarIndexError only)
-    from tarindex.verify import verify
+    from tarindex.read.verify import verify
 
     tar = tmp_path / "t.tar"
     ref = make_tar(tar, sizes=[5000] * 6)  # header in the middle: the fingerprint misses it

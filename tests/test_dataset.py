@@ -120,7 +120,7 @@ def test_import_without_torch(tmp_path: Path) -> None:
         "        if name == 'torch' or name.startswith('torch.'):\n"
         "            raise ImportError('torch hidden for this test')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import tarindex, tarindex.cli\n"
+        "import tarindex, tarindex.cli.main\n"
         "assert 'torch' not in sys.modules\n"
         "with tarindex.ShardWriter(sys.argv[1] + '/a.tar') as w:\n"
         "    w.write({'__key__': 'k', 'txt': 'v'})\n"

@@ -17,7 +17,7 @@ import zstandard
 from PIL import Image
 
 import tarindex
-from tarindex.codecs import ExtDecoder, ExtTable, decode_value, is_handler, make_decoder
+from tarindex.codecs.decode import ExtDecoder, ExtTable, decode_value, is_handler, make_decoder
 
 wds = pytest.importorskip("webdataset")
 
@@ -185,7 +185,7 @@ def test_cbor_and_msgpack_and_a_clear_error_when_missing(tmp_path: Path) -> None
     code = (
         "import sys; sys.modules['cbor2'] = None; sys.modules['torch'] = None\n"
         "import tarindex\n"
-        "from tarindex.codecs import decode_value, ExtDecoder\n"
+        "from tarindex.codecs.decode import decode_value, ExtDecoder\n"
         "png = sys.stdin.buffer.read()\n"
         "for ext, data, spec in (('cbor', b'\\xa0', 'rgb8'), ('png', png, 'torchrgb8')):\n"
         "    try:\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tarindex.cli import main
+from tarindex.cli.main import main
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
@@ -36,7 +36,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_demo_is_seeded(tmp_path: Path) -> None:
-    from tarindex import demo
+    from tarindex.cli import demo
 
     lines: list[str] = []
     a = demo.run(tmp_path / "a", epochs=1, log=lines.append)

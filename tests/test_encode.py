@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 import tarindex
-from tarindex.codecs import ExtDecoder
-from tarindex.encode import encode_value
+from tarindex.codecs.decode import ExtDecoder
+from tarindex.codecs.encode import encode_value
 from tests.conftest import have
 
 RNG = np.random.default_rng(7)

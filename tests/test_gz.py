@@ -17,8 +17,10 @@ import pytest
 import zstandard
 
 import tarindex
-from tarindex import DecodeError, codecs, encode
-from tarindex.codecs import (
+from tarindex import DecodeError
+from tarindex.codecs import decode as codecs
+from tarindex.codecs import encode
+from tarindex.codecs.decode import (
     COMPRESSION_SUFFIXES,
     ExtDecoder,
     compression_layers,

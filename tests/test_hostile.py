@@ -40,7 +40,7 @@ from tarindex.errors import (
 )
 from tarindex.format.index import IndexTables, decode_index, encode_index, layout, read_header
 from tarindex.format.spec import FOOTER, HEADER, MAX_BLOB_BYTES, MAX_MEMBERS, MAX_SAMPLES
-from tarindex.sources import MAX_EXPANSION, expand_braces, expand_source
+from tarindex.read.sources import MAX_EXPANSION, expand_braces, expand_source
 
 GOLDEN = Path(__file__).parent / "golden" / "v1"
 GOLDEN_IDX = (GOLDEN / "tiny.tar.tidx").read_bytes()
@@ -178,7 +178,7 @@ def test_random_header_counts_only_raise_tarindex_errors(
 
 def test_zero_samples_reads_cleanly(tmp_path: Path) -> None:
     p = tmp_path / "empty.tar"
-    tarindex.writer.TarShardWriter(str(p), mtime=0).close()
+    tarindex.write.writer.TarShardWriter(str(p), mtime=0).close()
     with tarindex.ShardReader(str(p), full_check=True) as r:
         assert r.n_samples == 0
         for j in (0, -1, 1):
@@ -605,7 +605,7 @@ def test_writer_refuses_mtime_that_does_not_fit_ustar(tmp_path: Path, mtime: int
     """8**11 used to make a 513-byte header: tarfile then read garbage and lost members."""
     for make in (
         lambda: tarindex.ShardWriter(str(tmp_path / "x.tar"), mtime=mtime),
-        lambda: tarindex.writer.TarShardWriter(str(tmp_path / "y.tar"), mtime=mtime),
+        lambda: tarindex.write.writer.TarShardWriter(str(tmp_path / "y.tar"), mtime=mtime),
     ):
         with pytest.raises(WriterError, match="mtime"):
             make()
@@ -795,7 +795,7 @@ def test_meta_roundtrip_does_not_leak_into_reader(tmp_path: Path) -> None:
 
 def test_zstd_bombs_are_refused() -> None:
     zstandard = pytest.importorskip("zstandard")
-    from tarindex.codecs import decode_value, encode_value
+    from tarindex.codecs.decode import decode_value, encode_value
 
     assert decode_value("txt.zst", encode_value("txt.zst", "hi")) == "hi"
     assert decode_value("bin.zst", zstandard.ZstdCompressor().compress(b"")) == b""
@@ -812,7 +812,7 @@ def test_zstd_bombs_are_refused() -> None:
     # a real bomb without a declared size stops at the cap
     cobj = zstandard.ZstdCompressor(write_content_size=False).compressobj()
     bomb = cobj.compress(bytes(4 << 20)) + cobj.flush()
-    import tarindex.codecs as codecs
+    import tarindex.codecs.decode as codecs
 
     old = codecs.ZSTD_MAX_OUTPUT
     codecs.ZSTD_MAX_OUTPUT = 1 << 20

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import tarindex
-import tarindex.verify
+import tarindex.read.verify
 from tarindex.errors import (
     ChecksumError,
     IndexMissingError,
@@ -119,7 +119,7 @@ def test_data_checksums_verify_and_read(tmp_path: Path) -> None:
     _write(str(tar), 30, 0, size=5000)
     t = decode_index(Path(str(tar) + ".tidx").read_bytes())
     assert t.member_crc is not None and t.end > 0 and len(t.shard_id) == 16
-    assert tarindex.verify.verify(str(tar), data=True).data_checked
+    assert tarindex.read.verify.verify(str(tar), data=True).data_checked
     m = 2 * 11  # sample 11's bin, away from the first/last 4 KiB and the re-read headers
     raw = bytearray(tar.read_bytes())
     at = int(t.offset[m]) + 77
@@ -127,9 +127,9 @@ def test_data_checksums_verify_and_read(tmp_path: Path) -> None:
     tar.write_bytes(bytes(raw))
     tarindex.ShardReader(str(tar)).close()  # an in-place data change is invisible at open
     with pytest.raises(ChecksumError, match=rf"1 member\(s\).*byte {int(t.offset[m])}: 0011\.bin"):
-        tarindex.verify.verify(str(tar), data=True)
-    assert tarindex.verify.verify(str(tar)).ok  # without --data: headers and tables only
-    from tarindex.cli import main
+        tarindex.read.verify.verify(str(tar), data=True)
+    assert tarindex.read.verify.verify(str(tar)).ok  # without --data: headers and tables only
+    from tarindex.cli.main import main
 
     assert main(["verify", "--data", str(tar)]) == 1
     ss = tarindex.ShardSet(str(tar), verify_data=True)
@@ -154,7 +154,7 @@ def test_verify_data_needs_checksums(tmp_path: Path) -> None:
     t.member_crc = None
     ip.write_bytes(encode_index(t))
     with pytest.raises(ChecksumError, match="no data checksums"):
-        tarindex.verify.verify(str(tar), data=True)
+        tarindex.read.verify.verify(str(tar), data=True)
     with pytest.raises(tarindex.FormatError, match="--checksums"):
         tarindex.ShardReader(str(tar), verify_data=True)
 
@@ -169,7 +169,7 @@ def test_golden_v1_0_and_v1_1_read(tmp_path: Path) -> None:
     t11 = decode_index((GOLDEN / "v1.1" / "tiny.tar.tidx").read_bytes())
     assert t10.end == -1 and t10.member_crc is None  # 1.0: no records
     assert t11.end > 0 and t11.member_crc is not None and len(t11.shard_id) == 16
-    assert tarindex.verify.verify(str(GOLDEN / "v1.1" / "tiny.tar"), data=True).ok
+    assert tarindex.read.verify.verify(str(GOLDEN / "v1.1" / "tiny.tar"), data=True).ok
 
 
 def test_unknown_record_is_skipped(tmp_path: Path) -> None:
@@ -383,7 +383,7 @@ def test_tar_r_on_a_gnu_tar_shard_is_detected(tmp_path: Path) -> None:
 def test_index_checksums_for_an_existing_tar(tmp_path: Path) -> None:
     if shutil.which("tar") is None:
         pytest.skip("GNU tar is not installed")
-    from tarindex.cli import main
+    from tarindex.cli.main import main
 
     tar = _gnu_tar(tmp_path, [6000] * 8)
     assert main(["index", "--quiet", str(tar)]) == 0
@@ -398,7 +398,7 @@ def test_index_checksums_for_an_existing_tar(tmp_path: Path) -> None:
     raw[int(t.offset[m]) + 10] ^= 1
     tar.write_bytes(bytes(raw))
     with pytest.raises(ChecksumError, match=r"\./0003\.bin|0003\.bin"):
-        tarindex.verify.verify(str(tar), data=True)
+        tarindex.read.verify.verify(str(tar), data=True)
     with pytest.raises(ChecksumError, match="member 0003.bin"):
         tarindex.TarDataset(str(tar), verify_data=True)[3]
 
@@ -415,10 +415,10 @@ def test_verify_a_tar_indexed_without_end_blocks(tmp_path: Path) -> None:
         tarindex.build_index(str(cut), require_end=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # reported once, by the index build: not again by verify
-        report = tarindex.verify.verify(str(cut))  # rescanned the way it was indexed
+        report = tarindex.read.verify.verify(str(cut))  # rescanned the way it was indexed
     assert report.ok and not report.require_end
     assert "indexed with --no-require-end, so a copy cut at a member boundary" in str(report)
-    assert tarindex.verify.verify(str(tar)).require_end
+    assert tarindex.read.verify.verify(str(tar)).require_end
     assert [s["__key__"] for s in _read(cut)] == ["0000", "0001"]
 
 
@@ -434,7 +434,7 @@ def test_verify_with_names_over_1_mib(tmp_path: Path) -> None:
             ti.size = len(data)
             tf.addfile(ti, io.BytesIO(data))
     tarindex.build_index(str(tar))
-    assert tarindex.verify.verify(str(tar)).long_names == 1
+    assert tarindex.read.verify.verify(str(tar)).long_names == 1
     with tarindex.ShardReader(str(tar)) as r:
         assert r.key(0) == name and r.sample(0)["bin"] == b"abc"
     # damage the cut name field of that member: the message stays short
@@ -446,7 +446,7 @@ def test_verify_with_names_over_1_mib(tmp_path: Path) -> None:
     raw[h + 148 : h + 156] = b"%06o\0 " % sum(raw[h : h + 512])
     tar.write_bytes(bytes(raw))
     with pytest.raises(TarIndexError) as e:
-        tarindex.verify.verify(str(tar))
+        tarindex.read.verify.verify(str(tar))
     assert len(str(e.value)) < 1000
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.bytesource import MmapSource, PreadSource
+from tarindex.storage.bytesource import MmapSource, PreadSource
 from tests.conftest import MakeShards
 
 pytestmark = pytest.mark.timeout(240)
@@ -68,7 +68,7 @@ def test_block_gather_sample_agree(
         _project(ref[int(order[k]) % len(ss)], fields) for k in (3, 1)
     ]
     # joined blocks, and detached ones (bytes copied out of the mappings) read the same
-    two = tarindex.reader.Block.concat([ss.read_block(1, 5, 9, fields), g])
+    two = tarindex.read.reader.Block.concat([ss.read_block(1, 5, 9, fields), g])
     assert two.to_samples() == ss.read_block(1, 5, 9, fields).to_samples() + g.to_samples()
     assert two.detach().to_samples() == two.to_samples()
     # tables only
@@ -375,7 +375,7 @@ def _evict(path: str) -> None:
 def test_willneed_hint_only_while_reads_fault(tmp_path: Path) -> None:
     """The block hint (MADV_WILLNEED) follows the page cache: given after an unhinted block took
     a major fault (cold), for the next run of blocks; not given while blocks read warm."""
-    from tarindex import bytesource
+    from tarindex.storage import bytesource
 
     if bytesource._RUSAGE_THREAD is None:
         pytest.skip("no per-thread fault counts (RUSAGE_THREAD): every block is hinted")
@@ -398,7 +398,7 @@ def mm_of(f: Any) -> mmap.mmap:
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-@pytest.mark.skipif(tarindex.reader._kernel is None, reason="tarindex._kernel not built")
+@pytest.mark.skipif(tarindex.read.reader._kernel is None, reason="tarindex.read._kernel not built")
 def test_a_shuffle_window_holds_where_its_samples_are_not_their_bytes(tmp_path: Path) -> None:
     """A window of 1024 samples of 20 KB would hold 20 MB of sample bytes; taken out as they
     are yielded (``ShardSet.take``), about 256 KB of them exist at a time."""

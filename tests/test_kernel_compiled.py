@@ -1,7 +1,7 @@
 """The compiled read-kernel loops (tarindex/_kernel.c) against the Python loops they replace.
 
 Every read path that has a compiled form is run twice on the same shards, once with the
-extension and once with ``tarindex.reader._kernel`` set to ``None`` (what a machine without a
+extension and once with ``tarindex.read.reader._kernel`` set to ``None`` (what a machine without a
 C compiler, or ``TARINDEX_PURE_PYTHON=1``, runs), and must return the same samples, the same
 batches and the same errors. The shards are varied on purpose: GNU tar's member order,
 samples with members missing, non-ASCII keys, integer fields in every spelling ``int()``
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex import reader as reader_mod
+from tarindex.read import reader as reader_mod
 from tests.conftest import MakeShards, have
 
 torch = pytest.importorskip("torch")
@@ -53,7 +53,7 @@ def _outcome(fn: Callable[[], Any]) -> Any:
         return ("error", type(e).__name__, str(e))
 
 
-needs_ext = pytest.mark.skipif(COMPILED is None, reason="tarindex._kernel not built")
+needs_ext = pytest.mark.skipif(COMPILED is None, reason="tarindex.read._kernel not built")
 
 
 def test_the_extension_is_built() -> None:
@@ -61,7 +61,7 @@ def test_the_extension_is_built() -> None:
     if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
         pytest.skip("TARINDEX_PURE_PYTHON is set: the Python loops are asked for")
     assert COMPILED is not None, (
-        "tarindex._kernel did not import: install a C compiler and reinstall "
+        "tarindex.read._kernel did not import: install a C compiler and reinstall "
         "(pip install -e .), or set TARINDEX_PURE_PYTHON=1 to run the Python loops"
     )
 
@@ -69,7 +69,7 @@ def test_the_extension_is_built() -> None:
 def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> None:
     paths = make_shards([30])
     code = (
-        "import sys, tarindex, tarindex.reader as r\n"
+        "import sys, tarindex, tarindex.read.reader as r\n"
         f"ds = tarindex.TarDataset({paths!r})\n"
         "s = ds[3]\n"
         "print(r._kernel is None, ds.shards.reader(0)._ck is None, s['__key__'])\n"
@@ -94,7 +94,7 @@ def test_read_kernel_and_version_say_which_loops_run(pure: bool) -> None:
     assert got.returncode == 0 and ver.returncode == 0, got.stderr + ver.stderr
     want = "python (TARINDEX_PURE_PYTHON is set)" if pure else "compiled"
     if not pure and COMPILED is None:
-        want = "python (the extension tarindex._kernel is not built"
+        want = "python (the extension tarindex.read._kernel is not built"
     assert got.stdout.startswith(want), got.stdout
     assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), ver.stdout
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tarindex import reader as reader_mod
+from tarindex.read import reader as reader_mod
 from tests.conftest import MakeShards
 
 pytestmark = [
-    pytest.mark.skipif(reader_mod._kernel is None, reason="tarindex._kernel not built"),
+    pytest.mark.skipif(reader_mod._kernel is None, reason="tarindex.read._kernel not built"),
     pytest.mark.timeout(120),
 ]
 
@@ -67,7 +67,7 @@ DIRECT = r'''
 import gc, sys
 from collections import OrderedDict
 import numpy as np
-from tarindex import _kernel as K
+from tarindex.read import _kernel as K
 
 U8 = lambda *v: np.array(v, np.uint64).tobytes()
 U4 = lambda *v: np.array(v, np.uint32).tobytes()
@@ -773,7 +773,7 @@ def test_tar_cut_while_mapped_on_every_compiled_path(make_shards: MakeShards) ->
 ODD_INDICES = """
 import sys, json
 import numpy as np
-import tarindex, tarindex.reader as R
+import tarindex, tarindex.read.reader as R
 paths = json.loads(sys.argv[1])
 class Raise:
     def __index__(self):

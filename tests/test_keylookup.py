@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.cli import main
+from tarindex.cli.main import main
 from tarindex.errors import AmbiguousKeyError, ChecksumError, FormatError, KeyNotFoundError
 from tarindex.format.index import (
     IndexTables,

@@ -1,4 +1,4 @@
-"""Imports point down: format <- scan/indexfile/writer/reader <- build, pack, verify <- cli."""
+"""Imports point down the layers of docs/ARCHITECTURE.md; format/ is bytes only."""
 
 from __future__ import annotations
 
@@ -9,21 +9,86 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "tarindex"
 
+# Lower rank = lower layer. A module may import its own package and any lower rank only.
+RANKS = {
+    "errors": 0,
+    "_version": 0,
+    "format": 1,
+    "plan": 2,
+    "storage": 2,
+    "codecs": 2,
+    "index": 3,
+    "write": 3,
+    "read": 4,
+    "stream": 5,
+    "torch": 6,
+    "__init__": 7,  # the public API
+    "cli": 8,  # over the public API
+    "__main__": 9,
+}
+
+
+def _module(path: Path) -> list[str]:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
 
 def _imports(path: Path) -> set[str]:
+    """Absolute names (``tarindex.x.y``) of every tarindex module ``path`` imports."""
+    here = _module(path)
+    pkg = here if path.name == "__init__.py" else here[:-1]
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
-            out.add("." * node.level + (node.module or ""))
+            base = pkg[: len(pkg) - (node.level - 1)]
+            name = ".".join(base + ([node.module] if node.module else []))
+            if node.module is None:
+                out.update(f"{name}.{a.name}" for a in node.names)
+            else:
+                out.add(name)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tarindex"):
+            out.add(node.module or "")
         elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
+            out.update(a.name for a in node.names if a.name.startswith("tarindex"))
     return out
 
 
-@pytest.mark.parametrize("module", ["indexfile.py", "writer.py", "reader.py"])
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _all_modules() -> list[Path]:
+    return sorted(PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_point_down(path: Path) -> None:
+    mine = _layer(".".join(_module(path)))
+    if path.parent == PKG and path.name not in ("__init__.py", "__main__.py"):
+        mine = path.stem
+    assert mine in RANKS, f"{path}: layer {mine!r} has no rank in this test"
+    for name in _imports(path):
+        theirs = _layer(name)
+        if theirs == mine:
+            continue
+        assert theirs in RANKS, f"{path} imports {name}: layer {theirs!r} has no rank"
+        assert RANKS[theirs] < RANKS[mine], f"{path} ({mine}) imports {name} ({theirs}): upward"
+
+
+@pytest.mark.parametrize(
+    "module", ["storage/indexfile.py", "write/writer.py", "read/reader.py"]
+)
 def test_reader_writer_and_index_paths_do_not_import_the_header_walk(module: str) -> None:
     got = _imports(PKG / module)
-    assert not got & {".scan", ".build", ".cli", ".verify", ".pack"}, got
+    banned = {
+        "tarindex.index.scan",
+        "tarindex.index.build",
+        "tarindex.cli",
+        "tarindex.read.verify",
+        "tarindex.write.pack",
+    }
+    assert not {g for g in got if any(g == b or g.startswith(b + ".") for b in banned)}, got
 
 
 def test_format_is_bytes_only() -> None:
@@ -35,11 +100,11 @@ def test_format_is_bytes_only() -> None:
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         }
         assert "open" not in calls, path
-        above = {m for m in _imports(path) if m.startswith("..")} - {"..errors"}
-        assert not above, path  # nothing above format/ but the exception classes
+        above = {m for m in _imports(path) if not m.startswith("tarindex.format")}
+        assert above <= {"tarindex.errors"}, path  # nothing above format/ but the exceptions
 
 
 def test_cli_has_no_pack_planning_or_pattern_check() -> None:
-    src = (PKG / "cli.py").read_text()
+    src = "".join(p.read_text() for p in (PKG / "cli").glob("*.py"))
     for name in ("def plan_pack", "def sanitize_stem", "def _walk_files", "def _check_pattern"):
         assert name not in src

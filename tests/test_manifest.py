@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.cli import main
+from tarindex.cli.main import main
 from tarindex.errors import FormatError, StaleManifestError
 from tarindex.format.manifest import decode_manifest, relative_path, resolve_path
 from tarindex.format.url import is_url, url_scheme
-from tarindex.manifest import check_manifest, write_manifest
+from tarindex.read.manifest import check_manifest, write_manifest
 
 
 def write(root: Path, n: int, per: int, name: str = "train", seed: int | None = None) -> list[str]:
@@ -257,7 +257,7 @@ def test_every_rank_sees_the_same_shards_from_a_manifest(tmp_path: Path) -> None
 
 
 def test_a_bytes_source_is_refused_by_both_expanders(tmp_path: Path) -> None:
-    from tarindex.sources import expand_shards, expand_source
+    from tarindex.read.sources import expand_shards, expand_source
 
     paths = write(tmp_path / "ds", 10, 5)
     raw = os.fsencode(paths[0])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import tarindex
-from tarindex import remote
 from tarindex.errors import StaleManifestError
+from tarindex.storage import remote
 
 from .conftest import MakeShards
 from .remote_server import serve

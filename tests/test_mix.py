@@ -15,7 +15,7 @@ from torch.utils.data import ConcatDataset, DataLoader  # noqa: E402
 
 import tarindex  # noqa: E402
 from tarindex import MixedDataset, MixSampler, TarDataset, TarIterableDataset  # noqa: E402
-from tarindex import shuffle as S  # noqa: E402
+from tarindex.plan import shuffle as S  # noqa: E402
 
 from .test_mix_schedule import window_excess  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The pure mixing schedule (tarindex.shuffle.mix_*): no data, no torch."""
+"""The pure mixing schedule (tarindex.plan.shuffle.mix_*): no data, no torch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from tarindex import shuffle as S
+from tarindex.plan import shuffle as S
 
 # very different sizes: 2 and 3 sources, a tiny one, a prime one, equal ones, and empty ones
 CASES = [

@@ -1,4 +1,4 @@
-"""tarindex.pack (planning + writing) and the writer's one pattern check, as a library."""
+"""tarindex.write.pack (planning + writing) and the writer's one pattern check, as a library."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import tarindex
-from tarindex.pack import plan_pack, write_pack
-from tarindex.writer import check_pattern
+from tarindex.write.pack import plan_pack, write_pack
+from tarindex.write.writer import check_pattern
 
 
 def _classes(tmp_path: Path) -> Path:

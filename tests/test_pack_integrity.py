@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import tarindex
-from tarindex.cli import main
-from tarindex.pack import existing_shards, plan_pack, write_pack
+from tarindex.cli.main import main
+from tarindex.write.pack import existing_shards, plan_pack, write_pack
 
 Cap = pytest.CaptureFixture[str]
 NOBODY = 65534
@@ -29,7 +29,10 @@ NOBODY = 65534
 def pack_cli(*argv: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """``python -m tarindex pack ARGV`` in a subprocess, after ``prelude`` (Python code)."""
     if prelude:
-        code = f"import sys\n{prelude}\nimport tarindex.cli\nsys.exit(tarindex.cli.main(sys.argv[1:]))\n"
+        code = (
+            f"import sys\n{prelude}\nimport tarindex.cli.main\n"
+            "sys.exit(tarindex.cli.main.main(sys.argv[1:]))\n"
+        )
         cmd = [sys.executable, "-c", code, "pack", *argv]
     else:
         cmd = [sys.executable, "-m", "tarindex", "pack", *argv]
@@ -300,7 +303,7 @@ def _as_unprivileged(*argv: str) -> subprocess.CompletedProcess[str]:
     """``tarindex pack ARGV`` as uid/gid 65534 if this is root (imports done first: the
     interpreter may live under a folder that user cannot read), else as this user."""
     prelude = (
-        "import os, fcntl, json, tqdm, tqdm.std, tarindex.cli, tarindex.pack\n"
+        "import os, fcntl, json, tqdm, tqdm.std, tarindex.cli.main, tarindex.write.pack\n"
         "if os.geteuid() == 0:\n"
         "    try:\n"
         f"        os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
@@ -346,7 +349,7 @@ def test_source_file_gone_while_writing_is_exit_1_and_keeps_nothing(
     pattern = str(tmp_path / "out" / "s-%d.tar")
     plan = plan_pack(str(src), out_pattern=pattern)
     (src / "004\nx.bin").unlink()  # between planning and writing
-    monkeypatch.setattr("tarindex.cli.plan_pack", lambda *a, **k: plan)
+    monkeypatch.setattr("tarindex.cli.main.plan_pack", lambda *a, **k: plan)
     code = main(["pack", str(src), pattern, "--maxcount", "2"])
     err = capsys.readouterr().err
     assert code == 1

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.encode import encode_value
-from tarindex.parallel import write_shards
+from tarindex.codecs.encode import encode_value
+from tarindex.write.parallel import write_shards
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,7 +214,7 @@ def test_tutorial_dataset2tar_several_processes(tmp_path: Path) -> None:
     )
     ds = tarindex.ShardSet(res.paths)
     assert [ds.get(i)["__key__"] for i in range(240)] == [f"sample{i:06d}" for i in range(240)]
-    s = tarindex.codecs.ExtDecoder("l8", allow_pickle=True)(ds.get(77))
+    s = tarindex.codecs.decode.ExtDecoder("l8", allow_pickle=True)(ds.get(77))
     assert np.array_equal(s["png"], make_item(77)[0]) and s["pyd"] == {"i": 77}
 
 
@@ -267,7 +267,7 @@ def _members(paths: list[str]) -> list[list[tuple[str, int]]]:
 
 
 def test_pack_jobs_cuts_where_one_writer_does(tmp_path: Path) -> None:
-    from tarindex.pack import plan_pack, write_pack
+    from tarindex.write.pack import plan_pack, write_pack
 
     src = _tree(tmp_path, 40)
     got = {}
@@ -292,7 +292,7 @@ def test_pack_jobs_cuts_where_one_writer_does(tmp_path: Path) -> None:
 
 
 def test_cli_pack_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tarindex.cli import main
+    from tarindex.cli.main import main
 
     src = _tree(tmp_path, 10)
     out = tmp_path / "out" / "c-%02d.tar"

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex import remote
 from tarindex.errors import (
     IndexMissingError,
     RangeNotSupportedError,
     RemoteError,
     StaleIndexError,
 )
-from tarindex.remote import RemoteOptions
+from tarindex.storage import remote
+from tarindex.storage.remote import RemoteOptions
 
 from .conftest import MakeShards
 from .remote_server import RangeServer, serve
@@ -267,7 +267,7 @@ def test_file_urls_are_local_paths(make_shards: MakeShards) -> None:
 def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
     served: tuple[RangeServer, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tarindex.cli import main
+    from tarindex.cli.main import main
 
     srv, paths = served
     _fresh()

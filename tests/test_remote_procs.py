@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex import remote
-from tarindex.cache import DirCache
-from tarindex.remote import RemoteOptions
+from tarindex.storage import remote
+from tarindex.storage.cache import DirCache
+from tarindex.storage.remote import RemoteOptions
 
 from .conftest import MakeShards
 from .remote_server import RangeServer, serve

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex import remote
-from tarindex.remote import RemoteOptions
+from tarindex.storage import remote
+from tarindex.storage.remote import RemoteOptions
 
 from .conftest import MakeShards
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 import tarindex
-from tarindex.bytesource import PreadSource
+from tarindex.storage.bytesource import PreadSource
 
 wds = pytest.importorskip("webdataset")
 

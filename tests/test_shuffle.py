@@ -1,4 +1,4 @@
-"""The pure streaming planner (tarindex.shuffle): no data, no torch."""
+"""The pure streaming planner (tarindex.plan.shuffle): no data, no torch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from tarindex import shuffle as S
+from tarindex.plan import shuffle as S
 
 
 def starts_of(counts: list[int]) -> NDArray[np.int64]:
@@ -201,7 +201,7 @@ def test_bad_arguments() -> None:
 
 
 def test_planner_imports_no_torch() -> None:
-    code = "import sys, tarindex.shuffle; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, tarindex.plan.shuffle; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -13,7 +13,7 @@ import pytest
 import tarindex
 from tarindex.errors import KeyNotFoundError, SampleIndexError
 from tarindex.format.keyhash import key_hash, key_hashes
-from tarindex.split import ShardSubset, split_by_key, split_keys, split_parts, thresholds
+from tarindex.read.split import ShardSubset, split_by_key, split_keys, split_parts, thresholds
 
 FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
 

@@ -23,7 +23,7 @@ import tarindex
 from tarindex.errors import TruncatedError
 from tarindex.format.keys import normalize_name, split_key
 from tarindex.format.tar import padded
-from tarindex.scan import scan_members
+from tarindex.index.scan import scan_members
 
 pytestmark = pytest.mark.timeout(120)
 

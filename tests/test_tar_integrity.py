@@ -27,12 +27,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tarindex
-from tarindex.build import build_index
-from tarindex.cli import main
+from tarindex.cli.main import main
 from tarindex.errors import NotATarError, TarHeaderError, TruncatedError
 from tarindex.format.keys import escape_name, no_sample_members, no_sample_reason, split_key
 from tarindex.format.tar import padded
-from tarindex.scan import scan_members
+from tarindex.index.build import build_index
+from tarindex.index.scan import scan_members
 
 pytestmark = pytest.mark.timeout(120)
 

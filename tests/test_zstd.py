@@ -15,11 +15,11 @@ import pytest
 import zstandard
 
 import tarindex
-from tarindex import codecs
-from tarindex.build import build_index
-from tarindex.codecs import ExtDecoder, decode_value
+from tarindex.codecs import decode as codecs
+from tarindex.codecs.decode import ExtDecoder, decode_value
 from tarindex.format.spec import ZSTD_DICT_MEMBER, ZSTD_DICT_META
-from tarindex.verify import verify
+from tarindex.index.build import build_index
+from tarindex.read.verify import verify
 from tests.conftest import have
 
 DICT_NAME = ZSTD_DICT_MEMBER.decode()

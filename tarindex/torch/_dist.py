@@ -12,7 +12,7 @@ from typing import Any
 
 import torch.utils.data
 
-from .. import shuffle as plan_mod
+from ..plan import shuffle as plan_mod
 
 __all__ = ["resolve_rank", "require_rank", "RankEpoch", "EpochOwner", "StreamEpochOwner"]
 

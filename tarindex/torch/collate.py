@@ -8,7 +8,7 @@ one ``uint8`` tensor with the bytes of every member (in shared memory inside a w
 arrays for the global index and the integer labels (``cls``).
 
 Every batched path packs with :func:`pack_blocks`: ``TarDataset(batched=True).__getitems__``
-(:func:`fetch_batched`, one :meth:`~tarindex.reader.ShardSet.gather` per batch) and
+(:func:`fetch_batched`, one :meth:`~tarindex.read.reader.ShardSet.gather` per batch) and
 ``TarIterableDataset(batched=True)`` (its block reads). Use the map-style one with
 :func:`collate_batched` as the ``collate_fn``::
 
@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
-from ..reader import Block, Sample, ShardSet, copy_members
+from ..read.reader import Block, Sample, ShardSet, copy_members
 from .batch import BatchedSamples, field_major
 from .transport import alloc_buffer
 
@@ -144,8 +144,8 @@ def fetch_batched(
 ) -> BatchedSamples:
     """Read samples ``indices`` of ``shards`` straight into one :class:`BatchedSamples`.
 
-    One :meth:`~tarindex.reader.ShardSet.gather_packed` (the kernel's batch read and packing
-    in one compiled pass) or, where that hands back, :meth:`~tarindex.reader.ShardSet.gather`
+    One :meth:`~tarindex.read.reader.ShardSet.gather_packed` (the kernel's batch read and packing
+    in one compiled pass) or, where that hands back, :meth:`~tarindex.read.reader.ShardSet.gather`
     then :func:`pack_blocks`: no per-sample dict and no per-member ``bytes`` object is made.
 
     Args:

@@ -9,12 +9,12 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
-from ..reader import Sample, ShardSet
-from ..remote import RemoteOptions
-from ..select import ToTuple, select_fields
-from ..sources import Source
-from ..split import ShardSubset
+from ..codecs.decode import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
+from ..codecs.select import ToTuple, select_fields
+from ..read.reader import Sample, ShardSet
+from ..read.sources import Source
+from ..read.split import ShardSubset
+from ..storage.remote import RemoteOptions
 
 __all__ = ["TarDataset", "decode_sample"]
 

@@ -19,13 +19,13 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from .. import shuffle as plan_mod
-from ..codecs import DecodeSpec, make_decoder
-from ..reader import Block, Sample, ShardSet
-from ..remote import RemoteOptions
-from ..select import ToTuple, select_fields
-from ..sources import Source
-from ..split import ShardSubset
+from ..codecs.decode import DecodeSpec, make_decoder
+from ..codecs.select import ToTuple, select_fields
+from ..plan import shuffle as plan_mod
+from ..read.reader import Block, Sample, ShardSet
+from ..read.sources import Source
+from ..read.split import ShardSubset
+from ..storage.remote import RemoteOptions
 from ._dist import StreamEpochOwner
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
 from .dataset import decode_sample
@@ -778,7 +778,7 @@ class _ReadAhead:
     """The plan's blocks not read yet, queued to the shards' read-ahead (remote shards only).
 
     :meth:`pump` (before each block read) hands the queue's head to
-    :meth:`~tarindex.reader.ShardSet.prefetch_blocks` until the per-process budget
+    :meth:`~tarindex.read.reader.ShardSet.prefetch_blocks` until the per-process budget
     (``RemoteOptions.readahead_bytes``) is full; what was fetched ahead and not read is dropped
     by :meth:`close` (the iteration ended or was abandoned).
     """

@@ -17,7 +17,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from .. import shuffle as plan_mod
+from ..plan import shuffle as plan_mod
 from ._dist import StreamEpochOwner
 from .iterable import TarIterableDataset
 from .sampler import PlanSampler, shard_counts

@@ -14,7 +14,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from .. import shuffle as plan_mod
+from ..plan import shuffle as plan_mod
 from ._dist import EpochOwner
 
 __all__ = ["BlockSampler", "PlanSampler"]

@@ -51,10 +51,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PackError, ParallelWriteError, WriterError
-from .format.keys import check_ext, check_key, split_key
-from .format.spec import INDEX_SUFFIX
-from .indexfile import index_path_for, write_atomic
+from ..errors import PackError, ParallelWriteError, WriterError
+from ..format.keys import check_ext, check_key, split_key
+from ..format.spec import INDEX_SUFFIX
+from ..storage.indexfile import index_path_for, write_atomic
 from .writer import ShardWriter, check_pattern, plan_shard_sizes
 
 __all__ = [

@@ -18,9 +18,17 @@ from typing import Union
 import numpy as np
 from numpy.typing import NDArray
 
-from .format.manifest import ManifestTable, decode_manifest, resolve_paths
-from .format.spec import INDEX_SUFFIX
-from .remote import DEFAULT, RemoteOptions, expand_remote, fetch, file_size, is_url, local_path
+from ..format.manifest import ManifestTable, decode_manifest, resolve_paths
+from ..format.spec import INDEX_SUFFIX
+from ..storage.remote import (
+    DEFAULT,
+    RemoteOptions,
+    expand_remote,
+    fetch,
+    file_size,
+    is_url,
+    local_path,
+)
 
 __all__ = [
     "Source",

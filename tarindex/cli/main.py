@@ -45,15 +45,15 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._version import __version__
-from .build import build_index
-from .errors import PackError, TarIndexError
-from .format.keys import escape_name
-from .pack import LAYOUTS, plan_pack, write_pack
-from .reader import Block, ShardReader, ShardSet, index_for, is_up_to_date, read_kernel
-from .remote import download, is_url, load_indexes
-from .scan import scan_members
-from .sources import expand_source, is_manifest
+from .._version import __version__
+from ..errors import PackError, TarIndexError
+from ..format.keys import escape_name
+from ..index.build import build_index
+from ..index.scan import scan_members
+from ..read.reader import Block, ShardReader, ShardSet, index_for, is_up_to_date, read_kernel
+from ..read.sources import expand_source, is_manifest
+from ..storage.remote import download, is_url, load_indexes
+from ..write.pack import LAYOUTS, plan_pack, write_pack
 
 __all__ = ["main", "build_parser", "parse_size"]
 
@@ -317,7 +317,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 # -- verify -----------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     """``tarindex verify``: :func:`tarindex.verify.verify` on every shard; exit 1 on any failure."""
-    from .verify import verify
+    from ..read.verify import verify
 
     paths = _expand(args.paths)
     listed = {  # a manifest's shards: checked against it first, as the datasets do
@@ -540,7 +540,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
 # -- manifest ---------------------------------------------------------------------------------
 def cmd_manifest(args: argparse.Namespace) -> int:
     """``tarindex manifest``: write a dataset manifest, or check shards against one."""
-    from .manifest import check_manifest, write_manifest
+    from ..read.manifest import check_manifest, write_manifest
 
     if args.check:
         if args.output is not None:

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
-from .format.keyhash import key_hashes
+from ..errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
+from ..format.keyhash import key_hashes
 from .reader import Block, Fields, Sample, ShardReader, ShardSet, sample_indices
 from .sources import Source
 

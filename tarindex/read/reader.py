@@ -41,8 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .bytesource import Buffer, ByteSource, MmapSource, cold_cache, open_regular, open_source
-from .errors import (
+from ..errors import (
     AmbiguousKeyError,
     ChecksumError,
     FormatError,
@@ -55,7 +54,7 @@ from .errors import (
     TarIndexError,
     TruncatedError,
 )
-from .format.index import (
+from ..format.index import (
     IndexTables,
     KeyTable,
     check_samples,
@@ -64,9 +63,9 @@ from .format.index import (
     key_table,
     read_header,
 )
-from .format.keyhash import LOOKUP_SEED, key_hashes
-from .format.keys import normalize_name
-from .format.spec import (
+from ..format.keyhash import LOOKUP_SEED, key_hashes
+from ..format.keys import normalize_name
+from ..format.spec import (
     BLOCK,
     END_CHECK_BYTES,
     EXT_ID_DTYPE,
@@ -80,10 +79,18 @@ from .format.spec import (
     TAR_TYPEFLAG,
     USTAR_MAX_SIZE,
 )
-from .format.tar import checksum_ok, header_name, parse_number
-from .format.zstd_dict import check_dict, dict_entry
-from .indexfile import index_path_for
-from .remote import (
+from ..format.tar import checksum_ok, header_name, parse_number
+from ..format.zstd_dict import check_dict, dict_entry
+from ..storage.bytesource import (
+    Buffer,
+    ByteSource,
+    MmapSource,
+    cold_cache,
+    open_regular,
+    open_source,
+)
+from ..storage.indexfile import index_path_for
+from ..storage.remote import (
     RemoteOptions,
     RemoteSource,
     forget_index,
@@ -114,7 +121,7 @@ _UNREAD = object()  # ShardReader.zstd_dict() not called yet
 
 
 def _load_kernel() -> tuple[Any, str]:
-    """The compiled loops (``tarindex/_kernel.c``) or ``None``, and what :func:`read_kernel` says.
+    """The compiled loops (``tarindex/read/_kernel.c``) or ``None``, and what :func:`read_kernel` says.
 
     ``None`` (the same loops then run in Python) when the extension was not built (no C
     compiler at install), on a big-endian host (the tables are little-endian), or with
@@ -125,11 +132,11 @@ def _load_kernel() -> tuple[Any, str]:
     if sys.byteorder != "little":
         return None, "python (big-endian host)"
     if importlib.util.find_spec(f"{__package__}._kernel") is None:  # no C compiler at install
-        return None, "python (the extension tarindex._kernel is not built: reinstall with gcc)"
+        return None, "python (the extension tarindex.read._kernel is not built: reinstall with gcc)"
     try:
         from . import _kernel
     except ImportError as e:  # built for another Python, or damaged
-        return None, f"python (tarindex._kernel failed to load: {e}; reinstall it)"
+        return None, f"python (tarindex.read._kernel failed to load: {e}; reinstall it)"
     return _kernel, "compiled"
 
 
@@ -2197,7 +2204,7 @@ class ShardSet:
         """Samples ``j0 <= j < j1`` of shard ``s`` as dicts: ``read_block(...).to_samples()``.
 
         The streaming read of a block. Over a mapping one compiled call builds the dicts from
-        the validated tables (``tarindex/_kernel.c``); otherwise (pread, remote, ``verify_data``,
+        the validated tables (``tarindex/read/_kernel.c``); otherwise (pread, remote, ``verify_data``,
         no compiled loops, anything it hands back) the block is read and unpacked.
 
         Raises:

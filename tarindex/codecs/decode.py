@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DecodeError
+from ..errors import DecodeError
 
 __all__ = [
     "COMPRESSION_SUFFIXES",

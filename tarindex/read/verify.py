@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from .build import find_zstd_dict, index_tables_for
-from .errors import ChecksumError, StaleIndexError, TarHeaderError
-from .format.index import IndexTables
-from .format.keys import normalize_name, split_key
-from .format.spec import (
+from ..errors import ChecksumError, StaleIndexError, TarHeaderError
+from ..format.index import IndexTables
+from ..format.keys import normalize_name, split_key
+from ..format.spec import (
     BLOCK,
     GNUTYPE_LONGNAME,
     REGULAR_TYPES,
@@ -30,9 +29,10 @@ from .format.spec import (
     XHDTYPE,
     ZSTD_DICT_META,
 )
-from .format.tar import checksum_ok, header_checksums, header_name, parse_number
+from ..format.tar import checksum_ok, header_checksums, header_name, parse_number
+from ..index.build import find_zstd_dict, index_tables_for
+from ..index.scan import scan_members
 from .reader import ShardReader, crc_mismatches
-from .scan import scan_members
 
 __all__ = ["VerifyReport", "verify"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from .codecs import COMPRESSION_SUFFIXES, strip_compression
-from .errors import MissingFieldError
+from ..errors import MissingFieldError
+from .decode import COMPRESSION_SUFFIXES, strip_compression
 
 __all__ = ["ToTuple", "to_tuple", "make_select", "select_fields"]
 

@@ -1,6 +1,6 @@
-/* tarindex._kernel: the read kernel's per-sample loops, compiled (optional; see docs/READING.md).
+/* tarindex.read._kernel: the read kernel's per-sample loops, compiled (optional; see docs/READING.md).
  *
- * Every function here reads tables that tarindex/reader.py has already validated chunk by
+ * Every function here reads tables that tarindex/read/reader.py has already validated chunk by
  * chunk (check_samples): the guards live there, once. These loops still bound every read
  * they make (a pointer past its table, a member past the tar, an extension id past the
  * extension list) and, instead of raising, hand the case back: the caller then takes the
@@ -282,7 +282,7 @@ static PyMethodDef Tables_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject TablesType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex._kernel.Tables",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex.read._kernel.Tables",
     .tp_basicsize = sizeof(Tables),
     .tp_dealloc = (destructor)Tables_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1056,8 +1056,8 @@ static PyMethodDef kernel_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kernel_module = {
-    PyModuleDef_HEAD_INIT, "tarindex._kernel",
-    "The read kernel's per-sample loops, compiled (tarindex/reader.py holds the rules).", -1,
+    PyModuleDef_HEAD_INIT, "tarindex.read._kernel",
+    "The read kernel's per-sample loops, compiled (tarindex/read/reader.py holds the rules).", -1,
     kernel_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kernel(void) {

@@ -1,4 +1,4 @@
-"""Types of the compiled read-kernel loops (``tarindex/_kernel.c``); see ``reader._load_kernel``."""
+"""Types of the compiled read-kernel loops (``tarindex/read/_kernel.c``); see ``reader._load_kernel``."""
 
 from collections.abc import Callable, Collection, Sequence
 from typing import Any

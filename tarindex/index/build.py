@@ -12,13 +12,13 @@ import warnings
 
 import numpy as np
 
-from ._version import __version__
-from .format.group import group_members
-from .format.index import IndexTables, encode_index
-from .format.keys import NO_SAMPLE, no_sample_reason, normalize_name
-from .format.spec import MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
-from .format.zstd_dict import DictEntry, dict_id_of, entry_for
-from .indexfile import index_path_for, write_atomic
+from .._version import __version__
+from ..format.group import group_members
+from ..format.index import IndexTables, encode_index
+from ..format.keys import NO_SAMPLE, no_sample_reason, normalize_name
+from ..format.spec import MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
+from ..format.zstd_dict import DictEntry, dict_id_of, entry_for
+from ..storage.indexfile import index_path_for, write_atomic
 from .scan import Members, scan_members
 
 __all__ = ["build_index", "find_zstd_dict", "index_tables_for"]

@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..errors import IndexMissingError, RangeNotSupportedError, RemoteError, TruncatedError
+from ..format.url import is_url, url_scheme
 from .cache import DirCache
-from .errors import IndexMissingError, RangeNotSupportedError, RemoteError, TruncatedError
-from .format.url import is_url, url_scheme
 
 __all__ = [
     "RemoteOptions",
@@ -520,7 +520,7 @@ def expand_remote(pattern: str, opts: RemoteOptions = DEFAULT) -> list[str]:
     Raises:
         FileNotFoundError: Nothing matches (names the pattern).
     """
-    from .format.spec import INDEX_SUFFIX
+    from ..format.spec import INDEX_SUFFIX
 
     proto = protocol_of(pattern)
     globby = any(ch in pattern.split("://", 1)[1] for ch in "*?[")
@@ -631,7 +631,7 @@ def coalesce(
 class RemoteSource:
     """The bytes of one remote tar: ranged reads through fsspec, read-ahead, optional cache.
 
-    Made in the process that reads (by :meth:`tarindex.reader.ShardReader`); never pickled.
+    Made in the process that reads (by :meth:`tarindex.read.reader.ShardReader`); never pickled.
 
     Args:
         url: The tar's URL.

@@ -1,6 +1,6 @@
 """Byte sources: where the read kernel gets a shard's bytes (mmap or ``os.pread``).
 
-The kernel (:meth:`tarindex.reader.ShardReader.read_block`) asks a source for whole byte
+The kernel (:meth:`tarindex.read.reader.ShardReader.read_block`) asks a source for whole byte
 ranges and slices members out of what it gets back; nothing above the kernel sees a source.
 A source is one small interface, :class:`ByteSource`: its ``size``, ``read(offset, size)``,
 ``read_ranges(starts, ends)``, ``prefetch``/``prefetch_ranges`` hints and ``close``. The
@@ -31,7 +31,7 @@ except (ImportError, AttributeError):  # no per-thread counts: always give the h
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import FormatError, TruncatedError
+from ..errors import FormatError, TruncatedError
 
 __all__ = ["Buffer", "ByteSource", "MmapSource", "PreadSource", "open_source", "open_regular"]
 

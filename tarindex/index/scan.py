@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from .bytesource import open_regular
-from .errors import (
+from ..errors import (
     ChecksumError,
     CompressedTarError,
     NotATarError,
@@ -47,9 +46,9 @@ from .errors import (
     TrailingGarbageError,
     TruncatedError,
 )
-from .format.index import fingerprint
-from .format.keys import NO_SAMPLE, no_sample_members, no_sample_reason
-from .format.spec import (
+from ..format.index import fingerprint
+from ..format.keys import NO_SAMPLE, no_sample_members, no_sample_reason
+from ..format.spec import (
     AREGTYPE,
     BLKTYPE,
     BLOCK,
@@ -81,7 +80,7 @@ from .format.spec import (
     XGLTYPE,
     XHDTYPE,
 )
-from .format.tar import (
+from ..format.tar import (
     ZERO_BLOCK,
     checksum_ok,
     compression_of,
@@ -92,6 +91,7 @@ from .format.tar import (
     parse_number,
     parse_pax,
 )
+from ..storage.bytesource import open_regular
 
 __all__ = ["Members", "scan", "scan_members"]
 

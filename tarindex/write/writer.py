@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ._version import __version__
-from .encode import encode_value, zstd_compressor
-from .errors import WriterError
-from .format.group import group_members
-from .format.index import encode_index, fingerprint
-from .format.keys import check_ext, check_key
-from .format.spec import (
+from .._version import __version__
+from ..codecs.encode import encode_value, zstd_compressor
+from ..errors import WriterError
+from ..format.group import group_members
+from ..format.index import encode_index, fingerprint
+from ..format.keys import check_ext, check_key
+from ..format.spec import (
     BLOCK,
     FINGERPRINT_BYTES,
     MAX_ZSTD_DICT_BYTES,
@@ -28,9 +28,9 @@ from .format.spec import (
     ZSTD_DICT_MEMBER,
     ZSTD_DICT_META,
 )
-from .format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
-from .format.zstd_dict import DictEntry, entry_for
-from .indexfile import index_path_for, temp_path_for, write_atomic
+from ..format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
+from ..format.zstd_dict import DictEntry, entry_for
+from ..storage.indexfile import index_path_for, temp_path_for, write_atomic
 
 __all__ = [
     "ShardWriter",

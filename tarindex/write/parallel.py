@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import ParallelWriteError, WriterError
-from .indexfile import index_path_for
+from ..errors import ParallelWriteError, WriterError
+from ..storage.indexfile import index_path_for
 from .writer import PatternLock, TarWriter, check_pattern, lock_path_for
 
 __all__ = ["MapStyle", "WriteResult", "write_shards"]

@@ -349,7 +349,7 @@ def _train(
     from torch import nn
     from torch.utils.data import DataLoader
 
-    from .torch import TarDataset
+    from ..torch import TarDataset
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the DataLoader workers use the other cores

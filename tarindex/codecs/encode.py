@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import IMAGE_FORMATS
+from .decode import IMAGE_FORMATS
 
 __all__ = [
     "JPEG_QUALITY",

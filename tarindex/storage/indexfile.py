@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from .format.spec import INDEX_SUFFIX
+from ..format.spec import INDEX_SUFFIX
 
 __all__ = ["index_path_for", "temp_path_for", "write_atomic", "fsync_dir"]
 

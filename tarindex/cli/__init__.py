@@ -1,0 +1,1 @@
+"""The ``tarindex`` command line."""

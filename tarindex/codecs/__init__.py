@@ -1,0 +1,1 @@
+"""Decode and encode member bytes by extension: one extension table, images, select."""

@@ -1,0 +1,1 @@
+"""Indexing existing tars: the header walk (scan) and the index build."""

@@ -1,0 +1,1 @@
+"""Pure seeded planning of streaming epochs, mixing schedules and resumes (no torch)."""

@@ -1,0 +1,1 @@
+"""The read path: ShardReader, ShardSet, Block, the read kernel, sources, manifests."""

@@ -1,0 +1,1 @@
+"""Where a shard's and an index's bytes come from: mmap, pread, remote (fsspec), cache."""

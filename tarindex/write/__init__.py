@@ -1,0 +1,1 @@
+"""Writing shards and their indexes: TarWriter, ShardWriter, parallel writes, pack."""
