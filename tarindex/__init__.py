@@ -49,7 +49,7 @@ from .read.split import ShardSubset, split_by_key, split_keys
 from .storage.indexfile import index_path_for
 from .storage.remote import RemoteOptions
 from .write.parallel import WriteResult, write_shards
-from .write.writer import ShardWriter, TarWriter
+from .write.shards import ShardWriter, TarWriter
 
 _TORCH_NAMES = {
     "TarDataset": "dataset",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.write.writer import TarShardWriter
+from tarindex.write.tar import TarShardWriter
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 

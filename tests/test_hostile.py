@@ -178,7 +178,7 @@ def test_random_header_counts_only_raise_tarindex_errors(
 
 def test_zero_samples_reads_cleanly(tmp_path: Path) -> None:
     p = tmp_path / "empty.tar"
-    tarindex.write.writer.TarShardWriter(str(p), mtime=0).close()
+    tarindex.write.tar.TarShardWriter(str(p), mtime=0).close()
     with tarindex.ShardReader(str(p), full_check=True) as r:
         assert r.n_samples == 0
         for j in (0, -1, 1):
@@ -605,7 +605,7 @@ def test_writer_refuses_mtime_that_does_not_fit_ustar(tmp_path: Path, mtime: int
     """8**11 used to make a 513-byte header: tarfile then read garbage and lost members."""
     for make in (
         lambda: tarindex.ShardWriter(str(tmp_path / "x.tar"), mtime=mtime),
-        lambda: tarindex.write.writer.TarShardWriter(str(tmp_path / "y.tar"), mtime=mtime),
+        lambda: tarindex.write.tar.TarShardWriter(str(tmp_path / "y.tar"), mtime=mtime),
     ):
         with pytest.raises(WriterError, match="mtime"):
             make()

@@ -13,7 +13,7 @@ import pytest
 
 import tarindex
 from tarindex.write.pack import plan_pack, write_pack
-from tarindex.write.writer import check_pattern
+from tarindex.write.shards import check_pattern
 
 
 def _classes(tmp_path: Path) -> Path:

@@ -20,7 +20,8 @@ import pytest
 
 import tarindex
 from tarindex.cli.main import main
-from tarindex.write.pack import existing_shards, plan_pack, write_pack
+from tarindex.write.pack import plan_pack, write_pack
+from tarindex.write.shards import existing_shards
 
 Cap = pytest.CaptureFixture[str]
 NOBODY = 65534

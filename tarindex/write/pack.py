@@ -42,10 +42,8 @@ Nothing is left out silently:
 from __future__ import annotations
 
 import errno
-import glob
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,23 +51,18 @@ from typing import Any
 
 from ..errors import PackError, ParallelWriteError, WriterError
 from ..format.keys import check_ext, check_key, split_key
-from ..format.spec import INDEX_SUFFIX
 from ..storage.indexfile import index_path_for, write_atomic
-from .writer import ShardWriter, check_pattern, plan_shard_sizes
+from .shards import ShardWriter, check_pattern, existing_shards, plan_shard_sizes
 
 __all__ = [
     "PackPlan",
     "PackResult",
-    "existing_shards",
     "plan_pack",
     "sanitize_stem",
     "write_pack",
 ]
 
 LAYOUTS = ("auto", "classes", "flat")
-
-# one printf conversion (or a literal %%); check_pattern has already refused mapping keys and '*'
-_CONVERSION = re.compile(r"%%|%[-#0 +]*\d*(?:\.\d*)?[hlL]?[a-zA-Z]")
 
 
 def sanitize_stem(stem: str) -> str:
@@ -233,53 +226,6 @@ def _walk_files(root: str) -> _Tree:
     return tree
 
 
-def _shard_number(middle: str) -> list[int]:
-    """Integers that ``middle`` (the text of a pattern's field) may have been printed from."""
-    out: list[int] = []
-    for base in (10, 16, 8, 0):
-        try:
-            out.append(int(middle, base))
-        except ValueError:
-            pass
-    try:
-        out.append(int(float(middle)))  # %e, %f, %g fields
-    except (ValueError, OverflowError):
-        pass
-    return [k for k in out if k >= 0]
-
-
-def existing_shards(pattern: str) -> list[str]:
-    """Files on disk that ``pattern`` names: shard ``k`` = ``pattern % k`` and its index.
-
-    A file counts only if it is exactly ``pattern % k`` for some integer ``k >= 0``, or that
-    plus ``.tidx`` (FORMAT.md §1): with ``"out/s-%06d.tar"``, ``out/s-000003.tar`` and
-    ``out/s-000012.tar.tidx`` count, ``out/s-3.tar``, ``out/s-000003.tar.bak`` and
-    ``out/classes.json`` do not. A pattern without a field names one shard (itself).
-
-    Returns:
-        The paths, sorted.
-
-    Raises:
-        WriterError: ``pattern`` fails :func:`tarindex.writer.check_pattern`.
-    """
-    if not check_pattern(pattern):
-        return sorted(p for p in (pattern, index_path_for(pattern)) if os.path.lexists(p))
-    pat = os.path.normpath(pattern)
-    spec = next((m for m in _CONVERSION.finditer(pat) if m.group() != "%%"), None)
-    if spec is None:  # check_pattern took it, but it is no conversion this module can read
-        raise WriterError(f"pattern {pattern!r}: use one integer field such as %06d")
-    prefix = pat[: spec.start()].replace("%%", "%")
-    found: set[str] = set()
-    for extra in ("", INDEX_SUFFIX):
-        suffix = pat[spec.end() :].replace("%%", "%") + extra
-        for path in glob.glob(glob.escape(prefix) + "*" + glob.escape(suffix)):
-            middle = path[len(prefix) : len(path) - len(suffix)]
-            shard = path[: len(path) - len(extra)]
-            if any(os.path.normpath(pattern % k) == shard for k in _shard_number(middle)):
-                found.add(path)
-    return sorted(found)
-
-
 def _check_output(src: str | None, pattern: str, *, overwrite: bool) -> list[str]:
     """Check the output pattern against the source folder and the files already there.
 
@@ -328,7 +274,7 @@ def plan_pack(
         layout: ``"classes"``, ``"flat"`` or ``"auto"`` (``classes`` when the folder's top
             level holds only sub-folders, ``flat`` otherwise). Defaults to ``"auto"``.
         out_pattern: If given, the shard path pattern is checked too: it must pass
-            :func:`tarindex.writer.check_pattern`, its folder must resolve (symlinks
+            :func:`tarindex.write.shards.check_pattern`, its folder must resolve (symlinks
             included) outside ``src``, it must name no existing file unless ``overwrite``
             (:func:`existing_shards`), and a pattern without an integer field must fit the
             samples in one shard. Defaults to no check.
@@ -485,7 +431,7 @@ def write_pack(
             writing; if False, such files are refused. Defaults to False.
         on_sample: Called after every sample written (a progress bar). Defaults to None.
         jobs: Worker processes (:func:`tarindex.write_shards`); the shards are cut before
-            writing where one writer would cut them (:func:`tarindex.writer.plan_shard_sizes`,
+            writing where one writer would cut them (:func:`tarindex.write.shards.plan_shard_sizes`,
             from the files' sizes), so the result is the same for any ``jobs``. Defaults to
             ``1`` (this process).
 
@@ -493,7 +439,7 @@ def write_pack(
         A :class:`PackResult`.
 
     Raises:
-        PackError: ``out_pattern`` fails :func:`tarindex.writer.check_pattern`, resolves
+        PackError: ``out_pattern`` fails :func:`tarindex.write.shards.check_pattern`, resolves
             into ``plan.src``, or names existing files while ``overwrite`` is False (nothing
             is written or deleted then).
         WriterError: As :class:`tarindex.ShardWriter` (a bad limit, a pattern without an

@@ -38,7 +38,8 @@ import numpy as np
 
 from ..errors import ParallelWriteError, WriterError
 from ..storage.indexfile import index_path_for
-from .writer import PatternLock, TarWriter, check_pattern, lock_path_for
+from .lock import PatternLock, lock_path_for
+from .shards import TarWriter, check_pattern
 
 __all__ = ["MapStyle", "WriteResult", "write_shards"]
 

@@ -1,0 +1,143 @@
+"""A sample dict -> the members a shard stores: key and extension checks, encoder, compression.
+
+:class:`SampleEncoder` is the part of :class:`tarindex.ShardWriter` that knows values and
+extensions; it writes nothing. Which members are zstd-compressed (FORMAT.md §7) is decided
+here, the compression itself is done by the writer with the shard's compressor (and its
+dictionary).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Collection
+from typing import Any
+
+from ..codecs.encode import encode_value
+from ..errors import WriterError
+from ..format.keys import check_ext, check_key
+
+__all__ = ["Member", "SampleEncoder", "int_option"]
+
+Member = tuple[str, bytes, bool]
+"""``(stored extension, encoded bytes, compress them?)``: one member of an encoded sample."""
+
+# what an encoder raises for a value it cannot encode (json nested too deep: RecursionError;
+# pickle of a lambda: PicklingError; of a local object: AttributeError; pth/msgpack/cbor
+# without their package: ImportError)
+_ENCODE_ERRORS = (
+    TypeError,
+    ValueError,
+    RecursionError,
+    ImportError,
+    AttributeError,
+    pickle.PicklingError,
+)
+
+
+class SampleEncoder:
+    """Check and encode samples for a writer (see :class:`tarindex.ShardWriter` for the rules).
+
+    Args:
+        encoder: ``(ext, value) -> bytes``, ``True`` (:func:`tarindex.codecs.encode.
+            encode_value`) or ``False`` (bytes as they are, ``str`` as UTF-8).
+        compress: ``True``, ``False`` or the extensions to store as ``EXT.zst``.
+
+    Raises:
+        WriterError: If ``compress`` is not ``True``, ``False`` or extensions without dots.
+    """
+
+    def __init__(
+        self,
+        encoder: Callable[[str, Any], bytes] | bool,
+        compress: bool | str | Collection[str],
+    ) -> None:
+        self.encoder: Callable[[str, Any], bytes] = (
+            encode_value if encoder is True else _bytes_only if encoder is False else encoder
+        )
+        self.compress_all, self.compress = _compress_set(compress)
+
+    def encode(self, sample: dict[str, Any]) -> tuple[str, list[Member]]:
+        """Check and encode one sample: ``(key, [(stored ext, bytes, compress?), ...])``.
+
+        Raises:
+            WriterError: Not a dict, no valid ``__key__`` (FORMAT.md §4), a bad extension,
+                a value that cannot be encoded (its exception chained), an encoder that
+                returns no bytes, one stored extension twice, or no member at all.
+        """
+        if not isinstance(sample, dict):
+            raise WriterError(
+                f"a sample is a dict {{'__key__': str, ext: value}}, not a {type(sample).__name__}"
+            )
+        key = sample.get("__key__")
+        if not isinstance(key, str):
+            raise WriterError(f"sample has no str '__key__' (got {key!r})")
+        try:
+            check_key(key)
+        except ValueError as e:
+            raise WriterError(str(e)) from None
+        members: list[tuple[str, bytes, bool]] = []
+        for ext, value in sample.items():
+            if not isinstance(ext, str):
+                raise WriterError(
+                    f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str"
+                )
+            if ext.startswith("__"):
+                continue
+            inner, stored, z = ext, ext, True
+            if ext.endswith(".zst") and len(ext) > 4:
+                inner = ext[:-4]
+            elif self.compress_all or ext.rsplit(".", 1)[-1].lower() in self.compress:
+                stored = ext + ".zst"
+            else:
+                z = False
+            try:
+                check_ext(stored)
+                data = self.encoder(inner, value)
+            except _ENCODE_ERRORS as e:
+                raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from e
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise WriterError(
+                    f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, not bytes"
+                )
+            if any(stored == m[0] for m in members):
+                raise WriterError(
+                    f"sample {key!r}: extension {stored!r} twice (from {ext!r} and compress=); "
+                    f"give one of them another extension"
+                )
+            members.append((stored, bytes(data), z))
+        if not members:
+            raise WriterError(f"sample {key!r} has no members (only '__' entries)")
+        return key, members
+
+
+def _bytes_only(ext: str, value: Any) -> bytes:
+    """``encoder=False``: bytes as they are, str as UTF-8, nothing else."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(
+        f"extension {ext!r}: encoder=False takes bytes or str, got a {type(value).__name__} "
+        f"(drop encoder=False to encode it by extension)"
+    )
+
+
+def int_option(name: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an integer (not a bool) in ``[low, high]``, else ``WriterError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise WriterError(f"{name}={value!r}: expected an integer in [{low}, {high}]")
+    return value
+
+
+def _compress_set(compress: bool | str | Collection[str]) -> tuple[bool, frozenset[str]]:
+    if compress is True or compress is False or compress is None:
+        return bool(compress), frozenset()
+    items = [compress] if isinstance(compress, str) else compress
+    if not isinstance(items, Collection) or not all(
+        isinstance(e, str) and e and "." not in e for e in items
+    ):
+        raise WriterError(
+            f"compress={compress!r}: expected True, False or extensions without dots, e.g. "
+            f"('json', 'txt') (matched on a member's last extension component)"
+        )
+    return False, frozenset(e.lower() for e in items)

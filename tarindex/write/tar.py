@@ -1,0 +1,291 @@
+"""One tar shard and its sidecar index, written in one pass, atomically (FORMAT.md §1, §2).
+
+:class:`TarShardWriter` knows members, not samples: it writes the headers (plain ustar, pax
+only where a name or size needs it), each member's data and padding, the shard id and the
+zstd dictionary member, and on :meth:`TarShardWriter.close` the end blocks, the rename and the
+index. :class:`tarindex.ShardWriter` (:mod:`tarindex.write.shards`) turns sample dicts into
+members and rolls from one shard to the next.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+
+import numpy as np
+
+from .._version import __version__
+from ..errors import WriterError
+from ..format.group import group_members
+from ..format.index import encode_index, fingerprint
+from ..format.spec import (
+    BLOCK,
+    FINGERPRINT_BYTES,
+    MAX_ZSTD_DICT_BYTES,
+    SHARD_ID_BYTES,
+    USTAR_MAX_SIZE,
+    ZSTD_DICT_MEMBER,
+    ZSTD_DICT_META,
+)
+from ..format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
+from ..format.zstd_dict import DictEntry, entry_for
+from ..storage.indexfile import index_path_for, temp_path_for, write_atomic
+
+__all__ = [
+    "RECORD",
+    "SHARD_ID_COMMENT",
+    "TarShardWriter",
+    "check_mtime",
+    "finished_size",
+    "padded_to",
+]
+
+RECORD = 20 * BLOCK
+"""GNU tar and Python tarfile pad archives to 10240-byte records; so does this writer."""
+
+
+def check_mtime(mtime: int | None) -> int:
+    """Now, or ``mtime`` if it fits the 11 octal digits of the ustar mtime field."""
+    t = int(time.time()) if mtime is None else int(mtime)
+    if not 0 <= t <= USTAR_MAX_SIZE:  # same 12-byte field width as size
+        raise WriterError(
+            f"mtime {mtime!r} does not fit a ustar header (0 <= mtime <= {USTAR_MAX_SIZE}); a wider "
+            f"value would shift every byte after it and corrupt the tar"
+        )
+    return t
+
+
+SHARD_ID_COMMENT = b"tarindex-shard "
+"""Prefix of the pax ``comment`` record that carries the shard id (FORMAT.md §1)."""
+
+
+class TarShardWriter:
+    """Write one shard: a plain ustar tar (pax only where a name or size needs it) + its index.
+
+    The tar starts with a pax global header whose ``comment`` record carries a random 16-byte
+    shard id (1 KiB; every tool skips it), so a tar written by another run never matches an
+    older index, even with the same members and mtimes (FORMAT.md §1, §3). Each member's crc32
+    is recorded in the same pass (FORMAT.md §2.8.2).
+
+    Data goes to ``<path>.<pid>.<random>.tmp``. :meth:`close` writes the end-of-archive
+    blocks, fsyncs the tar, removes the old index of ``path`` (if any), renames the tar into
+    place, then writes the new index atomically and fsyncs the directory. A crash at any step
+    leaves either the old pair, or a tar without an index (``IndexMissingError``), or the new
+    pair: never a tar beside an index that does not describe it. :meth:`abort` deletes the
+    temp file.
+
+    Args:
+        path: Final path of the tar.
+        mtime: Modification time stored in every header, integer seconds since the epoch,
+            ``0 <= mtime < 8**11``. Defaults to now.
+        durable: ``fsync`` the tar, the index and the directory (FORMAT.md §1). ``False``
+            skips that for scratch data. Defaults to ``True``.
+        shard_id: The 16-byte id to embed. Defaults to ``None`` (random).
+
+    Raises:
+        WriterError: If ``mtime`` does not fit the 12-byte ustar mtime field, or
+            ``shard_id`` is not 16 bytes.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        mtime: int | None = None,
+        *,
+        durable: bool = True,
+        shard_id: bytes | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.tmp = temp_path_for(self.path)
+        self.mtime = check_mtime(mtime)
+        self.durable = durable
+        self.shard_id = os.urandom(SHARD_ID_BYTES) if shard_id is None else bytes(shard_id)
+        if len(self.shard_id) != SHARD_ID_BYTES:
+            raise WriterError(f"shard_id must be {SHARD_ID_BYTES} bytes, got {len(self.shard_id)}")
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._f = open(self.tmp, "wb")
+        self.pos = 0
+        self.count = 0
+        self._head = bytearray()
+        self._tail = b""
+        self._names: list[bytes] = []
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._crcs: list[int] = []
+        self._keys: set[str] = set()
+        self.zstd_dict: DictEntry | None = None
+        """Where the shard's zstd dictionary was written (:meth:`write_zstd_dict`), or None."""
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._f.write(data)
+        except OSError as e:  # ENOSPC, EFBIG, EIO: name the shard (the caller aborts it)
+            raise OSError(
+                e.errno, f"{self.path}: byte {self.pos}: writing the shard failed: {e.strerror}"
+            ) from e
+        self.pos += len(data)
+        if len(self._head) < FINGERPRINT_BYTES:
+            self._head += data[: FINGERPRINT_BYTES - len(self._head)]
+        self._tail = (self._tail + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
+
+    def prepare(
+        self, key: str, members: list[tuple[str, bytes]]
+    ) -> tuple[list[tuple[bytes, bytes, bytes]], int]:
+        """Build the headers of one sample: ``([(name, header, data), ...], bytes it adds)``.
+
+        The byte count includes the shard-id header before the first sample and each
+        member's zero padding, so a caller can keep a shard under a size bound.
+
+        Raises:
+            WriterError: If ``key`` was already written to this shard, or a member name is
+                not encodable as UTF-8 (nothing of the sample is written then).
+        """
+        if key in self._keys:
+            raise WriterError(
+                f"{self.path}: key {key!r} written twice in this shard (byte {self.pos}); keys "
+                f"must be unique within a shard (FORMAT.md §4): give each sample its own key"
+            )
+        try:  # every name before any byte: a failure never leaves half a sample in the tar
+            named = [(f"{key}.{ext}".encode(), data) for ext, data in members]
+        except UnicodeEncodeError as e:
+            raise WriterError(
+                f"{self.path}: sample {key!r}: name not encodable as UTF-8 ({e})"
+            ) from None
+        out = [
+            (name, build_member_header(name, len(data), self.mtime), data) for name, data in named
+        ]
+        n = sum(len(h) + padded(len(d)) for _, h, d in out)
+        if self.pos == 0:
+            n += 2 * BLOCK  # the shard-id header
+        return out, n
+
+    def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        """Append one sample: ``members`` is ``[(ext, data), ...]`` already encoded.
+
+        The caller has checked ``key`` and the extensions (:func:`tarindex.format.keys.check_key`,
+        :func:`~tarindex.format.keys.check_ext`); the members are written adjacently, in order
+        (FORMAT.md §1).
+
+        Raises:
+            WriterError: As :meth:`prepare`.
+        """
+        self.write_prepared(key, self.prepare(key, members)[0])
+
+    def _start(self) -> None:
+        if self.pos == 0:
+            sid = SHARD_ID_COMMENT + self.shard_id.hex().encode()
+            self._write(build_global_header([(b"comment", sid)], self.mtime))
+
+    def write_zstd_dict(self, data: bytes) -> None:
+        """Store the shard's zstd dictionary: a member in no sample, before the first sample.
+
+        The member is named ``ZSTD_DICT_MEMBER`` (FORMAT.md §7); the index records its
+        offset, size, crc32 and dictionary id in its metadata.
+
+        Raises:
+            WriterError: If a sample or a dictionary was already written, or ``data`` is
+                larger than ``MAX_ZSTD_DICT_BYTES``.
+        """
+        if self.count or self.zstd_dict is not None:
+            raise WriterError(f"{self.path}: the zstd dictionary goes before the first sample")
+        if not 0 < len(data) <= MAX_ZSTD_DICT_BYTES:
+            raise WriterError(
+                f"{self.path}: a zstd dictionary of {len(data)} bytes; FORMAT.md §7 allows 1 to "
+                f"{MAX_ZSTD_DICT_BYTES}"
+            )
+        self._start()
+        self._write(build_member_header(ZSTD_DICT_MEMBER, len(data), self.mtime))
+        self.zstd_dict = entry_for(data, self.pos)
+        self._write(data)
+        self._write(bytes(padded(len(data)) - len(data)))
+
+    def write_prepared(self, key: str, prepared: list[tuple[bytes, bytes, bytes]]) -> None:
+        """Append one sample built by :meth:`prepare` (for the same ``key``)."""
+        self._start()
+        self._keys.add(key)
+        for name, header, data in prepared:
+            size = len(data)
+            self._write(header)
+            self._names.append(name)
+            self._offsets.append(self.pos)
+            self._sizes.append(size)
+            self._crcs.append(zlib.crc32(data))
+            self._write(data)
+            pad = padded(size) - size
+            if pad:
+                self._write(bytes(pad))
+        self.count += 1
+
+    def close(self) -> None:
+        """Finish the tar and put the pair in place (see the class docstring for the order).
+
+        The tar ends with two 512-byte zero blocks, padded with zeros to a multiple of 10240
+        bytes.
+
+        Raises:
+            OSError: If writing or renaming fails (``ENOSPC``, ...); the temp file is removed.
+        """
+        try:
+            end = self.pos
+            stop = end + 2 * BLOCK
+            self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, RECORD) - stop))
+            if self.durable:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            self._f.close()
+            size = self.pos
+            # the first and last 4 KiB were kept while writing: no second read of the tar
+            head, tail = fingerprint(
+                lambda off, n: (
+                    bytes(self._head[:n]) if off == 0 else self._tail[len(self._tail) - n :]
+                ),
+                size,
+            )
+            res = group_members(
+                self._names,
+                self._offsets,
+                self._sizes,
+                tar_size=size,
+                head_crc=head,
+                tail_crc=tail,
+                meta={"producer": "tarindex.writer", "version": __version__},
+            )
+            t = res.tables
+            t.end = end
+            t.shard_id = self.shard_id if self.count else b""
+            if self.zstd_dict is not None:
+                t.meta[ZSTD_DICT_META] = self.zstd_dict.meta()
+            crc_at = dict(zip(self._offsets, self._crcs, strict=True))  # index order may differ
+            t.member_crc = np.asarray([crc_at[o] for o in t.offset.tolist()], np.uint32)
+            index = encode_index(t)
+            ipath = index_path_for(self.path)
+            try:  # an old index must never sit beside the new tar, even for a moment
+                os.unlink(ipath)
+            except FileNotFoundError:
+                pass
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        write_atomic(ipath, index, durable=self.durable)
+
+    def abort(self) -> None:
+        """Discard the shard being written (delete the temp file)."""
+        try:
+            self._f.close()
+        finally:
+            try:
+                os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+
+def padded_to(n: int, multiple: int) -> int:
+    """Return ``n`` rounded up to a multiple of ``multiple``."""
+    return -(-n // multiple) * multiple
+
+
+def finished_size(pos: int) -> int:
+    """Size in bytes of a tar whose members end at ``pos`` once its end blocks are written."""
+    return padded_to(pos + 2 * BLOCK, RECORD)
