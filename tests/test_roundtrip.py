@@ -61,7 +61,9 @@ def test_many_shapes_roundtrip_byte_exact(tmp_path: Path) -> None:
     for i, s in enumerate(samples):
         got = ds.get(i)
         assert got["__key__"] == s["__key__"] and got["__index__"] == i
-        want = {k: tarindex.codecs.decode.encode_value(k, v) for k, v in s.items() if k != "__key__"}
+        want = {
+            k: tarindex.codecs.decode.encode_value(k, v) for k, v in s.items() if k != "__key__"
+        }
         assert {k: v for k, v in got.items() if not k.startswith("__")} == want
     # decoded
     from tarindex.codecs.decode import ExtDecoder
@@ -246,3 +248,41 @@ def test_json_list_and_image_encoding(tmp_path: Path) -> None:
     s = tarindex.ShardReader(p).sample(0)
     assert json.loads(s["json"]) == [1, "x"]
     assert Image.open(io.BytesIO(s["jpg"])).format == "JPEG"
+
+
+def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> None:
+    """Issue 19 item 5: ``encoder=False`` never compresses: a ``.zst``/``.gz`` value is the frame."""
+    import gzip
+
+    import zstandard
+
+    frame = zstandard.ZstdCompressor().compress(b'{"a": 1}')
+    gz = gzip.compress(b"hello", mtime=0)
+    with tarindex.TarWriter(str(tmp_path / "raw.tar"), encoder=False) as w:
+        w.write({"__key__": "z", "bin.zst": frame, "txt.gz": gz, "json.zst": frame})
+    got = tarindex.ShardSet(str(tmp_path / "raw.tar")).get(0)
+    assert got["bin.zst"] == frame and got["json.zst"] == frame and got["txt.gz"] == gz
+    dec = tarindex.codecs.decode.ExtDecoder()(got)
+    assert dec["json"] == {"a": 1} and dec["txt"] == "hello"
+
+    # a compressed shard copied raw, sample by sample, keeps every member's bytes
+    src = write(
+        str(tmp_path / "src-%d.tar"),
+        [{"__key__": f"{i:03d}", "json": {"i": i}, "cls": i} for i in range(20)],
+        compress=("json",),
+    )
+    ss = tarindex.ShardSet(src)
+    with tarindex.ShardWriter(str(tmp_path / "copy-%d.tar"), encoder=False, mtime=0) as w:
+        for i in range(len(ss)):
+            w.write(ss.get(i))
+    copy = tarindex.ShardSet(w.paths)
+    for i in range(len(ss)):
+        a, b = ss.get(i), copy.get(i)
+        assert a["json.zst"] == b["json.zst"] and a["cls"] == b["cls"]
+        assert tarindex.codecs.decode.ExtDecoder()(b)["json"] == {"i": i}
+
+    # compressing and "as they are" contradict each other: refused before anything is written
+    for kw in ({"compress": ("json",)}, {"compress": True}, {"zstd_dict": True}):
+        with pytest.raises(tarindex.WriterError, match="with encoder=False"):
+            tarindex.ShardWriter(str(tmp_path / "no-%d.tar"), encoder=False, **kw)  # type: ignore[arg-type]
+    assert not list(tmp_path.glob("no-*"))

@@ -39,11 +39,14 @@ class SampleEncoder:
 
     Args:
         encoder: ``(ext, value) -> bytes``, ``True`` (:func:`tarindex.codecs.encode.
-            encode_value`) or ``False`` (bytes as they are, ``str`` as UTF-8).
+            encode_value`) or ``False``: every value stored as it is (bytes as they are,
+            ``str`` as UTF-8), an ``EXT.zst`` or ``EXT.gz`` value too (it is the frame, not
+            the payload: it is not compressed again).
         compress: ``True``, ``False`` or the extensions to store as ``EXT.zst``.
 
     Raises:
-        WriterError: If ``compress`` is not ``True``, ``False`` or extensions without dots.
+        WriterError: If ``compress`` is not ``True``, ``False`` or extensions without dots,
+            or asks for compression with ``encoder=False`` (which changes no byte).
     """
 
     def __init__(
@@ -55,6 +58,14 @@ class SampleEncoder:
             encode_value if encoder is True else _bytes_only if encoder is False else encoder
         )
         self.compress_all, self.compress = _compress_set(compress)
+        self.raw = encoder is False
+        """``encoder=False``: no member is encoded or compressed, whatever its extension."""
+        if self.raw and (self.compress_all or self.compress):
+            raise WriterError(
+                f"compress={compress!r} with encoder=False: encoder=False stores every value as "
+                f"it is, compress= would compress them; drop one of the two (a value already "
+                f"compressed goes in as it is under an extension ending in .zst)"
+            )
 
     def encode(self, sample: dict[str, Any]) -> tuple[str, list[Member]]:
         """Check and encode one sample: ``(key, [(stored ext, bytes, compress?), ...])``.
@@ -84,7 +95,9 @@ class SampleEncoder:
             if ext.startswith("__"):
                 continue
             inner, stored, z = ext, ext, True
-            if ext.endswith(".zst") and len(ext) > 4:
+            if self.raw:  # as it is: a .zst value is the frame
+                z = False
+            elif ext.endswith(".zst") and len(ext) > 4:
                 inner = ext[:-4]
             elif self.compress_all or ext.rsplit(".", 1)[-1].lower() in self.compress:
                 stored = ext + ".zst"

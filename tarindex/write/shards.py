@@ -208,8 +208,11 @@ class ShardWriter:
         encoder: ``(ext, value) -> bytes``, called with the extension without ``.zst``;
             ``True`` is the default; ``False`` writes ``bytes``, ``bytearray`` and
             ``memoryview`` values as they are and ``str`` as UTF-8, and refuses anything else
-            (webdataset 1.0's ``encoder=False`` refuses ``str`` too). Defaults to
-            :func:`tarindex.encode.encode_value`.
+            (webdataset 1.0's ``encoder=False`` refuses ``str`` too); as they are means every
+            extension: an ``EXT.zst`` or ``EXT.gz`` value is stored as given (the frame, so a
+            raw copy of a compressed shard keeps its bytes), and ``compress=`` or
+            ``zstd_dict=`` beside ``encoder=False`` is a ``WriterError``. Defaults to
+            :func:`tarindex.codecs.encode.encode_value`.
         durable: ``fsync`` every tar, index and the directory when a shard is finished, so
             finished shards survive a power loss. ``False`` for scratch data. Defaults to
             ``True``.
@@ -233,7 +236,7 @@ class ShardWriter:
         WriterError: If ``maxcount`` or ``maxsize`` is not a finite number ``>= 1``, ``mtime``
             does not fit a ustar header, ``pattern`` fails :func:`check_pattern` (a ``%``
             that is not exactly one integer field, the same path for two shards), or a
-            compression option is invalid.
+            compression option is invalid (or given with ``encoder=False``).
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
@@ -285,6 +288,12 @@ class ShardWriter:
             else int_option("zstd_dict", zstd_dict, 1024, MAX_ZSTD_DICT_BYTES)
         )
         self._train_n = int_option("zstd_dict_samples", zstd_dict_samples, 1, 1 << 40)
+        if self._dict_size and self._members.raw:
+            raise WriterError(
+                f"zstd_dict={zstd_dict!r} with encoder=False: encoder=False stores every value "
+                f"as it is (a .zst value is already a frame), so no member would use the "
+                f"dictionary; drop one of the two"
+            )
         self._first = start_shard
         self.paths: list[str] = []
         self.total = 0
