@@ -342,6 +342,27 @@ def test_unreadable_is_an_error_naming_it(shared_dir: Path, what: str) -> None:
     assert not out.exists()
 
 
+def test_pack_imports_no_package_it_does_not_use(tmp_path: Path) -> None:
+    """Issue 19 item 19: nothing compressed, so zstandard is never imported (as ``nobody``, a
+    venv under a 0700 folder cannot be read: the test above then failed on its lazy import).
+    Here zstandard cannot be imported at all; pack must not need it."""
+    src = _classes(tmp_path / "src")
+    out = tmp_path / "out"
+    blocked = "sys.modules['zstandard'] = None  # import zstandard raises ImportError"
+    r = pack_cli(str(src), str(out / "s-%d.tar"), "--maxcount", "3", "-q", prelude=blocked)
+    assert r.returncode == 0, r.stderr
+    assert sorted(_samples(str(out / "s-{0..1}.tar"))) == ["cat/0", "cat/1", "dog/0", "dog/1"]
+    code = (
+        f"import sys\n{blocked}\nimport tarindex\n"
+        f"with tarindex.ShardWriter({str(out / 'w-%d.tar')!r}, maxcount=1) as w:\n"
+        "    w.write({'__key__': 'a', 'bin': b'x'}); w.write({'__key__': 'b', 'txt': 'y'})\n"
+        "assert 'zstandard' not in sys.modules or sys.modules['zstandard'] is None\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(tarindex.ShardSet(str(out / "w-{0..1}.tar"))) == 2
+
+
 def test_source_file_gone_while_writing_is_exit_1_and_keeps_nothing(
     tmp_path: Path, capsys: Cap, monkeypatch: pytest.MonkeyPatch
 ) -> None:

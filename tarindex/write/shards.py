@@ -298,7 +298,8 @@ class ShardWriter:
         self.paths: list[str] = []
         self.total = 0
         self._cur: TarShardWriter | None = None
-        self._cctx: Any = None  # the current shard's zstd compressor (with its dictionary)
+        self._cctx: Any = None  # the current shard's zstd compressor, made at its first use
+        self._zdict: Any = None  # the current shard's trained zstd dictionary, or None
         # samples encoded but not yet in a shard: (key, [(stored ext, data, compress?), ...]);
         # with zstd_dict, a shard's first samples wait here until its dictionary is trained
         self._pending: deque[tuple[str, list[Member]]] = deque()
@@ -360,8 +361,7 @@ class ShardWriter:
                     self._pop()
                     raise
             key, members = pending[0]
-            cctx = self._cctx
-            data = [(e, cctx.compress(d) if z else d) for e, d, z in members]
+            data = [(e, self._compress(d) if z else d) for e, d, z in members]
             try:
                 prepared, n = cur.prepare(key, data)
             except WriterError:
@@ -393,8 +393,20 @@ class ShardWriter:
         zd = self._train() if self._dict_size else None
         if zd is not None:
             cur.write_zstd_dict(zd.as_bytes())
-        self._cctx = zstd_compressor(self.zstd_level, zd)
+        self._zdict, self._cctx = zd, None
         return cur
+
+    def _compress(self, data: bytes) -> bytes:
+        """One zstd frame of ``data``, with the shard's dictionary if it has one.
+
+        The compressor is made at the shard's first compressed member, so a writer that
+        compresses nothing never imports zstandard (a process that dropped its privileges
+        may no longer be able to read the package).
+        """
+        if self._cctx is None:
+            self._cctx = zstd_compressor(self.zstd_level, self._zdict)
+        out: bytes = self._cctx.compress(data)
+        return out
 
     def _train(self) -> Any:
         """A dictionary trained on the first pending samples' compressed members, or None."""
@@ -417,7 +429,7 @@ class ShardWriter:
             self._cur.close()
             self.paths.append(self._cur.path)
             self._cur = None
-            self._cctx = None
+            self._cctx = self._zdict = None
             self.shard += 1
 
     def close(self) -> None:
