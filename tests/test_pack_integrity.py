@@ -409,6 +409,28 @@ def test_file_size_limit_while_writing(tmp_path: Path) -> None:
     assert "s-000002.tar" in r.stderr  # 000+001 and 002+003 fit, 004+005 do not
 
 
+def test_file_size_limit_with_jobs_says_what_was_removed(tmp_path: Path) -> None:
+    """Issue 19 item 18: with --jobs the message said the shards were kept, then removed."""
+    src = _big_flat(tmp_path / "src")
+    out = tmp_path / "out"
+    limit = 1 << 20
+    prelude = (
+        "import resource, signal\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+    )
+    argv = (str(src), str(out / "s-%06d.tar"), "--maxcount", "2", "--jobs", "2")
+    r = pack_cli(*argv, prelude=prelude)
+    assert r.returncode == 1, r.stderr
+    one_error_line(r.stderr, r.returncode, "File too large", "s-000002.tar", "writing the shard")
+    line = r.stderr.strip()
+    assert "kept;" not in line and "and kept" not in line, line  # nothing was kept
+    assert line.endswith(
+        "removed the 2 shard(s) this run had finished: nothing of this pack was kept"
+    ), line
+    assert files_under(out) == []
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs (needs root or CAP_SYS_ADMIN)."""

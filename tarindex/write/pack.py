@@ -446,6 +446,10 @@ def write_pack(
             integer field when a second shard is needed).
         OSError: A source file cannot be read (names the file) or a shard cannot be
             written, e.g. the disk is full (names the shard).
+        ParallelWriteError: With ``jobs > 1``, a writer process failed (the disk is full, a
+            source file is gone, it was killed); the message gives each failed shard's cause
+            and says the finished shards were removed (``.result.paths`` is empty,
+            ``.result.failed`` holds the causes).
     """
     _check_output(plan.src, out_pattern, overwrite=overwrite)  # refuse before touching anything
     has_field = check_pattern(out_pattern)
@@ -530,7 +534,7 @@ def _write_pack_jobs(
     jobs: int,
 ) -> PackResult:
     """:func:`write_pack` with ``jobs`` writer processes (:func:`tarindex.write_shards`)."""
-    from .parallel import write_shards
+    from .parallel import WriteResult, describe_failed, write_shards
 
     ShardWriter(out_pattern, maxcount=maxcount, maxsize=maxsize)  # checks the limits
     sizes = []
@@ -558,12 +562,13 @@ def _write_pack_jobs(
             progress=False,
             on_progress=progress,
         )
-    except ParallelWriteError as e:
+    except ParallelWriteError as e:  # the shards finished meanwhile go too: said once, as done
         _remove_shards(e.result.paths)
         raise ParallelWriteError(
-            f"{e}; removed the {len(e.result.paths)} shard(s) this run had finished: nothing "
-            f"of this pack was kept",
-            e.result,
+            f"{out_pattern}: {describe_failed(out_pattern, e.result.failed)}; removed the "
+            f"{len(e.result.paths)} shard(s) this run had finished: nothing of this pack was "
+            f"kept",
+            WriteResult([], [], 0, e.result.failed),
         ) from None
     classes_json = None
     if plan.classes is not None:

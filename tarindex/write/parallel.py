@@ -41,7 +41,7 @@ from ..storage.indexfile import index_path_for
 from .lock import PatternLock, lock_path_for
 from .shards import TarWriter, check_pattern
 
-__all__ = ["MapStyle", "WriteResult", "write_shards"]
+__all__ = ["MapStyle", "WriteResult", "describe_failed", "write_shards"]
 
 _BATCH = 64  # samples per message from the caller to a worker (iterable sources)
 _PROGRESS_EVERY = 256  # samples between progress messages from a worker
@@ -566,11 +566,16 @@ def _result(done: dict[int, int], failed: dict[int, str], pattern: str, start: i
     res = WriteResult([pattern % k for k in ks], [done[k] for k in ks], sum(done.values()))
     if failed:
         res.failed = dict(sorted(failed.items()))
-        lines = "; ".join(f"shard {k} ({pattern % k}): {why}" for k, why in res.failed.items())
         raise ParallelWriteError(
-            f"{pattern}: {len(failed)} shard(s) not written: {lines}. {len(ks)} shard(s) "
+            f"{pattern}: {describe_failed(pattern, failed)}. {len(ks)} shard(s) "
             f"were written completely (each with its index) and kept; the dataset is "
             f"incomplete: fix the cause and write it again",
             res,
         )
     return res
+
+
+def describe_failed(pattern: str, failed: dict[int, str]) -> str:
+    """``"N shard(s) not written: shard k (path): why; ..."``, in shard order."""
+    lines = "; ".join(f"shard {k} ({pattern % k}): {why}" for k, why in sorted(failed.items()))
+    return f"{len(failed)} shard(s) not written: {lines}"
