@@ -6,6 +6,9 @@ import functools
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -301,3 +304,98 @@ def test_cli_pack_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "packed 30 samples" in text and "5 shard(s)" in text
     ds = tarindex.ShardSet(str(tmp_path / "out" / "c-{00..04}.tar"))
     assert [ds.get(i)["__key__"] for i in (0, 29)] == ["cat/0000", "emu/0009"]
+
+
+class SlowItems(Items):
+    """Items that take a few ms each and note which process read them (in ``pid_dir``)."""
+
+    def __init__(self, n: int, pid_dir: str) -> None:
+        super().__init__(n)
+        self.pid_dir = pid_dir
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray[Any, Any], int]:
+        Path(self.pid_dir, str(os.getpid())).touch()
+        time.sleep(0.005)
+        return super().__getitem__(i)
+
+
+CALLER = """
+import multiprocessing, sys
+import tarindex
+from tests.test_parallel_write import SlowItems, to_sample
+out, method = sys.argv[1], sys.argv[2]
+tarindex.write_shards(
+    SlowItems(100_000, out + "/pids"), out + "/s-%05d.tar", jobs=2, maxcount=20,
+    to_sample=to_sample, progress=False, durable=False,
+    mp_context=multiprocessing.get_context(method),
+)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody reaps yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _until(cond: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_caller_killed_with_sigkill_leaves_no_worker_and_no_mixed_run(
+    tmp_path: Path, method: str
+) -> None:
+    """Issue 19 item 15: a real ``kill -9`` of a real caller; its workers exit and remove the
+    shard they were writing; a new run refuses the killed run's shards, or deletes them."""
+    out = tmp_path / "out"
+    (out / "pids").mkdir(parents=True)
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(out), method], cwd=root, env=env)
+    try:
+        _until(
+            lambda: len(list((out / "pids").iterdir())) >= 2 and len(list(out.glob("*.tidx"))) >= 2,
+            60,
+            "two workers and two finished shards",
+        )
+    finally:
+        caller.kill()  # SIGKILL: no handler, no finally, no atexit in the caller
+        caller.wait(30)
+    workers = [int(p.name) for p in (out / "pids").iterdir()]
+    assert len(workers) == 2 and caller.pid not in workers
+    _until(lambda: not any(_alive(w) for w in workers), 20, f"workers {workers} to exit")
+    # the shards in progress were removed, their locks too; the caller's pattern lock stays
+    # (SIGKILL), unheld: the next run takes it over and removes it
+    assert leftovers(out) == [".s-_05d.tar.lock"]
+    old = sorted(p.name for p in out.glob("s-*"))
+    assert len(old) >= 4 and all(p.endswith((".tar", ".tar.tidx")) for p in old)
+
+    pattern = str(out / "s-%05d.tar")
+    with pytest.raises(tarindex.WriterError, match="of an earlier run already exist"):
+        write_shards(Items(30), pattern, jobs=2, maxcount=10, to_sample=to_sample, progress=False)
+    assert sorted(p.name for p in out.glob("s-*")) == old  # refused: nothing deleted
+    res = write_shards(
+        Items(30), pattern, jobs=2, maxcount=10, to_sample=to_sample, progress=False, overwrite=True
+    )
+    assert sorted(Path(p).name for p in res.removed) == old
+    assert sorted(p.name for p in out.glob("s-*.tar")) == [f"s-{k:05d}.tar" for k in range(3)]
+    assert leftovers(out) == []
+    assert keys_and_labels(sorted(str(p) for p in out.glob("s-*.tar"))) == [
+        (f"sample{i:06d}", b"%d" % (i % 10)) for i in range(30)
+    ]

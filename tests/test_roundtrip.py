@@ -8,6 +8,7 @@ import os
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -282,7 +283,8 @@ def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> N
         assert tarindex.codecs.decode.ExtDecoder()(b)["json"] == {"i": i}
 
     # compressing and "as they are" contradict each other: refused before anything is written
-    for kw in ({"compress": ("json",)}, {"compress": True}, {"zstd_dict": True}):
+    kws: list[dict[str, Any]] = [{"compress": ("json",)}, {"compress": True}, {"zstd_dict": True}]
+    for kw in kws:
         with pytest.raises(tarindex.WriterError, match="with encoder=False"):
-            tarindex.ShardWriter(str(tmp_path / "no-%d.tar"), encoder=False, **kw)  # type: ignore[arg-type]
+            tarindex.ShardWriter(str(tmp_path / "no-%d.tar"), encoder=False, **kw)
     assert not list(tmp_path.glob("no-*"))

@@ -20,6 +20,13 @@ stops the run after the shards in progress elsewhere; the shard it was writing i
 ParallelWriteError` reports the shards written, the runs that failed (and why: the
 exception, or the signal), and those never started. Each worker talks to the caller over
 its own pipes, so a worker killed mid-message cannot block the others.
+
+Nor does a caller that dies (``kill -9``) leave workers behind: each worker watches its
+parent (Linux: ``PR_SET_PDEATHSIG``; everywhere: the end of the pipe multiprocessing keeps
+to the parent) and, once it is gone, removes the shard it was writing and exits. A run never
+mixes its shards with an earlier run's: shards already on disk under the pattern
+(:func:`~tarindex.write.shards.existing_shards`, the rule ``tarindex pack`` uses) are
+refused, or deleted first with ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -29,9 +36,12 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,7 +49,7 @@ import numpy as np
 from ..errors import ParallelWriteError, WriterError
 from ..storage.indexfile import index_path_for
 from .lock import PatternLock, lock_path_for
-from .shards import TarWriter, check_pattern
+from .shards import TarWriter, check_pattern, existing_shards
 
 __all__ = ["MapStyle", "WriteResult", "describe_failed", "write_shards"]
 
@@ -67,6 +77,8 @@ class WriteResult:
     """Samples written in all."""
     failed: dict[int, str] = field(default_factory=dict)
     """Only on :class:`~tarindex.errors.ParallelWriteError`: shard number -> why it failed."""
+    removed: list[str] = field(default_factory=list)
+    """Files of an earlier run deleted first (``overwrite=True``): shards and indexes."""
 
 
 def _is_map_style(source: object) -> bool:
@@ -125,8 +137,10 @@ def _worker(
     ``("fail", k, text)``, ``("exit",)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C for everyone
+    _exit_with_parent()
     cur: _Chunk | None = None
     k, i, told = -1, 0, 0
+    stopped = False
     try:
         while True:
             msg = tasks.recv()
@@ -168,13 +182,64 @@ def _worker(
                 text = "".join(traceback.format_exception_only(type(e), e)).strip()
                 results.send(("fail", k, f"{where}{text}"))
                 break
+    except _Stop:  # the caller is gone (or SIGTERM): nobody reads the pipe, do not write to it
+        stopped = True
     finally:
         if cur is not None:
             cur.abort()
+        if not stopped:
+            try:
+                results.send(("exit",))
+            except OSError:
+                pass
+    if stopped:
+        sys.exit(128 + signal.SIGTERM)
+
+
+class _Stop(BaseException):
+    """Raised in a worker by SIGTERM: its caller died (or someone asked it to stop)."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup itself is not interrupted
+    raise _Stop
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _exit_with_parent() -> None:
+    """Make this worker stop (SIGTERM -> :class:`_Stop`) when the process that started it dies.
+
+    Two watches, either suffices: on Linux the kernel sends SIGTERM when the parent dies
+    (``prctl(PR_SET_PDEATHSIG)``, set through ctypes; with ``forkserver`` the parent is the
+    fork server, which exits when the caller does); everywhere, a thread waits on the pipe
+    multiprocessing keeps open to the parent (:func:`multiprocessing.parent_process`'s
+    sentinel) and sends SIGTERM to this process when it reads end-of-file.
+    """
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if sys.platform.startswith("linux"):
         try:
-            results.send(("exit",))
-        except OSError:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):  # no libc symbol: the thread below still watches
             pass
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.sentinel is not None:
+        threading.Thread(
+            target=_watch_parent, args=(parent.sentinel,), name="tarindex-watch", daemon=True
+        ).start()
+
+
+def _watch_parent(sentinel: int) -> None:
+    """Wait until the parent is gone (its pipe reads EOF), then stop this process."""
+    try:
+        multiprocessing.connection.wait([sentinel])
+    except OSError:  # the descriptor was closed: this process is exiting anyway
+        return
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Run:
@@ -393,6 +458,7 @@ def write_shards(
     progress: bool = True,
     on_progress: Callable[[int], object] | None = None,
     mp_context: Any = None,
+    overwrite: bool = False,
     **writer_kw: Any,
 ) -> WriteResult:
     """Write ``source`` into numbered shards with ``jobs`` worker processes (see the module).
@@ -415,6 +481,11 @@ def write_shards(
         progress: Show a tqdm progress bar (on stderr). Defaults to ``True``.
         on_progress: Called with the number of samples just written. Defaults to ``None``.
         mp_context: A ``multiprocessing`` context. Defaults to the default one.
+        overwrite: Delete the shards (and indexes) already under ``pattern``
+            (:func:`~tarindex.write.shards.existing_shards`: ``pattern % k`` for any ``k``,
+            and nothing else) before writing, e.g. those of a run that was killed; if False
+            such files are refused, so a run never leaves another run's shards beside its
+            own. Defaults to False.
         **writer_kw: :class:`tarindex.ShardWriter` options for every shard (``mtime``,
             ``durable``, ``encoder``, ``compress``, ``zstd_dict``, ``seed``, ...).
 
@@ -422,8 +493,9 @@ def write_shards(
         A :class:`WriteResult`: shard paths and counts, in sample order.
 
     Raises:
-        WriterError: A bad ``pattern``, ``jobs``, ``maxcount`` or ``shard_sizes`` (before
-            anything is written), or, with ``jobs=1``, a sample that cannot be written.
+        WriterError: A bad ``pattern``, ``jobs``, ``maxcount`` or ``shard_sizes``, or files
+            already under ``pattern`` without ``overwrite`` (before anything is written or
+            deleted), or, with ``jobs=1``, a sample that cannot be written.
         ParallelWriteError: A worker raised or died. Its shard is removed; shards finished
             by then are complete and listed (``.result``), failed ones with the cause
             (``.result.failed``); the dataset is incomplete: write it again.
@@ -447,6 +519,11 @@ def write_shards(
     total = n if n is not None else (len(source) if hasattr(source, "__len__") else None)  # type: ignore[arg-type]
     runs = _runs(n, maxcount, shard_sizes)
     lock = PatternLock(pattern)  # no ShardWriter (nor another write_shards) on it meanwhile
+    try:
+        removed = _clear_earlier(pattern, overwrite)
+    except BaseException:
+        lock.release()
+        raise
     bar = None
     if progress:
         from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
@@ -454,9 +531,11 @@ def write_shards(
         bar = tqdm(total=total, unit="sample", desc="writing shards", dynamic_ncols=True)
     try:
         if jobs == 1:
-            return _write_here(
+            res = _write_here(
                 source, mapped, runs, pattern, start_shard, to_sample, writer_kw, bar, on_progress
             )
+            res.removed = removed
+            return res
         ctx = mp_context or multiprocessing.get_context()
         run = _Run(
             jobs, source if mapped else None, to_sample, pattern, writer_kw, ctx, bar, on_progress
@@ -474,7 +553,29 @@ def write_shards(
         if bar is not None:
             bar.close()
         lock.release()
-    return _result(run.done, run.failed, pattern, start_shard)
+    return _result(run.done, run.failed, pattern, start_shard, removed)
+
+
+def _clear_earlier(pattern: str, overwrite: bool) -> list[str]:
+    """Refuse (or, with ``overwrite``, delete) the files an earlier run left under ``pattern``.
+
+    Returns:
+        The files deleted.
+
+    Raises:
+        WriterError: Such files exist and ``overwrite`` is False; nothing is deleted.
+    """
+    old = existing_shards(pattern)
+    if old and not overwrite:
+        more = f" and {len(old) - 1} more" if len(old) > 1 else ""
+        raise WriterError(
+            f"{pattern}: {len(old)} file(s) of an earlier run already exist ({old[0]}{more}); "
+            f"a new run would leave them beside its own shards: pass overwrite=True to delete "
+            f"them first, or choose another pattern"
+        )
+    for path in old:
+        os.remove(path)
+    return old
 
 
 def _feed_map(run: _Run, runs: Iterator[tuple[int, int]], start: int) -> None:
@@ -561,9 +662,16 @@ def _write_here(
     return _result(done, {}, pattern, start)
 
 
-def _result(done: dict[int, int], failed: dict[int, str], pattern: str, start: int) -> WriteResult:
+def _result(
+    done: dict[int, int],
+    failed: dict[int, str],
+    pattern: str,
+    start: int,
+    removed: list[str] | None = None,
+) -> WriteResult:
     ks = sorted(done)
     res = WriteResult([pattern % k for k in ks], [done[k] for k in ks], sum(done.values()))
+    res.removed = removed or []
     if failed:
         res.failed = dict(sorted(failed.items()))
         raise ParallelWriteError(
