@@ -282,6 +282,22 @@ def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> N
         assert a["json.zst"] == b["json.zst"] and a["cls"] == b["cls"]
         assert tarindex.codecs.decode.ExtDecoder()(b)["json"] == {"i": i}
 
+    # a frame made with a shard's dictionary cannot go into a shard that has none: refused
+    dsrc = write(
+        str(tmp_path / "dict-%d.tar"),
+        [
+            {"__key__": f"{i:03d}", "json": {"caption": f"caption number {i} " * 4}}
+            for i in range(64)
+        ],
+        compress=("json",),
+        zstd_dict=True,
+    )
+    framed = tarindex.ShardSet(dsrc).get(0)
+    with tarindex.ShardWriter(str(tmp_path / "dcopy-%d.tar"), encoder=False) as w:
+        with pytest.raises(tarindex.WriterError, match="compressed with dictionary .* never be"):
+            w.write(framed)
+        w.write({"__key__": "ok", "bin.zst": b"not a frame: stored as given"})
+
     # compressing and "as they are" contradict each other: refused before anything is written
     kws: list[dict[str, Any]] = [{"compress": ("json",)}, {"compress": True}, {"zstd_dict": True}]
     for kw in kws:

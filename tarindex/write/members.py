@@ -112,6 +112,8 @@ class SampleEncoder:
                 raise WriterError(
                     f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, not bytes"
                 )
+            if self.raw and stored.endswith(".zst"):
+                _refuse_dict_frame(key, stored, bytes(data))
             if any(stored == m[0] for m in members):
                 raise WriterError(
                     f"sample {key!r}: extension {stored!r} twice (from {ext!r} and compress=); "
@@ -121,6 +123,36 @@ class SampleEncoder:
         if not members:
             raise WriterError(f"sample {key!r} has no members (only '__' entries)")
         return key, members
+
+
+def _refuse_dict_frame(key: str, ext: str, data: bytes) -> None:
+    """Refuse a ``.zst`` value whose frame needs a zstd dictionary.
+
+    A shard written with ``encoder=False`` holds no dictionary (FORMAT.md §7), so such a
+    member could never be decoded. Only the first frame's header is read (bytes that are no
+    zstd frame are stored as given).
+
+    Raises:
+        WriterError: The frame names a dictionary.
+    """
+    if data[:4] != _ZSTD_MAGIC:
+        return
+    import zstandard  # only for .zst members stored as they are
+
+    try:
+        dict_id = zstandard.get_frame_parameters(data).dict_id
+    except zstandard.ZstdError:
+        return
+    if dict_id:
+        raise WriterError(
+            f"sample {key!r}: {ext!r} is a zstd frame compressed with dictionary {dict_id}; "
+            f"written as it is (encoder=False) into a shard that holds no dictionary, it "
+            f"could never be decoded (FORMAT.md §7): write its decoded value instead "
+            f"(tarindex.codecs.decode.ExtDecoder), with compress= and zstd_dict=True"
+        )
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # RFC 8878 §3.1.1, little-endian 0xFD2FB528
 
 
 def _bytes_only(ext: str, value: Any) -> bytes:
