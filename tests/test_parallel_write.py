@@ -125,6 +125,9 @@ def test_progress_and_explicit_shard_sizes(
         write_shards(Items(3), tmp_path / "one.tar", to_sample=to_sample)
     with pytest.raises(tarindex.WriterError, match="not maxsize="):
         write_shards(Items(3), tmp_path / "u-%d.tar", maxsize=1e6)
+    with pytest.raises(tarindex.WriterError, match="with encoder=False"):  # here, not in workers
+        write_shards(Items(3), tmp_path / "v-%d.tar", jobs=2, encoder=False, compress=True)
+    assert not list(tmp_path.glob("v-*")) and not list(tmp_path.glob(".v-*"))
 
 
 def test_a_worker_that_raises(tmp_path: Path) -> None:

@@ -493,7 +493,8 @@ def write_shards(
         A :class:`WriteResult`: shard paths and counts, in sample order.
 
     Raises:
-        WriterError: A bad ``pattern``, ``jobs``, ``maxcount`` or ``shard_sizes``, or files
+        WriterError: A bad ``pattern``, ``jobs``, ``maxcount``, ``shard_sizes`` or writer
+            option (``compress=`` with ``encoder=False``, ...), or files
             already under ``pattern`` without ``overwrite`` (before anything is written or
             deleted), or, with ``jobs=1``, a sample that cannot be written.
         ParallelWriteError: A worker raised or died. Its shard is removed; shards finished
@@ -514,6 +515,9 @@ def write_shards(
             raise WriterError(
                 f"write_shards cuts shards by count (maxcount= or shard_sizes=), not {bad}="
             )
+    # a bad writer option fails here, once, not in every worker (a writer touches no file
+    # before its first sample)
+    TarWriter(pattern % start_shard, start_shard=start_shard, **writer_kw)
     mapped = _is_map_style(source)
     n = len(source) if mapped else None  # type: ignore[arg-type]
     total = n if n is not None else (len(source) if hasattr(source, "__len__") else None)  # type: ignore[arg-type]
