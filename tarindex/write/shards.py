@@ -182,7 +182,7 @@ class ShardWriter:
     exception inside the ``with`` block the shard in progress is deleted; shards already
     finished stay complete with their indexes.
 
-    Values are encoded by extension (:func:`tarindex.encode.encode_value`: webdataset's
+    Values are encoded by extension (:func:`tarindex.codecs.encode.encode_value`: webdataset's
     writer conventions). **Compressed members** (docs/FORMAT.md §7): a member whose extension
     ends in ``.zst`` (``"json.zst"``), or whose extension's last component is in
     ``compress`` (then stored as ``EXT.zst``), is the zstd frame of the encoded value; readers
