@@ -108,7 +108,7 @@ def existing_shards(pattern: str) -> list[str]:
         The paths, sorted.
 
     Raises:
-        WriterError: ``pattern`` fails :func:`tarindex.writer.check_pattern`.
+        WriterError: ``pattern`` fails :func:`check_pattern`.
     """
     if not check_pattern(pattern):
         return sorted(p for p in (pattern, index_path_for(pattern)) if os.path.lexists(p))
