@@ -37,17 +37,16 @@ import multiprocessing.connection
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import ParallelWriteError, WriterError
 from ..storage.indexfile import index_path_for
+from .lifeline import Stop, exit_with_parent
 from .lock import PatternLock, lock_path_for
 from .shards import TarWriter, check_pattern, existing_shards
 
@@ -137,7 +136,7 @@ def _worker(
     ``("fail", k, text)``, ``("exit",)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C for everyone
-    _exit_with_parent()
+    exit_with_parent()
     cur: _Chunk | None = None
     k, i, told = -1, 0, 0
     stopped = False
@@ -182,7 +181,7 @@ def _worker(
                 text = "".join(traceback.format_exception_only(type(e), e)).strip()
                 results.send(("fail", k, f"{where}{text}"))
                 break
-    except _Stop:  # the caller is gone (or SIGTERM): nobody reads the pipe, do not write to it
+    except Stop:  # the caller is gone (or SIGTERM): nobody reads the pipe, do not write to it
         stopped = True
     finally:
         if cur is not None:
@@ -194,52 +193,6 @@ def _worker(
                 pass
     if stopped:
         sys.exit(128 + signal.SIGTERM)
-
-
-class _Stop(BaseException):
-    """Raised in a worker by SIGTERM: its caller died (or someone asked it to stop)."""
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup itself is not interrupted
-    raise _Stop
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _exit_with_parent() -> None:
-    """Make this worker stop (SIGTERM -> :class:`_Stop`) when the process that started it dies.
-
-    Two watches, either suffices: on Linux the kernel sends SIGTERM when the parent dies
-    (``prctl(PR_SET_PDEATHSIG)``, set through ctypes; with ``forkserver`` the parent is the
-    fork server, which exits when the caller does); everywhere, a thread waits on the pipe
-    multiprocessing keeps open to the parent (:func:`multiprocessing.parent_process`'s
-    sentinel) and sends SIGTERM to this process when it reads end-of-file.
-    """
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        except (OSError, AttributeError):  # no libc symbol: the thread below still watches
-            pass
-    parent = multiprocessing.parent_process()
-    if parent is not None and parent.sentinel is not None:
-        threading.Thread(
-            target=_watch_parent, args=(parent.sentinel,), name="tarindex-watch", daemon=True
-        ).start()
-
-
-def _watch_parent(sentinel: int) -> None:
-    """Wait until the parent is gone (its pipe reads EOF), then stop this process."""
-    try:
-        multiprocessing.connection.wait([sentinel])
-    except OSError:  # the descriptor was closed: this process is exiting anyway
-        return
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Run:
