@@ -210,7 +210,7 @@ def test_bad_arguments() -> None:
 def test_planner_imports_no_torch() -> None:
     code = (
         "import sys, tarindex.plan.blocks, tarindex.plan.epoch, tarindex.plan.mix, "
-        "tarindex.plan.resume, tarindex.plan.seeds; "
+        "tarindex.plan.resume, tarindex.plan.seeds, tarindex.plan.split; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -25,8 +25,9 @@ from ..plan.blocks import blocks_to_indices, slice_blocks
 from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
 from ..plan.seeds import make_rng
 from ..read.reader import Block, Sample, ShardSet
+from ..read.sample_source import SampleSource
 from ..read.sources import Source
-from ..read.split import ShardSubset
+from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
 from ._dist import StreamEpochOwner
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
@@ -225,7 +226,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         make_rng(seed, 0, 0)  # validates seed
-        self.shards = ShardSet(
+        self.shards: SampleSource = ShardSet(
             source,
             max_open=max_open,
             use_mmap=use_mmap,
@@ -788,14 +789,14 @@ class _ReadAhead:
     DEPTH = 256
     """Blocks looked at per pump at most."""
 
-    def __init__(self, shards: ShardSet, fields: Sequence[str] | None) -> None:
+    def __init__(self, shards: SampleSource, fields: Sequence[str] | None) -> None:
         self.shards = shards
         self.fields = fields
         self.queue: deque[list[int]] = deque()
         self._windows: dict[int, tuple[NDArray[np.int64], Any]] = {}
 
     @classmethod
-    def over(cls, shards: ShardSet, fields: Sequence[str] | None) -> _ReadAhead | None:
+    def over(cls, shards: SampleSource, fields: Sequence[str] | None) -> _ReadAhead | None:
         """A read-ahead for ``shards``, or ``None`` if none is remote."""
         return cls(shards, fields) if shards.remote else None
 
