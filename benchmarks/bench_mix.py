@@ -21,7 +21,7 @@ shared machine disturb much less than wall time:
   samplers alone (``list(BlockSampler)`` against ``list(MixSampler)``).
 
 Also printed: the largest deviation ``|count - k * p_s|`` over all windows of the mixed epoch
-per source, against the stated bound (``tarindex.plan.shuffle.mix_bound``).
+per source, against the stated bound (``tarindex.plan.mix.mix_bound``).
 
 Run: ``python benchmarks/bench_mix.py [--quick] [--samples 60000] [--size 2000] [--rounds 15]``
 (``--size 100000 --samples 6000``: image-sized samples).
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 import tarindex
-from tarindex.plan import shuffle as plan_mod
+from tarindex.plan.mix import mix_bound
 
 SHARES = (0.80, 0.15, 0.05)
 
@@ -212,7 +212,7 @@ def run(samples: int, size: int, rounds: int, workers: int = 2) -> int:
         m = mix(counts=sizes)
         src, _ = m.order(0)
         exc = window_excess(src, sizes)
-        bound = plan_mod.mix_bound(sizes).tolist()
+        bound = mix_bound(sizes).tolist()
         print(
             "\nwindow deviation |count - k*p| over all windows of the epoch, per source: "
             + ", ".join(f"{e:.3f} (bound {b:.3f})" for e, b in zip(exc, bound, strict=True))

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import tarindex
-from tarindex.plan import shuffle as plan_mod
+from tarindex.plan.epoch import plan_worker
 
 
 def make_data(root: str, n_samples: int, mean_size: int, n_shards: int, seed: int = 0) -> list[str]:
@@ -198,7 +198,7 @@ def shuffle_quality(
     rows: list[tuple[str, dict[str, float]]] = []
     rows.append(("stored order", quality(np.arange(n_samples))))
     for block, buf in configs:
-        p = plan_mod.plan_worker(counts, seed, 0, block, buffer_size=buf)
+        p = plan_worker(counts, seed, 0, block, buffer_size=buf)
         rows.append((f"tarindex block={block} buffer={buf}", quality(p.order(starts))))
     shard_perm = np.random.default_rng(seed).permutation(n_shards)
     sharded = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in shard_perm])

@@ -15,7 +15,8 @@ from torch.utils.data import ConcatDataset, DataLoader  # noqa: E402
 
 import tarindex  # noqa: E402
 from tarindex import MixedDataset, MixSampler, TarDataset, TarIterableDataset  # noqa: E402
-from tarindex.plan import shuffle as S  # noqa: E402
+from tarindex.plan.epoch import rank_share  # noqa: E402
+from tarindex.plan.mix import mix_bound  # noqa: E402
 
 from .test_mix_schedule import window_excess  # noqa: E402
 
@@ -69,7 +70,7 @@ def test_weights_windows_and_exactly_once(paths: dict[str, list[str]]) -> None:
         ref = TarDataset(paths[list(SIZES)[s]])[i]
         assert key == ref["__key__"] and cls == ref["cls"]
     src = np.asarray([a for a, _ in pairs])
-    assert (window_excess(src, [600, 60, 6]) <= S.mix_bound([600, 60, 6]) + 1e-9).all()
+    assert (window_excess(src, [600, 60, 6]) <= mix_bound([600, 60, 6]) + 1e-9).all()
     assert (mix.order(0)[0] == np.asarray([s["__source__"] for s in mix])).all()
     o_src, o_idx = full.order(0)
     assert list(zip(o_src.tolist(), o_idx.tolist(), strict=True)) == pairs
@@ -95,7 +96,7 @@ def test_counts_with_and_without_replacement(paths: dict[str, list[str]]) -> Non
         for s in range(3):
             seen[s].update(per[s])
         src = np.asarray([s for s, _ in epoch])
-        assert (window_excess(src, [100, 60, 60]) <= S.mix_bound([100, 60, 60]) + 1e-9).all()
+        assert (window_excess(src, [100, 60, 60]) <= mix_bound([100, 60, 60]) + 1e-9).all()
     assert len(seen[0]) > 200  # a different subset of big each epoch
     with pytest.raises(ValueError, match="without replacement"):
         mixed(sources(paths), counts=[10, 10, 7])
@@ -138,7 +139,7 @@ def test_ranks_equal_counts_in_process(paths: dict[str, list[str]], drop_last: b
                 ]
                 for r in range(ws)
             ]
-            assert {len(p) for p in per} == {S.rank_share(n, ws, drop_last)}
+            assert {len(p) for p in per} == {rank_share(n, ws, drop_last)}
             c = Counter(x for p in per for x in p)
             if n % ws == 0:
                 assert set(c.values()) == {1} and len(c) == n
@@ -157,7 +158,7 @@ def test_dataloader_workers_windows(paths: dict[str, list[str]]) -> None:
     assert [x for b in got[0::2] for x in b] == w[0] and [x for b in got[1::2] for x in b] == w[1]
     # the loader interleaves two contiguous shares: any window within 2x the bound
     src = np.asarray([s for s, _ in pairs])
-    assert (window_excess(src, counts) <= 2 * S.mix_bound(counts) + 1e-9).all()
+    assert (window_excess(src, counts) <= 2 * mix_bound(counts) + 1e-9).all()
 
 
 def test_resume_in_process(paths: dict[str, list[str]]) -> None:
@@ -223,7 +224,7 @@ def test_mix_sampler(paths: dict[str, list[str]]) -> None:
     idx = list(s)
     assert len(idx) == len(s) == 666 and sorted(idx) == list(range(666))
     src = s.sources_of(np.asarray(idx))
-    assert (window_excess(src, counts) <= S.mix_bound(counts) + 1e-9).all()
+    assert (window_excess(src, counts) <= mix_bound(counts) + 1e-9).all()
     s.set_epoch(0)
     got = list(DataLoader(cat, batch_size=BS, sampler=s, collate_fn=list))
     # the concatenated index maps to (source, sample): the right dataset and sample

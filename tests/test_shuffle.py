@@ -1,4 +1,4 @@
-"""The pure streaming planner (tarindex.plan.shuffle): no data, no torch."""
+"""The pure streaming planner (tarindex.plan.epoch, .blocks, .seeds): no data, no torch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from tarindex.plan import shuffle as S
+from tarindex.plan.blocks import blocks_to_indices, slice_blocks
+from tarindex.plan.epoch import (
+    batch_span,
+    epoch_blocks,
+    plan_worker,
+    rank_share,
+    slot_span,
+    window_order,
+)
+from tarindex.plan.seeds import make_rng
 
 
 def starts_of(counts: list[int]) -> NDArray[np.int64]:
@@ -33,7 +42,7 @@ def all_orders(
 ) -> dict[tuple[int, int], list[int]]:
     st = starts_of(counts)
     return {
-        (r, w): S.plan_worker(
+        (r, w): plan_worker(
             counts,
             seed,
             epoch,
@@ -85,8 +94,8 @@ def test_exactly_once_and_equal_counts(counts: list[int], ws: int, nw: int, shuf
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_remainder_policy(counts: list[int], ws: int, nw: int, shuffle: bool) -> None:
     n = sum(counts)
-    blocks = S.epoch_blocks(counts, 0, 0, 4, shuffle)
-    stream = S.blocks_to_indices(blocks, starts_of(counts)).tolist()
+    blocks = epoch_blocks(counts, 0, 0, 4, shuffle)
+    stream = blocks_to_indices(blocks, starts_of(counts)).tolist()
     # pad: every sample at least once; the first (ws*P - n) of the stream twice
     pad = all_orders(counts, ws, nw, shuffle=shuffle, drop_last=False)
     p = -(-n // ws)
@@ -132,7 +141,7 @@ def test_blocks_cover_shards() -> None:
     counts = [13, 0, 5, 64, 1]
     for shuffle in (True, False):
         for bs in (1, 4, 16, 100):
-            b = S.epoch_blocks(counts, 3, 1, bs, shuffle)
+            b = epoch_blocks(counts, 3, 1, bs, shuffle)
             assert b.dtype == np.int64 and b.shape[1] == 3
             lens = b[:, 2] - b[:, 1]
             assert lens.min() >= 1 and lens.max() <= bs
@@ -140,15 +149,15 @@ def test_blocks_cover_shards() -> None:
                 rows = sorted(map(tuple, b[b[:, 0] == s, 1:].tolist()))
                 assert [j for a, e in rows for j in range(a, e)] == list(range(c))
     # shuffled cut points move between epochs
-    b0 = S.epoch_blocks([64], 0, 0, 8)
-    b1 = S.epoch_blocks([64], 0, 1, 8)
+    b0 = epoch_blocks([64], 0, 0, 8)
+    b1 = epoch_blocks([64], 0, 1, 8)
     assert set(b0[:, 1].tolist()) != set(b1[:, 1].tolist())
 
 
 def test_window_is_a_pure_function_and_resume_is_exact() -> None:
     counts = [13, 5, 11, 1, 9, 17, 10]
     st = starts_of(counts)
-    p = S.plan_worker(counts, 5, 2, 4, 1, 3, 1, 2, buffer_size=4)
+    p = plan_worker(counts, 5, 2, 4, 1, 3, 1, 2, buffer_size=4)
     full = p.order(st).tolist()
     assert p.n_samples == len(full) == 11
     for k in range(p.n_samples + 1):
@@ -156,52 +165,54 @@ def test_window_is_a_pure_function_and_resume_is_exact() -> None:
         tail: list[int] = []
         for w in range(k // 4, p.n_windows):
             pieces, perm = p.window(w)
-            idx = S.blocks_to_indices(pieces, st)
+            idx = blocks_to_indices(pieces, st)
             assert perm is not None
             ordered = idx[perm].tolist()
             tail += ordered[k - w * 4 :] if w == k // 4 else ordered
         assert tail == full[k:]
-    np.testing.assert_array_equal(
-        S.window_order(9, 1, 2, 3, 4, 5), S.window_order(9, 1, 2, 3, 4, 5)
-    )
-    assert S.window_order(9, 1, 2, 3, 4, 5).tolist() != S.window_order(9, 1, 2, 3, 4, 6).tolist()
+    np.testing.assert_array_equal(window_order(9, 1, 2, 3, 4, 5), window_order(9, 1, 2, 3, 4, 5))
+    assert window_order(9, 1, 2, 3, 4, 5).tolist() != window_order(9, 1, 2, 3, 4, 6).tolist()
 
 
 def test_mixing_moves_samples_across_blocks() -> None:
     counts = [1000]
     st = starts_of(counts)
-    o = S.plan_worker(counts, 0, 0, 10, buffer_size=100).order(st)
+    o = plan_worker(counts, 0, 0, 10, buffer_size=100).order(st)
     # not block order any more: few consecutive pairs stay consecutive
     keep = np.mean(np.abs(np.diff(o)) == 1)
     assert keep < 0.1
-    nobuf = S.plan_worker(counts, 0, 0, 10, buffer_size=0).order(st)
+    nobuf = plan_worker(counts, 0, 0, 10, buffer_size=0).order(st)
     assert np.mean(np.abs(np.diff(nobuf)) == 1) > 0.8
 
 
 def test_slice_blocks_wrap() -> None:
     b = np.array([[0, 0, 3], [1, 2, 4]], dtype=np.int64)  # 5 positions
-    assert S.slice_blocks(b, 1, 4).tolist() == [[0, 1, 3], [1, 2, 3]]
-    assert S.slice_blocks(b, 4, 7, wrap=True).tolist() == [[1, 3, 4], [0, 0, 2]]
-    assert S.slice_blocks(b, 3, 3).shape == (0, 3)
+    assert slice_blocks(b, 1, 4).tolist() == [[0, 1, 3], [1, 2, 3]]
+    assert slice_blocks(b, 4, 7, wrap=True).tolist() == [[1, 3, 4], [0, 0, 2]]
+    assert slice_blocks(b, 3, 3).shape == (0, 3)
     with pytest.raises(ValueError, match="out of range"):
-        S.slice_blocks(b, 4, 7)
+        slice_blocks(b, 4, 7)
 
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="block_size"):
-        S.epoch_blocks([5], 0, 0, 0)
+        epoch_blocks([5], 0, 0, 0)
     with pytest.raises(ValueError, match="seed"):
-        S.make_rng(-1, 0, 0)
+        make_rng(-1, 0, 0)
     with pytest.raises(ValueError, match="rank"):
-        S.slot_span(10, 2, 2)
+        slot_span(10, 2, 2)
     with pytest.raises(ValueError, match="worker"):
-        S.slot_span(10, 0, 2, 3, 3)
+        slot_span(10, 0, 2, 3, 3)
     with pytest.raises(ValueError, match="world_size"):
-        S.rank_share(10, 0)
+        rank_share(10, 0)
 
 
 def test_planner_imports_no_torch() -> None:
-    code = "import sys, tarindex.plan.shuffle; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, tarindex.plan.blocks, tarindex.plan.epoch, tarindex.plan.mix, "
+        "tarindex.plan.resume, tarindex.plan.seeds, tarindex.plan.split; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -223,8 +234,8 @@ def test_batches_dealt_whole_equal_on_every_rank(
     per_rank_batches = set()
     seen: Counter[int] = Counter()
     for r in range(ws):
-        a0, b0 = S.slot_span(n, r, ws, 0, 1, drop_last)
-        spans = [S.batch_span(n, r, ws, w, nw, bsz, drop_last) for w in range(nw)]
+        a0, b0 = slot_span(n, r, ws, 0, 1, drop_last)
+        spans = [batch_span(n, r, ws, w, nw, bsz, drop_last) for w in range(nw)]
         # the workers' spans tile the rank's share, in order, and start on the batch grid
         assert spans[0][0] == a0 and spans[-1][1] == b0
         assert all(spans[k][1] == spans[k + 1][0] for k in range(nw - 1))
@@ -234,7 +245,7 @@ def test_batches_dealt_whole_equal_on_every_rank(
         assert len(short) <= 1 and all(spans[w][1] == b0 for w in short)
         per_rank_batches.add(sum(-(-(b - a) // bsz) for a, b in spans))
         for w in range(nw):
-            p = S.plan_worker(
+            p = plan_worker(
                 counts, 3, 1, 4, r, ws, w, nw, buffer_size=6, drop_last=drop_last, batch_size=bsz
             )
             assert p.n_samples == spans[w][1] - spans[w][0]
@@ -243,6 +254,6 @@ def test_batches_dealt_whole_equal_on_every_rank(
     if n % ws == 0:
         assert sorted(seen) == list(range(n)) and set(seen.values()) == {1}
     with pytest.raises(ValueError):
-        S.batch_span(n, 0, ws, nw, nw, bsz)
+        batch_span(n, 0, ws, nw, nw, bsz)
     with pytest.raises(ValueError):
-        S.batch_span(n, 0, ws, 0, nw, 0)
+        batch_span(n, 0, ws, 0, nw, 0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch.utils.data
 
-from ..plan import shuffle as plan_mod
+from ..plan.seeds import make_rng
 
 __all__ = ["resolve_rank", "require_rank", "RankEpoch", "EpochOwner", "StreamEpochOwner"]
 
@@ -125,7 +125,7 @@ class RankEpoch:
         Raises:
             ValueError: If ``epoch`` is negative or ``>= 2**64``.
         """
-        plan_mod.make_rng(0, epoch, 0)  # validates
+        make_rng(0, epoch, 0)  # validates
         self.epoch = int(epoch)
         self.since_set = 0
 

@@ -35,7 +35,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
-from ..read.reader import Block, Sample, ShardSet, copy_members
+from ..read.reader import Block, Sample, copy_members
+from ..read.sample_source import SampleSource
 from .batch import BatchedSamples, field_major
 from .transport import alloc_buffer
 
@@ -137,7 +138,7 @@ def pack_blocks(
 
 
 def fetch_batched(
-    shards: ShardSet,
+    shards: SampleSource,
     indices: Sequence[int],
     int_fields: Collection[str] = INT_FIELDS,
     fields: Collection[str] | None = None,

@@ -12,14 +12,15 @@ from numpy.typing import NDArray
 from ..codecs.decode import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read.reader import Sample, ShardSet
+from ..read.sample_source import SampleSource
 from ..read.sources import Source
-from ..read.split import ShardSubset
+from ..read.subset import ShardSubset, shard_of_index
 from ..storage.remote import RemoteOptions
 
 __all__ = ["TarDataset", "decode_sample"]
 
 
-def decode_sample(shards: ShardSet, decoder: Decoder, sample: Sample) -> Any:
+def decode_sample(shards: SampleSource, decoder: Decoder, sample: Sample) -> Any:
     """Run ``decoder`` on a raw sample of ``shards``, as both datasets do.
 
     tarindex's own decoder (:class:`~tarindex.codecs.ExtDecoder`, what ``decode=`` makes)
@@ -31,7 +32,7 @@ def decode_sample(shards: ShardSet, decoder: Decoder, sample: Sample) -> Any:
     if isinstance(decoder, ExtDecoder):
         for k in sample:
             if ".zst" in k and ".zst" in compression_layers(k):
-                s, _ = shards.locate(sample["__index__"])
+                s = shard_of_index(shards, sample["__index__"])
                 return decoder(sample, shards.reader(s).zstd_dict())
     return decoder(sample)
 
@@ -132,7 +133,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         remote: RemoteOptions | None = None,
         subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
     ) -> None:
-        self.shards = ShardSet(
+        self.shards: SampleSource = ShardSet(
             source,
             max_open=max_open,
             use_mmap=use_mmap,

@@ -1,7 +1,7 @@
 """TarIterableDataset: streaming over indexed tar shards, split over ranks and workers, resumable.
 
 The epoch plan (which blocks each rank and worker reads, in which order) comes from the pure
-functions of :mod:`tarindex.shuffle`; this module only resolves rank and worker, reads each
+functions of :mod:`tarindex.plan.epoch`; this module only resolves rank and worker, reads each
 planned block as one sequential byte range, and yields its samples.
 """
 
@@ -21,10 +21,13 @@ from numpy.typing import NDArray
 
 from ..codecs.decode import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
-from ..plan import shuffle as plan_mod
+from ..plan.blocks import blocks_to_indices, slice_blocks
+from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
+from ..plan.seeds import make_rng
 from ..read.reader import Block, Sample, ShardSet
+from ..read.sample_source import SampleSource
 from ..read.sources import Source
-from ..read.split import ShardSubset
+from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
 from ._dist import StreamEpochOwner
 from .collate import INT_FIELDS, BatchedSamples, pack_blocks
@@ -56,7 +59,7 @@ _PLAN_KEYS = (
 class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     """Streaming dataset: sequential block reads, a deterministic shuffle, equal shares per rank.
 
-    Per epoch the plan of :mod:`tarindex.shuffle` is computed from ``(seed, epoch)`` alone, the
+    Per epoch the plan of :mod:`tarindex.plan.epoch` is computed from ``(seed, epoch)`` alone, the
     same in every rank and worker: shards permuted, cut into blocks of ``block_size`` contiguous
     samples, blocks permuted and dealt to ``(rank, worker)``, samples mixed in windows of
     ``buffer_size``. Each block (or the part of it in one window) is read with one sequential
@@ -222,8 +225,8 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
-        plan_mod.make_rng(seed, 0, 0)  # validates seed
-        self.shards = ShardSet(
+        make_rng(seed, 0, 0)  # validates seed
+        self.shards: SampleSource = ShardSet(
             source,
             max_open=max_open,
             use_mmap=use_mmap,
@@ -292,7 +295,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         Raises:
             RuntimeError: If the rank cannot be resolved (see the class docstring).
         """
-        return plan_mod.rank_share(len(self.shards), self._rank()[1], self.drop_last)
+        return rank_share(len(self.shards), self._rank()[1], self.drop_last)
 
     @property
     def num_batches(self) -> int:
@@ -323,21 +326,21 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         c = self._blocks_cache
         if c is not None and c[0] == epoch:
             return c[1]
-        blocks = plan_mod.epoch_blocks(
+        blocks = epoch_blocks(
             self.shards.counts, self.seed, epoch, self.block_size, self.shuffle
         )
         self._blocks_cache = (epoch, blocks)
         return blocks
 
-    def plan(self, epoch: int, worker: int = 0, num_workers: int = 1) -> plan_mod.WorkerPlan:
+    def plan(self, epoch: int, worker: int = 0, num_workers: int = 1) -> WorkerPlan:
         """Return the plan of ``epoch`` for this rank's worker ``worker`` of ``num_workers``.
 
         Computed from the indexes' sample counts only (no data read); see
-        :func:`tarindex.shuffle.plan_worker`. ``plan(...).order(ds.shards.starts)`` lists the
+        :func:`tarindex.plan.epoch.plan_worker`. ``plan(...).order(ds.shards.starts)`` lists the
         global indices in the order that worker yields them.
         """
         rank, ws = self._rank()
-        return plan_mod.plan_worker(
+        return plan_worker(
             self.shards.counts,
             self.seed,
             epoch,
@@ -437,7 +440,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
             return self._generate_batched(p, self._consumed)
         return self._generate(p, self._consumed)
 
-    def _generate(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[Any]:
+    def _generate(self, p: WorkerPlan, start: int) -> Iterator[Any]:
         finish = self._finish
         plain = self.decoder is None and self.transform is None and self.select is None
         pos = start
@@ -455,7 +458,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
 
     def iter_plan(
         self,
-        p: plan_mod.WorkerPlan,
+        p: WorkerPlan,
         start: int = 0,
         stop: int | None = None,
         *,
@@ -472,7 +475,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
 
         Args:
             p: A plan of this dataset's shards (:meth:`plan` or
-                :func:`tarindex.shuffle.plan_worker` over ``shards.counts``).
+                :func:`tarindex.plan.epoch.plan_worker` over ``shards.counts``).
             start: First position, ``0 <= start <= p.n_samples``. Defaults to ``0``.
             stop: End position. Defaults to ``p.n_samples``.
             skipped: Yielded for a skipped sample. Defaults to ``None``.
@@ -501,7 +504,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
             yield skipped if out is _SKIP else out
 
     def _stream(
-        self, p: plan_mod.WorkerPlan, start: int, stop: int | None = None
+        self, p: WorkerPlan, start: int, stop: int | None = None
     ) -> Iterator[Sample | None]:
         """This worker's raw samples of plan positions ``[start, stop)``, in yield order.
 
@@ -514,7 +517,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
             yield from part
 
     def _parts(
-        self, p: plan_mod.WorkerPlan, start: int, stop: int | None = None
+        self, p: WorkerPlan, start: int, stop: int | None = None
     ) -> Iterator[Iterator[Sample | None]]:
         """:meth:`_stream` as one iterator per block (or window): ``chain`` them to flatten.
 
@@ -529,7 +532,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         ra = _ReadAhead.over(self.shards, self.fields)
         try:
             if not (p.shuffle and p.buffer_size > 1):
-                pieces = plan_mod.slice_blocks(p.segments, start, end).tolist()
+                pieces = slice_blocks(p.segments, start, end).tolist()
                 if ra is not None:
                     ra.add(pieces)
                 for piece in pieces:
@@ -581,7 +584,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         the consumer drops it, and a window of large samples costs no memory. A take is
         ``_TAKE`` samples or ``_TAKE_BYTES`` of them, whichever is fewer (one at least).
         """
-        idx = plan_mod.blocks_to_indices(pieces, self.shards.starts)
+        idx = blocks_to_indices(pieces, self.shards.starts)
         order = (idx if perm is None else idx[perm])[lo:hi].tolist()
         step = max(1, min(_TAKE, _TAKE_BYTES * len(idx) // max(span, 1)))
         # each take checks its tars' sizes: the consumer runs between takes, and a tar cut
@@ -640,7 +643,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
             out.append(b.detach() if detach and b is not None else b)
         return out
 
-    def _generate_batched(self, p: plan_mod.WorkerPlan, start: int) -> Iterator[BatchedSamples]:
+    def _generate_batched(self, p: WorkerPlan, start: int) -> Iterator[BatchedSamples]:
         """Batches of ``batch_size`` consecutive positions of this worker's yield order.
 
         The batch grid is fixed at multiples of ``batch_size`` from the worker's first
@@ -663,7 +666,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
 
     def _batches(
         self,
-        p: plan_mod.WorkerPlan,
+        p: WorkerPlan,
         start: int,
         bsz: int,
         n: int,
@@ -695,7 +698,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
 
     def _window(
         self,
-        p: plan_mod.WorkerPlan,
+        p: WorkerPlan,
         k: int,
         w: int,
         mixing: bool,
@@ -709,7 +712,7 @@ class TarIterableDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]
         def pieces_of(k: int) -> tuple[NDArray[np.int64], Any]:
             if mixing:
                 return p.window(k)
-            return plan_mod.slice_blocks(p.segments, k * w, min((k + 1) * w, p.n_samples)), None
+            return slice_blocks(p.segments, k * w, min((k + 1) * w, p.n_samples)), None
 
         pieces, perm = ra.window(k, pieces_of, k < (p.n_samples - 1) // w) if ra else pieces_of(k)
         blocks = self._read_window(pieces, mixing, ra)
@@ -786,14 +789,14 @@ class _ReadAhead:
     DEPTH = 256
     """Blocks looked at per pump at most."""
 
-    def __init__(self, shards: ShardSet, fields: Sequence[str] | None) -> None:
+    def __init__(self, shards: SampleSource, fields: Sequence[str] | None) -> None:
         self.shards = shards
         self.fields = fields
         self.queue: deque[list[int]] = deque()
         self._windows: dict[int, tuple[NDArray[np.int64], Any]] = {}
 
     @classmethod
-    def over(cls, shards: ShardSet, fields: Sequence[str] | None) -> _ReadAhead | None:
+    def over(cls, shards: SampleSource, fields: Sequence[str] | None) -> _ReadAhead | None:
         """A read-ahead for ``shards``, or ``None`` if none is remote."""
         return cls(shards, fields) if shards.remote else None
 

@@ -1,9 +1,9 @@
 """Weighted mixing of several sources: MixedDataset (streaming) and MixSampler (map-style).
 
 The schedule (which source fills each position of an epoch) is the pure function
-:func:`tarindex.shuffle.mix_schedule`; each source's own samples come from its block plan
-(:func:`tarindex.shuffle.plan_worker` with the source's own seed, derived from the mix seed);
-dealing over ranks and workers is :func:`tarindex.shuffle.slot_span`, as for
+:func:`tarindex.plan.mix.mix_schedule`; each source's own samples come from its block plan
+(:func:`tarindex.plan.epoch.plan_worker` with the source's own seed, derived from the mix seed);
+dealing over ranks and workers is :func:`tarindex.plan.epoch.slot_span`, as for
 :class:`~tarindex.torch.iterable.TarIterableDataset`. See docs/STREAMING.md, "Mixing".
 """
 
@@ -17,7 +17,9 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..plan import shuffle as plan_mod
+from ..plan.epoch import WorkerPlan, plan_span, plan_worker, rank_share, slot_span
+from ..plan.mix import mix_counts, mix_offsets, mix_schedule, mix_sources, mix_spans, source_seed
+from ..plan.seeds import make_rng
 from ._dist import StreamEpochOwner
 from .iterable import TarIterableDataset
 from .sampler import PlanSampler, shard_counts
@@ -53,14 +55,14 @@ def _source_spans(
 ) -> list[list[tuple[int, int, int]]]:
     """Per source, the ranges of its own epochs that fill mixed positions ``[start, stop)``.
 
-    ``first``: :func:`tarindex.shuffle.mix_offsets` at ``start``, if already computed.
+    ``first``: :func:`tarindex.plan.mix.mix_offsets` at ``start``, if already computed.
     """
     if first is None:
-        first = plan_mod.mix_offsets(counts, seed, epoch, start, shuffle)
+        first = mix_offsets(counts, seed, epoch, start, shuffle)
     o0 = first.tolist()
-    o1 = plan_mod.mix_offsets(counts, seed, epoch, stop, shuffle).tolist()
+    o1 = mix_offsets(counts, seed, epoch, stop, shuffle).tolist()
     return [
-        plan_mod.mix_spans(a, b, int(c), int(n), epoch, r)
+        mix_spans(a, b, int(c), int(n), epoch, r)
         for a, b, c, n, r in zip(o0, o1, counts.tolist(), sizes, replacement, strict=True)
     ]
 
@@ -73,7 +75,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     (of the whole stream, or of what one rank or one DataLoader worker yields) source ``s``
     appears ``k * p_s`` times up to ``1 + (m - 2) * p_s``, where ``p_s = counts[s] / N`` and
     ``m`` is the number of sources with a non-zero count: within 1 for two sources, within 2
-    for three (:func:`tarindex.shuffle.mix_bound`). Through a DataLoader with ``W`` workers,
+    for three (:func:`tarindex.plan.mix.mix_bound`). Through a DataLoader with ``W`` workers,
     which takes whole batches from the workers in turn, a window of the loader's output is
     within ``W`` times that bound. The schedule is a low-discrepancy sequence rotated by a
     seeded offset each epoch; each source's samples come from the source's own block plan
@@ -81,7 +83,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     ``transform``, ``on_error`` of that source), seeded from this dataset's seed and the
     source's position, so the whole order is a pure function of ``(seed, epoch)`` (and the
     worker layout: a worker reads just its contiguous range of each source, mixed in windows
-    cut from that range's start, :func:`tarindex.shuffle.plan_span`); the sources' own seeds,
+    cut from that range's start, :func:`tarindex.plan.epoch.plan_span`); the sources' own seeds,
     epochs and ranks are not used.
 
     Samples are the sources' samples, unchanged. ``source_key="__source__"`` adds that key
@@ -95,7 +97,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     (the default) a source gives at most its size per epoch, each sample at most once (a
     different random subset each epoch when fewer); with ``replacement=True`` (one flag or one
     per source) its stream is its epochs one after another, so a sample repeats only after
-    the whole source has been seen (:func:`tarindex.shuffle.mix_spans`).
+    the whole source has been seen (:func:`tarindex.plan.mix.mix_spans`).
 
     **Ranks and workers.** The ``N`` positions are dealt exactly as by
     :class:`~tarindex.TarIterableDataset`: rank ``r`` yields ``len(ds)`` positions
@@ -113,7 +115,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
         weights: Relative weights, one per source (exclusive with ``counts``).
         counts: Samples per epoch from each source (exclusive with ``weights``).
         samples_per_epoch: With ``weights``: the epoch length ``N``. Defaults to
-            :func:`tarindex.shuffle.mix_total`.
+            :func:`tarindex.plan.mix.mix_total`.
         replacement: See **Counts**. Defaults to ``False``.
         shuffle: Rotate the schedule by a seeded offset each epoch (the sources shuffle
             according to their own ``shuffle``). Defaults to ``True``.
@@ -128,7 +130,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     Raises:
         TypeError: A source is not a ``TarIterableDataset``.
         ValueError: A batched source; bad weights or counts (see
-            :func:`tarindex.shuffle.mix_counts`); bad ``seed``, ``rank``/``world_size``.
+            :func:`tarindex.plan.mix.mix_counts`); bad ``seed``, ``rank``/``world_size``.
         RuntimeError: From ``len()`` or ``__iter__``: ``WORLD_SIZE > 1`` but no rank.
     """
 
@@ -156,10 +158,10 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
                     f"sources[{i}] is batched: mix per-sample sources (batched=False) and "
                     "batch the mix with the DataLoader"
                 )
-        plan_mod.make_rng(seed, 0, 0)  # validates seed
+        make_rng(seed, 0, 0)  # validates seed
         self.sources = srcs
         self.sizes = [len(s.shards) for s in srcs]
-        self.counts, self.replacement = plan_mod.mix_counts(
+        self.counts, self.replacement = mix_counts(
             self.sizes, weights, counts, samples_per_epoch, replacement
         )
         self.n_plan = int(self.counts.sum())
@@ -176,19 +178,19 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
         Raises:
             RuntimeError: If the rank cannot be resolved.
         """
-        return plan_mod.rank_share(self.n_plan, self._rank()[1], self.drop_last)
+        return rank_share(self.n_plan, self._rank()[1], self.drop_last)
 
-    def source_plan(self, s: int, source_epoch: int, start: int, stop: int) -> plan_mod.WorkerPlan:
+    def source_plan(self, s: int, source_epoch: int, start: int, stop: int) -> WorkerPlan:
         """Return positions ``[start, stop)`` of source ``s``'s own epoch ``source_epoch``.
 
-        The source's block plan with its own seed (:func:`tarindex.shuffle.source_seed`),
-        mixed in windows cut from ``start`` (:func:`tarindex.shuffle.plan_span`): a worker
+        The source's block plan with its own seed (:func:`tarindex.plan.mix.source_seed`),
+        mixed in windows cut from ``start`` (:func:`tarindex.plan.epoch.plan_span`): a worker
         reads no sample of the source outside its share.
         """
         src = self.sources[s]
-        return plan_mod.plan_span(
+        return plan_span(
             src.shards.counts,
-            plan_mod.source_seed(self.seed, s),
+            source_seed(self.seed, s),
             source_epoch,
             src.block_size,
             start,
@@ -200,7 +202,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
     def span(self, worker: int = 0, num_workers: int = 1) -> tuple[int, int]:
         """Positions ``[start, stop)`` of the epoch's mixed stream dealt to this rank's worker."""
         rank, ws = self._rank()
-        return plan_mod.slot_span(self.n_plan, rank, ws, worker, num_workers, self.drop_last)
+        return slot_span(self.n_plan, rank, ws, worker, num_workers, self.drop_last)
 
     def order(
         self, epoch: int, worker: int = 0, num_workers: int = 1
@@ -212,7 +214,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
             and its ``__index__`` within that source, in yield order.
         """
         a, b = self.span(worker, num_workers)
-        src, _ = plan_mod.mix_schedule(self.counts, self.seed, epoch, a, b, self.shuffle)
+        src, _ = mix_schedule(self.counts, self.seed, epoch, a, b, self.shuffle)
         idx = np.empty(len(src), dtype=np.int64)
         spans = _source_spans(
             self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle
@@ -319,13 +321,13 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
         Each source's windows are cut from the worker's first position, also when resuming,
         so a resumed epoch reads and yields exactly what the uninterrupted one would have.
         """
-        o0 = plan_mod.mix_offsets(self.counts, self.seed, epoch, a, self.shuffle)
+        o0 = mix_offsets(self.counts, self.seed, epoch, a, self.shuffle)
         spans = _source_spans(
             self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle, o0
         )
         pos = self._consumed
         skips = (
-            (plan_mod.mix_offsets(self.counts, self.seed, epoch, a + pos, self.shuffle) - o0)
+            (mix_offsets(self.counts, self.seed, epoch, a + pos, self.shuffle) - o0)
             if pos
             else np.zeros_like(o0)
         ).tolist()
@@ -338,7 +340,7 @@ class MixedDataset(StreamEpochOwner, torch.utils.data.IterableDataset[Any]):
         lean = not any(tag) and all(src.on_error == "raise" for src in self.sources)
         for c0 in range(a + pos, b, _CHUNK):
             c1 = min(b, c0 + _CHUNK)
-            src = plan_mod.mix_sources(self.counts, self.seed, epoch, c0, c1, self.shuffle)
+            src = mix_sources(self.counts, self.seed, epoch, c0, c1, self.shuffle)
             # one C-level next() per position, on the stream of its source
             pulled = map(next, streams[src].tolist())
             if lean:  # no marker can come (errors raise), nothing to tag
@@ -388,7 +390,7 @@ class MixSampler(PlanSampler):
         weights: Relative weights, one per source (exclusive with ``counts``).
         counts: Samples per epoch from each source (exclusive with ``weights``).
         samples_per_epoch: With ``weights``: the epoch length. Defaults to
-            :func:`tarindex.shuffle.mix_total`.
+            :func:`tarindex.plan.mix.mix_total`.
         replacement: One flag or one per source (see :class:`MixedDataset`). Defaults to
             ``False``.
         block_size: Contiguous indices per block within a source. Defaults to ``64``.
@@ -422,7 +424,7 @@ class MixSampler(PlanSampler):
     ) -> None:
         if int(block_size) < 1:
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
-        plan_mod.make_rng(seed, 0, 0)  # validates seed
+        make_rng(seed, 0, 0)  # validates seed
         self.shard_counts = [
             np.asarray([int(s)], dtype=np.int64)
             if isinstance(s, (int, np.integer))
@@ -432,7 +434,7 @@ class MixSampler(PlanSampler):
         self.sizes = [int(c.sum()) for c in self.shard_counts]
         self.offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
         np.cumsum(self.sizes, out=self.offsets[1:])
-        self.counts, self.replacement = plan_mod.mix_counts(
+        self.counts, self.replacement = mix_counts(
             self.sizes, weights, counts, samples_per_epoch, replacement
         )
         self.n_plan = int(self.counts.sum())
@@ -461,9 +463,9 @@ class MixSampler(PlanSampler):
         c = self.shard_counts[s]
         starts = np.zeros(len(c) + 1, dtype=np.int64)
         np.cumsum(c, out=starts[1:])
-        p = plan_mod.plan_worker(
+        p = plan_worker(
             c,
-            plan_mod.source_seed(self.seed, s),
+            source_seed(self.seed, s),
             source_epoch,
             self.block_size,
             buffer_size=self.buffer_size,
@@ -478,8 +480,8 @@ class MixSampler(PlanSampler):
 
     def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
         """Rank ``rank`` of ``world_size``'s concatenated indices of a fresh ``epoch``."""
-        a, b = plan_mod.slot_span(self.n_plan, rank, world_size, 0, 1, self.drop_last)
-        src, _ = plan_mod.mix_schedule(self.counts, self.seed, epoch, a, b, self.shuffle)
+        a, b = slot_span(self.n_plan, rank, world_size, 0, 1, self.drop_last)
+        src, _ = mix_schedule(self.counts, self.seed, epoch, a, b, self.shuffle)
         out = np.empty(len(src), dtype=np.int64)
         spans = _source_spans(
             self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle

@@ -14,7 +14,9 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..plan import shuffle as plan_mod
+from ..plan.epoch import plan_worker, rank_share
+from ..plan.resume import resume_segments
+from ..plan.seeds import make_rng
 from ._dist import EpochOwner
 
 __all__ = ["BlockSampler", "PlanSampler"]
@@ -40,7 +42,7 @@ class PlanSampler(EpochOwner, torch.utils.data.Sampler[int]):
     ``W' != W`` ranks resumes exactly what is left: the indices the ``W`` ranks had not yet
     yielded this epoch (each rank's share after its first ``consumed``), in plan order, dealt
     over the ``W'`` ranks in equal contiguous shares with the sampler's remainder policy
-    (:func:`tarindex.shuffle.resume_segments`): fewer than ``W'`` of them are repeated
+    (:func:`tarindex.plan.resume.resume_segments`): fewer than ``W'`` of them are repeated
     (``drop_last=False``) or left out (``drop_last=True``). That epoch, each rank yields its
     share of the rest (not ``len(sampler)``); the next epoch is a normal one on ``W'`` ranks.
     A state saved in such a resumed epoch records each change, so it may change again.
@@ -72,7 +74,7 @@ class PlanSampler(EpochOwner, torch.utils.data.Sampler[int]):
     # -- epochs and ranks (rank, epoch, set_epoch: EpochOwner) ------------------------------
     def __len__(self) -> int:
         """Indices this rank yields in a fresh epoch; the same on every rank."""
-        return plan_mod.rank_share(self.n_plan, self._rank()[1], self.drop_last)
+        return rank_share(self.n_plan, self._rank()[1], self.drop_last)
 
     def indices(self, epoch: int) -> NDArray[np.int64]:
         """Return this rank's indices for a fresh ``epoch``: ``int64`` of shape ``(len(self),)``."""
@@ -84,14 +86,14 @@ class PlanSampler(EpochOwner, torch.utils.data.Sampler[int]):
     ) -> NDArray[np.int64]:
         """Rank ``rank`` of ``world_size``'s indices after the interrupted ``legs`` of ``epoch``.
 
-        ``legs`` as in :func:`tarindex.shuffle.resume_segments`; ``[]`` is a fresh epoch.
+        ``legs`` as in :func:`tarindex.plan.resume.resume_segments`; ``[]`` is a fresh epoch.
 
         Returns:
             ``int64`` array, in yield order.
         """
         if not legs:
             return self.rank_order(epoch, rank, world_size)
-        segs = plan_mod.resume_segments(self.n_plan, legs, rank, world_size, self.drop_last)
+        segs = resume_segments(self.n_plan, legs, rank, world_size, self.drop_last)
         w0 = int(legs[0][0])
         cache: dict[int, NDArray[np.int64]] = {}
         parts = []
@@ -167,8 +169,8 @@ class PlanSampler(EpochOwner, torch.utils.data.Sampler[int]):
 
     def _leg_share(self, legs: list[tuple[int, int]], ws: int) -> int:
         if not legs:
-            return plan_mod.rank_share(self.n_plan, ws, self.drop_last)
-        segs = plan_mod.resume_segments(self.n_plan, legs, 0, ws, self.drop_last)
+            return rank_share(self.n_plan, ws, self.drop_last)
+        segs = resume_segments(self.n_plan, legs, 0, ws, self.drop_last)
         return int((segs[:, 2] - segs[:, 1]).sum())
 
     # -- iteration --------------------------------------------------------------------------
@@ -212,7 +214,7 @@ class BlockSampler(PlanSampler):
     disks, network filesystems, object stores, a bounded cache of open shards): the indices
     ``0..n-1`` are cut into blocks of ``block_size`` contiguous indices (never across a shard
     boundary when the dataset is a ``TarDataset``), the blocks are permuted and the stream
-    is dealt to ranks in equal contiguous parts, exactly as :mod:`tarindex.shuffle` plans a
+    is dealt to ranks in equal contiguous parts, exactly as :mod:`tarindex.plan.epoch` plans a
     streaming epoch with one worker per rank. Optionally, indices are mixed in windows of
     ``buffer_size`` (a pure function of seed, epoch and rank).
 
@@ -264,7 +266,7 @@ class BlockSampler(PlanSampler):
     ) -> None:
         if int(block_size) < 1:
             raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
-        plan_mod.make_rng(seed, 0, 0)  # validates seed
+        make_rng(seed, 0, 0)  # validates seed
         if isinstance(dataset_or_len, (int, np.integer)):
             if int(dataset_or_len) < 0:
                 raise ValueError(f"dataset_or_len={dataset_or_len!r}: expected >= 0")
@@ -294,7 +296,7 @@ class BlockSampler(PlanSampler):
 
     def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
         """Rank ``rank`` of ``world_size``'s indices of a fresh ``epoch`` (the block plan)."""
-        p = plan_mod.plan_worker(
+        p = plan_worker(
             self.counts,
             self.seed,
             epoch,

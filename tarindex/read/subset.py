@@ -1,0 +1,342 @@
+"""Some samples of a :class:`ShardSet` as a sample source of their own: :class:`ShardSubset`.
+
+``subset=`` on :class:`~tarindex.torch.dataset.TarDataset` and
+:class:`~tarindex.torch.iterable.TarIterableDataset` (or :class:`ShardSubset` directly) makes a
+view of just those samples that works with both access patterns: map-style (``ds[i]``,
+samplers, batched fetches) and streaming (the same plan, exactly-once and equal-count rules
+over the view's samples). The parts of :func:`tarindex.read.split.split_by_key` are such index
+lists.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
+from .reader import Block, Fields, Sample, ShardReader, ShardSet, sample_indices
+from .sample_source import SampleSource
+
+__all__ = ["ShardSubset", "shard_of_index"]
+
+
+class ShardSubset:
+    """Some samples of a :class:`ShardSet`, as a :class:`SampleSource` of their own (a view).
+
+    Position ``i`` of the view is sample ``indices[i]`` of ``base`` (``indices`` sorted, no
+    repeats), so the view keeps the base's shard order and, within a shard, its sample order.
+    Numbering (the contract of :mod:`tarindex.read.sample_source`, the same for every method):
+
+    - positions ``0 <= i < len(view)``: :meth:`get`, :meth:`gather`, :meth:`gather_packed`,
+      :meth:`take`, :meth:`prefetch`, :meth:`locate` take them, the key lookups return them;
+    - shard positions ``(s, j)``, ``0 <= j < counts[s]``, are position ``starts[s] + j``
+      (``counts``, ``starts``: the view's); :meth:`locate` returns them and the block reads
+      (:meth:`read_block`, :meth:`read_samples`, :meth:`prefetch_blocks`,
+      :meth:`take_ready`) take rows ``(s, j0, j1)`` of them, so the streaming planner plans
+      over the view's counts and its exactly-once and equal-count rules hold for the view;
+    - a sample's ``__index__`` and ``Block.index`` are its index in ``base`` (stable across
+      splits, joinable; :meth:`base_index` maps a position to it), and ``Block.samples``
+      the shard's own sample numbers, as the shard's reader (:meth:`reader`, the base's)
+      numbers them.
+
+    Every read goes to the base's readers through the base's public methods (one kernel:
+    :meth:`ShardReader.gather` for a run of the view's samples, which reads only those
+    members). Shard ``s`` of the view is shard ``s`` of the base (``paths``, ``remote``,
+    ``open_bound`` are the base's); a shard may hold no sample of the view.
+
+    Args:
+        base: The whole dataset, or a view of it (its view: a view of the same base).
+        indices: Global sample indices of ``base`` (positions when ``base`` is a view), any
+            order, repeats dropped.
+
+    Raises:
+        SampleIndexError: If an index is outside ``base``.
+    """
+
+    def __init__(
+        self, base: ShardSet | ShardSubset, indices: Sequence[int] | NDArray[np.integer[Any]]
+    ) -> None:
+        if isinstance(base, ShardSubset):  # a subset of a subset: one level
+            indices = base.indices[sample_indices(indices, len(base))]
+            base = base.base
+        idx = np.unique(np.asarray(indices, np.int64).reshape(-1))
+        n = len(base)
+        if idx.size and (int(idx[0]) < 0 or int(idx[-1]) >= n):
+            bad = int(idx[0]) if int(idx[0]) < 0 else int(idx[-1])
+            raise SampleIndexError(f"subset index {bad} out of range for {n} samples")
+        self.base: ShardSet = base
+        """The whole dataset the view's samples come from."""
+        self.indices: NDArray[np.int64] = idx
+        """``int64 (len(view),)``: the base's global index of each position, ascending."""
+        sid = np.searchsorted(base.starts, idx, side="right") - 1
+        self.local: NDArray[np.int64] = idx - base.starts[sid]
+        """``int64 (len(view),)``: each position's sample number in its shard (the reader's)."""
+        self.counts: NDArray[np.int64] = np.bincount(sid, minlength=base.n_shards).astype(np.int64)
+        """``int64 (n_shards,)``: the view's samples in each shard."""
+        self.starts: NDArray[np.int64] = np.zeros(len(self.counts) + 1, np.int64)
+        """``int64 (n_shards + 1,)``: the position of each shard's first sample, then ``len``."""
+        np.cumsum(self.counts, out=self.starts[1:])
+        self._starts_list: list[int] = self.starts.tolist()
+
+    # -- the shards: the base's ----------------------------------------------------------------
+    @property
+    def paths(self) -> list[str]:
+        """The base's shard paths (shard ``s`` of the view is shard ``s`` of the base)."""
+        return self.base.paths
+
+    @property
+    def remote(self) -> bool:
+        """Whether some shards are remote URLs (the base's)."""
+        return self.base.remote
+
+    @property
+    def n_shards(self) -> int:
+        """Number of shards (the base's, also those holding no sample of the view)."""
+        return self.base.n_shards
+
+    @property
+    def open_bound(self) -> int:
+        """The base's bound on open shards."""
+        return self.base.open_bound
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def reader(self, s: int) -> ShardReader:
+        """The base's reader of shard ``s`` (its sample numbers are the shard's own).
+
+        Raises:
+            StaleIndexError, FormatError: As :meth:`ShardSet.reader`.
+        """
+        return self.base.reader(s)
+
+    # -- positions -----------------------------------------------------------------------------
+    def _position(self, i: int) -> int:
+        i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing
+        n = len(self.indices)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise SampleIndexError(f"sample index {i} out of range for {n} samples")
+        return i
+
+    def base_index(self, i: int) -> int:
+        """The base's global index of position ``i`` (negative counts from the end).
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+            TypeError: If ``i`` is not an integer.
+        """
+        return int(self.indices[self._position(i)])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Map position ``i`` to its shard position ``(s, j)``: ``j`` counts the view's samples.
+
+        ``read_samples(s, j, j + 1)`` is ``[get(i)]``; ``s`` is also the base's shard.
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+            TypeError: If ``i`` is not an integer.
+        """
+        i = self._position(i)
+        s = bisect.bisect_right(self._starts_list, i) - 1
+        return s, i - self._starts_list[s]
+
+    def _to_base(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
+        """The base's indices of positions ``indices`` (negative count from the end)."""
+        out: NDArray[np.int64] = self.indices[sample_indices(indices, len(self.indices))]
+        return out
+
+    def get(self, i: int, fields: Fields = None) -> Sample:
+        """Sample at position ``i`` (``__index__``: its index in the base).
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+            StaleIndexError, FormatError: As :meth:`ShardSet.get`.
+        """
+        return self.base.get(self.base_index(i), fields)
+
+    def gather(
+        self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
+    ) -> Block:
+        """:meth:`ShardSet.gather` of positions ``indices`` (``index``: the base's).
+
+        Raises:
+            SampleIndexError, TypeError: If a position is out of range or not an integer.
+            FormatError, StaleIndexError: As :meth:`ShardSet.gather`.
+        """
+        return self.base.gather(self._to_base(indices), fields)
+
+    def gather_packed(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields,
+        int_fields: Collection[str],
+        alloc: Any,
+    ) -> tuple[Any, ...] | None:
+        """:meth:`ShardSet.gather_packed` of positions ``indices`` (``index``: the base's).
+
+        Raises:
+            SampleIndexError, TypeError: As :meth:`gather`.
+        """
+        return self.base.gather_packed(self._to_base(indices), fields, int_fields, alloc)
+
+    def take(self, indices: list[int]) -> list[Sample]:
+        """:meth:`ShardSet.take` of positions ``indices`` (``__index__``: the base's).
+
+        Raises:
+            SampleIndexError: If a position is outside the view.
+        """
+        return self.base.take(self._to_base(indices).tolist())
+
+    def prefetch(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields = None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """:meth:`ShardSet.prefetch` of positions ``indices`` (remote shards only).
+
+        Out-of-range positions are left for the read to refuse.
+        """
+        if not self.remote:
+            return
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        n = len(self.indices)
+        idx = np.where(idx < 0, idx + n, idx)
+        idx = idx[(idx >= 0) & (idx < n)]
+        self.base.prefetch(self.indices[idx], fields, wait=wait)
+
+    # -- blocks of shard positions -------------------------------------------------------------
+    def _shard_rows(self, s: int, j0: int, j1: int) -> NDArray[np.int64]:
+        """Positions of shard positions ``j0 <= j < j1`` of shard ``s`` (checked)."""
+        if not 0 <= s < len(self.counts):
+            raise SampleIndexError(f"shard {s} out of range for {len(self.counts)} shards")
+        c = int(self.counts[s])
+        if not 0 <= j0 <= j1 <= c:
+            raise SampleIndexError(f"{self.paths[s]}: samples {j0}..{j1} out of range [0, {c})")
+        a = self._starts_list[s]
+        return np.arange(a + j0, a + j1, dtype=np.int64)
+
+    def read_block(
+        self,
+        s: int,
+        j0: int,
+        j1: int,
+        fields: Fields = None,
+        *,
+        data: bool = True,
+        prefetch: bool = False,
+    ) -> Block:
+        """Shard positions ``j0 <= j < j1`` of shard ``s``, one kernel read of just those.
+
+        :meth:`ShardReader.gather` of the shard's own sample numbers (with ``pread``, runs of
+        neighbouring members in one read); ``index`` holds the base's global indices,
+        ``samples`` the shard's own sample numbers. ``prefetch`` is a hint (ignored).
+
+        Raises:
+            SampleIndexError: If the range is outside the view's shard ``s``.
+            FormatError, StaleIndexError, TruncatedError: As :meth:`ShardSet.read_block`.
+        """
+        local = self.local[self._shard_rows(s, j0, j1)]
+        b = self.base.reader(s).gather(local, fields, data=data)
+        b.paths = [self.paths[s]]
+        b.index = local + self.base.starts[s]
+        return b
+
+    def read_samples(
+        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
+    ) -> list[Sample]:
+        """Shard positions ``j0 <= j < j1`` of shard ``s``: ``read_block(...).to_samples()``.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
+                :meth:`read_block`.
+        """
+        return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
+
+    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
+        """``None``: a view's windows read their blocks (:meth:`read_samples`)."""
+        return None
+
+    def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
+        """Queue the view's blocks ``(s, j0, j1)`` for read-ahead (remote only): all of them.
+
+        Raises:
+            SampleIndexError: If a block is outside the view (remote shards).
+        """
+        if self.remote and len(pieces):
+            rows = [self._shard_rows(int(s), int(j0), int(j1)) for s, j0, j1 in pieces]
+            self.prefetch(np.concatenate(rows), fields, wait=False)
+        return len(pieces)
+
+    def drop_prefetched(self) -> None:
+        """Drop what the base's open remote shards fetched ahead and did not read yet."""
+        self.base.drop_prefetched()
+
+    # -- keys ----------------------------------------------------------------------------------
+    def indices_of(self, key: str) -> list[int]:
+        """Positions of the samples whose key is ``key`` (see :meth:`ShardSet.indices_of`)."""
+        hits = np.asarray(self.base.indices_of(key), np.int64)
+        at = np.searchsorted(self.indices, hits)
+        ok = (at < len(self.indices)) & (
+            self.indices[np.minimum(at, len(self.indices) - 1)] == hits
+        )
+        return at[ok].tolist() if len(self.indices) else []
+
+    def index_of_many(self, keys: Sequence[str]) -> NDArray[np.int64]:
+        """Positions of each key's sample, ``-1`` where none in the view (vectorised).
+
+        Raises:
+            AmbiguousKeyError: As :meth:`ShardSet.index_of_many` (over the base).
+        """
+        g = self.base.index_of_many(keys)
+        n = len(self.indices)
+        at = np.searchsorted(self.indices, g)
+        ok = (g >= 0) & (at < n)
+        ok[ok] = self.indices[at[ok]] == g[ok]
+        return np.where(ok, at, -1).astype(np.int64)
+
+    def index_of(self, key: str) -> int:
+        """The position of the sample whose key is ``key`` (see :meth:`ShardSet.index_of`).
+
+        Raises:
+            KeyNotFoundError: If no sample of the view has this key.
+            AmbiguousKeyError: If several samples of the view do.
+        """
+        hits = self.indices_of(key)
+        if len(hits) == 1:
+            return hits[0]
+        if not hits:
+            raise KeyNotFoundError(f"no sample with key {key!r} in this subset of {self!r}")
+        places = ", ".join(f"{i} (sample {int(self.indices[i])} of the dataset)" for i in hits[:5])
+        raise AmbiguousKeyError(
+            f"key {key!r} is in {len(hits)} samples of the subset: {places}; keys are unique "
+            f"only within a shard: use indices_of(key) for every one"
+        )
+
+    def close(self) -> None:
+        """Close the base's readers."""
+        self.base.close()
+
+    def __repr__(self) -> str:
+        return f"ShardSubset({len(self)} of {len(self.base)} samples, {self.n_shards} shards)"
+
+
+def shard_of_index(source: SampleSource, index: int) -> int:
+    """Return the shard of ``source`` holding the sample whose ``__index__`` is ``index``.
+
+    ``__index__`` is the sample's index in the whole set (a view's base), not a position of
+    the view; the shard is the same in both.
+
+    Raises:
+        SampleIndexError: If ``index`` is outside the set.
+    """
+    whole = source.base if isinstance(source, ShardSubset) else source
+    return whole.locate(index)[0]
