@@ -52,7 +52,7 @@ class Packed(NamedTuple):
     """``bool (n_fields, B)``: which samples have the field."""
     keys: list[str]
     """Sample keys, ``B`` strings."""
-    index: NDArray[np.int64]
+    global_index: NDArray[np.int64]
     """``int64 (B,)``: global index of each sample (``-1`` if unknown)."""
     ints: dict[str, NDArray[np.int64]]
     """Integer fields: ``int64 (B,)`` columns, ``-1`` where a sample has none."""

@@ -58,7 +58,7 @@ def open_shards(
                 "are already open with their own options; pass them to the ShardSet instead, "
                 "or pass the source (paths) here"
             )
-        return source  # type: ignore[return-value]
+        return source
     return ShardSet(
         source,
         max_open=max_open,
