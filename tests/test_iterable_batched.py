@@ -134,7 +134,7 @@ def test_ranks_equal_batch_counts(make_shards: Any, drop_last: bool) -> None:
                         per_w = []
                         for w in range(nw):
                             # what worker w of nw yields, run in process
-                            got = ids(list(ds._generate_batched(ds.plan(0, w, nw), 0)))
+                            got = ids(list(ds.iter_batches(ds.plan(0, w, nw))))
                             assert got == worker_batches(ds, 0, w, nw)
                             per_w.append(len(got))
                             seen.update(i for b in got for i in b)

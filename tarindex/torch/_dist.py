@@ -1,255 +1,35 @@
-"""Rank and epoch plumbing shared by the streaming datasets and the planned samplers.
+"""What the planned streams and samplers need from torch: the process group and the worker.
 
-Rank and world size are resolved in the parent process, never inside DataLoader workers
-(where a spawned process group is not initialised); the epoch counter advances once per
-``__iter__`` so persistent workers, which never see a later ``set_epoch``, still move on.
+Everything else about ranks, epochs and resume is torch-free, in
+:mod:`tarindex.stream.epochs`; :data:`TORCH` is the :class:`~tarindex.stream.epochs.Env` the
+torch layer's classes use.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import torch.utils.data
 
-from ..plan.seeds import make_rng
+from ..stream.epochs import Env
 
-__all__ = ["resolve_rank", "require_rank", "RankEpoch", "EpochOwner", "StreamEpochOwner"]
+__all__ = ["TorchEnv", "TORCH"]
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int] | None:
-    """Return ``(rank, world_size)`` from the arguments or ``torch.distributed``, if possible.
+class TorchEnv(Env):
+    """``torch.distributed``'s rank when initialised, and ``get_worker_info``'s worker."""
 
-    Order: explicit arguments; ``torch.distributed`` when initialised; else ``(0, 1)`` unless
-    the environment says ``WORLD_SIZE > 1`` (a launcher started several processes but the
-    process group is not up yet), in which case ``None`` (unresolved).
+    def dist(self) -> tuple[int, int] | None:
+        """``(rank, world_size)`` of ``torch.distributed`` if initialised, else ``None``."""
+        import torch.distributed as dist
 
-    Raises:
-        ValueError: If only one of ``rank``/``world_size`` is given, or they are out of range.
-    """
-    if rank is not None or world_size is not None:
-        if rank is None or world_size is None:
-            raise ValueError(
-                f"rank={rank!r}, world_size={world_size!r}: pass both or neither "
-                "(neither: taken from torch.distributed)"
-            )
-        r, w = int(rank), int(world_size)
-        if not 0 <= r < w:
-            raise ValueError(
-                f"rank={rank!r}, world_size={world_size!r}: need 0 <= rank < world_size"
-            )
-        return r, w
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    ws = os.environ.get("WORLD_SIZE", "")
-    try:
-        env_ws = int(ws) if ws else 1
-    except ValueError:
-        env_ws = 1
-    if env_ws > 1:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
         return None
-    return 0, 1
 
-
-def require_rank(rank: int | None, world_size: int | None, what: str) -> tuple[int, int]:
-    """Like :func:`resolve_rank` but raise when unresolved.
-
-    Raises:
-        RuntimeError: ``WORLD_SIZE > 1`` in the environment, no ``rank``/``world_size``
-            arguments and ``torch.distributed`` not initialised in this process.
-    """
-    got = resolve_rank(rank, world_size)
-    if got is None:
-        raise RuntimeError(
-            f"{what}: WORLD_SIZE={os.environ.get('WORLD_SIZE')} in the environment, but "
-            "torch.distributed is not initialised in this process and no rank/world_size "
-            "was passed, so every rank would read the same data. Call "
-            "torch.distributed.init_process_group() before iterating or creating the DataLoader "
-            "(rank is resolved in the parent, never in DataLoader workers), or pass "
-            "rank= and world_size= explicitly."
-        )
-    return got
-
-
-class RankEpoch:
-    """The rank, world size and epoch of a sampler or streaming dataset, written once.
-
-    Rank: ``rank``/``world_size`` if given, else ``torch.distributed`` when initialised,
-    resolved in the parent process (construction, ``len()``, ``__iter__``, or when pickled to
-    a worker: :meth:`before_pickle`); in a worker an unresolved rank raises (see
-    :func:`require_rank`). Epoch: each :meth:`next_epoch` returns ``e + k``, where ``e`` is the
-    last :meth:`set_epoch` value (``0`` initially) and ``k`` the number of :meth:`next_epoch`
-    calls since.
-
-    Args:
-        rank: This process's rank, or ``None``.
-        world_size: Number of ranks, or ``None``.
-        what: The owner's name, for messages.
-
-    Raises:
-        ValueError: If only one of ``rank``/``world_size`` is given, or they are out of range.
-    """
-
-    def __init__(self, rank: int | None, world_size: int | None, what: str) -> None:
-        self._args = (rank, world_size)
-        self._what = what
-        self._dist: tuple[int, int] | None = resolve_rank(rank, world_size)
-        self.epoch = 0
-        self.since_set = 0
-
-    def get(self) -> tuple[int, int]:
-        """``(rank, world_size)``, resolving now if needed.
-
-        Raises:
-            RuntimeError: ``WORLD_SIZE > 1`` but no rank could be resolved.
-        """
-        if self._dist is None:
-            info = torch.utils.data.get_worker_info()
-            where = self._what if info is None else f"{self._what} worker"
-            self._dist = require_rank(*self._args, where)
-        return self._dist
-
-    def before_pickle(self) -> None:
-        """Resolve in the parent before crossing to a spawned worker (errors wait for use)."""
-        if self._dist is None and torch.utils.data.get_worker_info() is None:
-            try:
-                self._dist = resolve_rank(*self._args)
-            except Exception:
-                pass
-
-    def set_epoch(self, epoch: int) -> None:
-        """Play ``epoch`` on the next :meth:`next_epoch` (``epoch + k`` on the k-th after).
-
-        Raises:
-            ValueError: If ``epoch`` is negative or ``>= 2**64``.
-        """
-        make_rng(0, epoch, 0)  # validates
-        self.epoch = int(epoch)
-        self.since_set = 0
-
-    def peek(self) -> int:
-        """The epoch the next :meth:`next_epoch` returns."""
-        return self.epoch + self.since_set
-
-    def next_epoch(self) -> int:
-        """Return the epoch of this ``__iter__`` and advance the counter."""
-        e = self.epoch + self.since_set
-        self.since_set += 1
-        return e
-
-    def resume(self, epoch: int) -> None:
-        """Continue ``epoch`` now (a loaded state); the next :meth:`next_epoch` is ``epoch + 1``."""
-        self.epoch, self.since_set = int(epoch), 1
-
-    def begin_iter(self, loaded: dict[str, Any] | None) -> tuple[int, int, int, int]:
-        """``(worker, num_workers, epoch, start)`` of a new ``__iter__`` in this process.
-
-        Resolves the rank first (the parent may resolve now; fork workers inherit an
-        initialised group, spawned ones were resolved when pickled; anything else raises).
-        ``loaded`` is a state from ``load_state_dict`` (its ``epoch`` is resumed from its
-        ``consumed`` samples), or ``None`` for the next epoch from position 0.
-
-        Raises:
-            RuntimeError: If the rank cannot be resolved.
-            ValueError: If ``loaded`` came from another worker layout.
-        """
+    def worker(self) -> tuple[int, int] | None:
+        """``(id, num_workers)`` inside a DataLoader worker, ``None`` in the main process."""
         info = torch.utils.data.get_worker_info()
-        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        self.get()
-        if loaded is None:
-            return worker, nw, self.next_epoch(), 0
-        if (loaded["worker"], loaded["num_workers"]) != (worker, nw):
-            raise ValueError(
-                f"state saved by worker {loaded['worker']} of {loaded['num_workers']} loaded "
-                f"into worker {worker} of {nw}: restore it with the same num_workers (with "
-                f"workers, through torchdata's StatefulDataLoader)"
-            )
-        epoch = int(loaded["epoch"])
-        self.resume(epoch)
-        return worker, nw, epoch, int(loaded["consumed"])
+        return None if info is None else (info.id, info.num_workers)
 
 
-class EpochOwner:
-    """Base of what holds a :class:`RankEpoch`: the streaming datasets and the planned samplers.
-
-    Holds ``_re`` (rank, world size, epoch counter), ``_loaded`` (a state from
-    ``load_state_dict`` not yet consumed by an ``__iter__``), ``_active`` (the epoch being
-    iterated by this process, or ``None``) and ``_consumed`` (positions passed in it, written
-    by the owner's per-sample loop as a plain attribute).
-    """
-
-    def _init_epochs(self, rank: int | None, world_size: int | None, what: str) -> None:
-        self._re = RankEpoch(rank, world_size, what)
-        self._loaded: dict[str, Any] | None = None
-        self._active: dict[str, Any] | None = None
-        self._consumed = 0
-
-    def _rank(self) -> tuple[int, int]:
-        return self._re.get()
-
-    @property
-    def epoch(self) -> int:
-        """The last :meth:`set_epoch` value (``0`` initially)."""
-        return self._re.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Play epoch ``epoch`` on the next ``__iter__`` (and ``epoch + k`` on the k-th after).
-
-        Call it in the parent before ``iter(loader)``: a streaming dataset's workers created
-        for that iterator get the new epoch; persistent workers advance by themselves (one
-        epoch per ``__iter__``).
-
-        Raises:
-            ValueError: If ``epoch`` is negative or ``>= 2**64``.
-        """
-        self._re.set_epoch(epoch)
-        self._active = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        self._re.before_pickle()
-        return self.__dict__.copy()
-
-
-class StreamEpochOwner(EpochOwner):
-    """Base of the streaming datasets: one plan per worker, resumed per worker.
-
-    A subclass implements :meth:`_plan_params` (what a saved state must match).
-    """
-
-    seed: int
-    """Base seed."""
-
-    def _plan_params(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
-        return state
-
-    def _worker_state(self, version: int) -> dict[str, Any]:
-        """A streaming dataset's ``state_dict``: this process's worker's place in the epoch.
-
-        A loaded but not yet consumed state is returned as loaded; before any iteration the
-        state describes the next epoch at 0.
-        """
-        if self._loaded is not None:
-            return dict(self._loaded)
-        if self._active is not None:
-            epoch, worker, nw = (self._active[k] for k in ("epoch", "worker", "num_workers"))
-            consumed = self._consumed
-        else:
-            info = torch.utils.data.get_worker_info()
-            worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-            epoch, consumed = self._re.peek(), 0
-        return {
-            "version": version,
-            "seed": self.seed,
-            "epoch": epoch,
-            "consumed": consumed,
-            "worker": worker,
-            "num_workers": nw,
-            **self._plan_params(),
-        }
+TORCH = TorchEnv()
+"""The torch layer's :class:`~tarindex.stream.epochs.Env`."""

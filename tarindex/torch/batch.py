@@ -1,8 +1,9 @@
-"""BatchedSamples: a batch of raw samples in one ``uint8`` buffer, laid out field-major.
+"""BatchedSamples: a batch of raw samples in one ``uint8`` tensor, laid out field-major.
 
-The layout (:func:`field_major`) is defined once here: the members of field ``fields[0]`` for
-samples ``0..B-1``, then those of ``fields[1]``, and so on; ``offsets[f]`` (``int64 (B + 1,)``)
-cuts field ``f`` into samples. Integer fields (``cls``) are ``int64`` columns instead.
+The layout is :func:`tarindex.stream.pack.field_major`'s (defined there only): the members of
+field ``fields[0]`` for samples ``0..B-1``, then those of ``fields[1]``, and so on;
+``offsets[f]`` (``int64 (B + 1,)``) cuts field ``f`` into samples. Integer fields (``cls``)
+are ``int64`` columns instead.
 """
 
 from __future__ import annotations
@@ -17,32 +18,7 @@ from numpy.typing import NDArray
 from ..read.reader import Sample
 from .transport import open_ref, share_ref
 
-__all__ = ["BatchedSamples", "field_major"]
-
-
-def field_major(
-    lengths: NDArray[np.int64],
-) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-    """The field-major layout of a batch: where each field's member of each sample goes.
-
-    Args:
-        lengths: ``int64 (n_fields, n)``: the byte length of field ``f``'s member of sample
-            ``b``, or ``-1`` where sample ``b`` has none.
-
-    Returns:
-        ``(offsets, present)``: ``int64 (n_fields, n + 1)`` byte offsets of each field's
-        samples in the buffer (field ``f`` of sample ``b`` is
-        ``[offsets[f, b], offsets[f, b + 1])``; the buffer is ``offsets[-1, -1]`` bytes) and
-        ``bool (n_fields, n)``, which samples have the field.
-    """
-    nf, n = lengths.shape
-    present = lengths >= 0
-    cum = np.zeros(nf * n + 1, np.int64)
-    np.cumsum(np.where(present, lengths, 0).ravel(), out=cum[1:])
-    offsets = np.empty((nf, n + 1), np.int64)
-    offsets[:, :n] = cum[:-1].reshape(nf, n)
-    offsets[:, n] = cum[n::n] if n else 0
-    return offsets, present
+__all__ = ["BatchedSamples"]
 
 
 class BatchedSamples:

@@ -1,4 +1,4 @@
-"""Packers: read-kernel blocks (or sample dicts) into one :class:`BatchedSamples` per batch.
+"""Batches as tensors: the torch-free packers' batches in shared memory, as :class:`BatchedSamples`.
 
 A ``DataLoader`` over per-sample dicts pays per sample twice: the fetch builds a dict of
 ``bytes`` for each sample, and the worker pickles every one of them to the main process.
@@ -7,8 +7,10 @@ one ``uint8`` tensor with the bytes of every member (in shared memory inside a w
 :mod:`tarindex.torch.transport`), an ``int64`` offset table per extension, and ``int64``
 arrays for the global index and the integer labels (``cls``).
 
-Every batched path packs with :func:`pack_blocks`: ``TarDataset(batched=True).__getitems__``
-(:func:`fetch_batched`, one :meth:`~tarindex.read.reader.ShardSet.gather` per batch) and
+Every batched path packs with :func:`tarindex.stream.pack.pack_blocks` (torch-free: the
+layout, the copy and the integer parsing) into a buffer from :func:`tensor_alloc`:
+``TarDataset(batched=True).__getitems__`` (:func:`fetch_batched`, one
+:meth:`~tarindex.read.reader.ShardSet.gather` per batch) and
 ``TarIterableDataset(batched=True)`` (its block reads). Use the map-style one with
 :func:`collate_batched` as the ``collate_fn``::
 
@@ -34,10 +36,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import FormatError
-from ..read.reader import Block, Sample, copy_members
+from ..read.reader import Block, Sample
 from ..read.sample_source import SampleSource
-from .batch import BatchedSamples, field_major
+from ..stream import pack as core
+from ..stream.pack import INT_FIELDS
+from .batch import BatchedSamples
 from .transport import alloc_buffer
 
 __all__ = [
@@ -47,10 +50,14 @@ __all__ = [
     "fetch_batched",
     "pack_blocks",
     "pack_samples",
+    "tensor_alloc",
 ]
 
-INT_FIELDS: tuple[str, ...] = ("cls",)
-"""Extensions parsed to ``int64`` (decimal text, as webdataset and tarindex write labels)."""
+
+def tensor_alloc(nbytes: int) -> tuple[Any, NDArray[np.uint8]]:
+    """The batch buffer: a ``torch.uint8`` tensor (shared memory in a worker) and its view."""
+    t = alloc_buffer(nbytes)
+    return t, t.numpy()
 
 
 def pack_blocks(
@@ -58,7 +65,7 @@ def pack_blocks(
     rows: NDArray[np.int64] | None = None,
     int_fields: Collection[str] = INT_FIELDS,
 ) -> BatchedSamples:
-    """Pack samples of kernel blocks into one batch, one copy per member byte.
+    """:func:`tarindex.stream.pack.pack_blocks` into a :class:`BatchedSamples`.
 
     Args:
         parts: ``(block, sel)`` pairs: samples ``sel`` (``int64`` positions in the block, any
@@ -68,73 +75,12 @@ def pack_blocks(
         int_fields: Extensions parsed as decimal integers into ``int64`` columns. Defaults to
             :data:`INT_FIELDS`.
 
-    Returns:
-        The batch (``fields`` in order of first appearance among the byte members).
-
     Raises:
         FormatError: If an integer field does not hold a decimal integer (names the shard,
             the byte offset and the member).
         ValueError: If a block was read with ``data=False``.
     """
-    blocks: list[Block] = []
-    for blk, sel in parts:
-        if blk.offset is None:
-            raise ValueError(f"{blk.paths}: block read with data=False has no member bytes")
-        blocks.append(blk if sel is None else blk.take(sel))
-    whole = Block.concat(blocks) if blocks else None
-    if whole is None or whole.offset is None:
-        return pack_samples([], int_fields)
-    blk, off = whole, whole.offset
-    n = len(blk)
-    names, datas, keys = blk.exts, blk.data, blk.keys
-    paths = blk.paths
-    shards: list[str | None] = (
-        [paths[0]] * n if len(paths) == 1 else [paths[k] for k in blk.shard.tolist()]
-    )
-    code, src, size, tar_off, idx = blk.ext_id, blk.src, blk.size, blk.tar_offset, blk.index
-    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(blk.member_ptr))
-    if rows is not None:
-        row = rows[row]
-        inv = np.empty(n, np.int64)
-        inv[rows] = np.arange(n, dtype=np.int64)
-        order = inv.tolist()
-        keys = [keys[i] for i in order]
-        shards = [shards[i] for i in order]
-        idx = idx[inv]
-    int_set = frozenset(int_fields)
-    is_int = np.asarray([nm in int_set for nm in names] or [False], np.bool_)[code]
-    byte = ~is_int
-    # byte fields in order of first appearance; field-major layout (batch.field_major)
-    bcode, brow = code[byte], row[byte]
-    used = list(dict.fromkeys(bcode.tolist()))
-    fmap = np.zeros(len(names), np.int64)
-    fmap[used] = np.arange(len(used), dtype=np.int64)
-    f = fmap[bcode]
-    lens = np.full((len(used), n), -1, np.int64)
-    lens[f, brow] = size[byte]
-    offsets, present = field_major(lens)
-    dest = np.full(len(code), -1, np.int64)  # -1: an integer member, parsed instead
-    dest[byte] = offsets[f, brow]
-    data = alloc_buffer(int(offsets[-1, -1]) if used else 0)
-    # One pass in member order, where a sample's members are neighbours in its tar (pages
-    # touched once, as a per-item read does): each byte member copied once, source buffer
-    # (mapped tar or pread bytes) -> batch buffer; each integer member parsed.
-    vals, bad = copy_members(data.numpy(), datas, src, off, size, dest)
-    if bad >= 0:
-        r, c = int(row[bad]), int(code[bad])
-        raise FormatError(
-            f"{shards[r]}: byte {int(tar_off[bad])}: member {keys[r]}.{names[c]} is not a "
-            f"decimal integer within int64; pass int_fields=() to keep it as bytes"
-        )
-    ints: dict[str, NDArray[np.int64]] = {}
-    if is_int.any():
-        isel = np.flatnonzero(is_int)
-        icode, irow, ival = code[isel], row[isel], vals[isel]
-        for c in dict.fromkeys(icode.tolist()):
-            m = icode == c
-            col = ints[names[c]] = np.full(n, -1, np.int64)
-            col[irow[m]] = ival[m]
-    return BatchedSamples([names[c] for c in used], data, offsets, present, keys, idx, ints, shards)
+    return BatchedSamples(*core.pack_blocks(parts, rows, int_fields, tensor_alloc))
 
 
 def fetch_batched(
@@ -145,9 +91,8 @@ def fetch_batched(
 ) -> BatchedSamples:
     """Read samples ``indices`` of ``shards`` straight into one :class:`BatchedSamples`.
 
-    One :meth:`~tarindex.read.reader.ShardSet.gather_packed` (the kernel's batch read and packing
-    in one compiled pass) or, where that hands back, :meth:`~tarindex.read.reader.ShardSet.gather`
-    then :func:`pack_blocks`: no per-sample dict and no per-member ``bytes`` object is made.
+    :func:`tarindex.stream.pack.fetch_packed` (one compiled gather-and-pack, or a gather and
+    :func:`pack_blocks`) into a tensor buffer, shared memory inside a worker.
 
     Args:
         shards: The shards (``TarDataset.shards``).
@@ -163,19 +108,7 @@ def fetch_batched(
         SampleIndexError: If an index is out of range.
         FormatError: If an index table is corrupt, or an integer field is not a decimal integer.
     """
-    got = shards.gather_packed(indices, fields, int_fields, _alloc)
-    if got is None:  # the Python path (see ShardSet.gather_packed), same batch
-        return pack_blocks([(shards.gather(indices, fields), None)], None, int_fields)
-    data, keys, byte_fields, int_names, offsets, present, ints, index, paths = got
-    return BatchedSamples(
-        byte_fields, data, offsets, present, keys, index, dict(zip(int_names, ints, strict=True)), paths
-    )
-
-
-def _alloc(nbytes: int) -> tuple[Any, Any]:
-    """The batch buffer for :meth:`ShardSet.gather_packed`: the tensor and its numpy view."""
-    t = alloc_buffer(nbytes)
-    return t, t.numpy()
+    return BatchedSamples(*core.fetch_packed(shards, indices, int_fields, fields, tensor_alloc))
 
 
 def pack_samples(
@@ -183,63 +116,12 @@ def pack_samples(
 ) -> BatchedSamples:
     """Pack a list of sample dicts (``{"__key__": str, ext: bytes | int, ...}``) into one batch.
 
-    Entries whose name starts with ``__`` other than ``__key__``, ``__index__`` and
-    ``__shard__`` are ignored; values of ``int_fields`` may be ``int`` or decimal bytes/str;
-    other values must be bytes-like.
+    See :func:`tarindex.stream.pack.pack_samples`.
 
     Raises:
         TypeError: If a value is neither bytes-like nor, for an integer field, an integer.
     """
-    n = len(samples)
-    int_set = frozenset(int_fields)
-    fields: list[str] = []
-    field_id: dict[str, int] = {}
-    ints: dict[str, NDArray[np.int64]] = {}
-    m_field: list[int] = []
-    m_row: list[int] = []
-    values: list[memoryview] = []
-    keys: list[str] = []
-    index = np.full(n, -1, np.int64)
-    shards: list[str | None] = []
-    for b, smp in enumerate(samples):
-        keys.append(str(smp.get("__key__", "")))
-        shards.append(smp.get("__shard__"))
-        if "__index__" in smp:
-            index[b] = int(smp["__index__"])
-        for ext, v in smp.items():
-            if ext.startswith("__"):
-                continue
-            if ext in int_set:
-                col = ints.get(ext)
-                if col is None:
-                    col = ints[ext] = np.full(n, -1, np.int64)
-                col[b] = int(v) if isinstance(v, (int, np.integer, str)) else int(bytes(v))
-                continue
-            if isinstance(v, str):
-                v = v.encode("utf-8")
-            if not isinstance(v, (bytes, bytearray, memoryview, np.ndarray)):
-                raise TypeError(
-                    f"sample {keys[-1]!r}: {ext!r} is {type(v).__name__}, not bytes; "
-                    f"collate_batched packs raw samples (use decode=None)"
-                )
-            f = field_id.get(ext)
-            if f is None:
-                f = field_id[ext] = len(fields)
-                fields.append(ext)
-            m_field.append(f)
-            m_row.append(b)
-            values.append(memoryview(v).cast("B"))  # type: ignore[arg-type]
-    lens = np.full((len(fields), n), -1, np.int64)
-    for f, b, v in zip(m_field, m_row, values, strict=True):
-        lens[f, b] = v.nbytes
-    offsets, present = field_major(lens)
-    data = alloc_buffer(int(offsets[-1, -1]) if fields else 0)
-    out = memoryview(data.numpy())  # type: ignore[arg-type]
-    at = offsets.tolist()
-    for f, b, v in zip(m_field, m_row, values, strict=True):
-        d = at[f][b]
-        out[d : d + v.nbytes] = v
-    return BatchedSamples(fields, data, offsets, present, keys, index, ints, shards)
+    return BatchedSamples(*core.pack_samples(samples, int_fields, tensor_alloc))
 
 
 def collate_batched(batch: Any) -> BatchedSamples:

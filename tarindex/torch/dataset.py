@@ -1,4 +1,9 @@
-"""TarDataset: a map-style torch Dataset over indexed tar shards, O(1) per sample."""
+"""TarDataset: a map-style torch Dataset over indexed tar shards, O(1) per sample.
+
+Reads are the core's (:meth:`tarindex.ShardSet.get`, ``__getitems__`` batches through
+:func:`tarindex.torch.collate.fetch_batched`); decode, select and transform are
+:class:`tarindex.stream.finish.Finisher`'s, the same as the streaming datasets'.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +14,17 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs.decode import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
+from ..codecs.decode import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read.reader import Sample, ShardSet
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
-from ..read.subset import ShardSubset, shard_of_index
+from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
+from ..stream.finish import Finisher
+from ..stream.shards import open_shards
 
-__all__ = ["TarDataset", "decode_sample"]
-
-
-def decode_sample(shards: SampleSource, decoder: Decoder, sample: Sample) -> Any:
-    """Run ``decoder`` on a raw sample of ``shards``, as both datasets do.
-
-    tarindex's own decoder (:class:`~tarindex.codecs.ExtDecoder`, what ``decode=`` makes)
-    also gets the zstd dictionary of the sample's shard (:meth:`ShardReader.zstd_dict`,
-    FORMAT.md §7) when a member has a ``.zst`` layer (``json.zst``, ``npy.zst.gz``; ``.gz``
-    needs no dictionary); a sample function gets the sample only (raw ``EXT.zst`` and
-    ``EXT.gz`` bytes stay as stored).
-    """
-    if isinstance(decoder, ExtDecoder):
-        for k in sample:
-            if ".zst" in k and ".zst" in compression_layers(k):
-                s = shard_of_index(shards, sample["__index__"])
-                return decoder(sample, shards.reader(s).zstd_dict())
-    return decoder(sample)
+__all__ = ["TarDataset"]
 
 
 class TarDataset(torch.utils.data.Dataset[Any]):
@@ -53,7 +43,10 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     Args:
         source: Path, list of paths, brace pattern (``"train-{000000..000009}.tar"``), glob or
             directory of ``*.tar`` shards, each with its ``.tidx`` index, or a dataset
-            manifest (``data.json``, ``tarindex manifest``: opens with one read).
+            manifest (``data.json``, ``tarindex manifest``: opens with one read), or a ready
+            :class:`tarindex.ShardSet` (read through as it is, with its own open options:
+            ``max_open``, ``use_mmap``, ``check_crc``, ``verify_data``, ``index_dir`` and
+            ``remote`` must then be left out).
         decode: ``None`` (bytes); an image spec of webdataset's (``"rgb8"``: ``uint8
             (H, W, 3)``, ``"rgb"``: ``float32`` in ``[0, 1]``, ``"torchrgb8"``: ``uint8`` tensor
             ``(3, H, W)``, ``"pil"``, ... see :data:`tarindex.codecs.IMAGE_SPECS`; ``True`` is
@@ -112,12 +105,13 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             (:class:`tarindex.SampleIndexError`).
         MissingFieldError: A sample without a field ``select`` asks for (a ``KeyError``).
         ValueError: ``batched=True`` together with ``decode``, ``transform`` or ``select``;
-            ``select`` together with ``fields``; an unknown ``decode`` mode.
+            ``select`` together with ``fields``; an unknown ``decode`` mode; open options
+            together with a ready ``ShardSet``.
     """
 
     def __init__(
         self,
-        source: Source,
+        source: Source | ShardSet | ShardSubset,
         *,
         decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
@@ -133,7 +127,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         remote: RemoteOptions | None = None,
         subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
     ) -> None:
-        self.shards: SampleSource = ShardSet(
+        opened = open_shards(
             source,
             max_open=max_open,
             use_mmap=use_mmap,
@@ -142,8 +136,9 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             index_dir=index_dir,
             remote=remote,
         )
+        self.shards: SampleSource = opened
         if subset is not None:  # a view: ds[i] is sample subset[i] of the source
-            self.shards = ShardSubset(self.shards, subset)
+            self.shards = ShardSubset(opened, subset)
         self.select, fields = select_fields(select, fields)
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
@@ -156,6 +151,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
                 "(fields= projects a batched read)"
             )
         self.batched = batched
+        self.finisher = Finisher(self.shards, self.decoder, self.select, self.transform)
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -171,21 +167,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         sample = shards.get(i, self.fields)  # TypeError unless an int, as list indexing
         if self.select is None and self.decoder is None and self.transform is None:
             return sample  # raw bytes: the common hot path, no call more
-        return self._finish(sample)
-
-    def _decode(self, sample: Sample) -> Any:
-        return decode_sample(self.shards, self.decoder, sample)  # type: ignore[arg-type]
-
-    def _finish(self, sample: Sample) -> Any:
-        """Decode, select, transform one raw sample."""
-        out: Any = sample
-        if self.select is not None:
-            out = self.select(sample, None if self.decoder is None else self._decode)
-        elif self.decoder is not None:
-            out = decode_sample(self.shards, self.decoder, sample)
-        if self.transform is not None:
-            return self.transform(out)
-        return out
+        return self.finisher(sample)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Batched fetch used by ``DataLoader`` (one call per batch instead of one per sample).
@@ -203,7 +185,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         samples = [get(int(i), fields) for i in indices]
         if self.decoder is None and self.select is None and self.transform is None:
             return samples
-        finish = self._finish
+        finish = self.finisher
         return [finish(s) for s in samples]
 
     def index_of(self, key: str) -> int:

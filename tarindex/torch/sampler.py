@@ -1,212 +1,20 @@
 """BlockSampler: a shuffling, rank-splitting sampler for map-style datasets that keeps locality.
 
-:class:`PlanSampler` holds what every planned sampler shares (epochs, ranks, exact resume,
-resuming on another world size); :class:`BlockSampler` and
-:class:`tarindex.torch.mix.MixSampler` only say which indices a rank takes in a fresh epoch.
+The plan, epochs, ranks and resume are torch-free (:mod:`tarindex.stream.samplers`); this is
+that sampler as a ``torch.utils.data.Sampler``, its rank from ``torch.distributed``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
-from typing import Any
-
-import numpy as np
 import torch.utils.data
-from numpy.typing import NDArray
 
-from ..plan.epoch import plan_worker, rank_share
-from ..plan.resume import resume_segments
-from ..plan.seeds import make_rng
-from ._dist import EpochOwner
+from ..stream.samplers import BlockPlanSampler
+from ._dist import TORCH
 
-__all__ = ["BlockSampler", "PlanSampler"]
-
-_STATE_VERSION = 1
+__all__ = ["BlockSampler"]
 
 
-class PlanSampler(EpochOwner, torch.utils.data.Sampler[int]):
-    """Base of the planned samplers: epochs, ranks, ``state_dict`` and world-size changes.
-
-    A subclass sets :attr:`n_plan` (positions in one epoch's plan over all ranks) and
-    implements :meth:`rank_order` (the indices rank ``r`` of ``W`` yields in a fresh epoch, a
-    pure function of seed and epoch) and :meth:`plan_params` (what must match to resume).
-
-    **Resume.** :meth:`state_dict` is ``O(1)``: seed, epoch, ``consumed`` (indices this
-    rank's iterator has yielded in that epoch), the world size and the plan parameters.
-    After :meth:`load_state_dict` the next ``__iter__`` yields exactly the rest of that epoch
-    and the one after plays ``epoch + 1``. Under DDP every rank draws the same number of
-    indices (same batch size, same steps), so the state of any rank describes all of them:
-    load one rank's state (e.g. rank 0's) into every rank.
-
-    **Another world size.** Loading a state saved with ``W`` ranks into a sampler with
-    ``W' != W`` ranks resumes exactly what is left: the indices the ``W`` ranks had not yet
-    yielded this epoch (each rank's share after its first ``consumed``), in plan order, dealt
-    over the ``W'`` ranks in equal contiguous shares with the sampler's remainder policy
-    (:func:`tarindex.plan.resume.resume_segments`): fewer than ``W'`` of them are repeated
-    (``drop_last=False``) or left out (``drop_last=True``). That epoch, each rank yields its
-    share of the rest (not ``len(sampler)``); the next epoch is a normal one on ``W'`` ranks.
-    A state saved in such a resumed epoch records each change, so it may change again.
-    """
-
-    n_plan: int
-    """Positions in one epoch's plan over all ranks (the ``n`` of the remainder policy)."""
-    drop_last: bool
-    """Remainder policy."""
-    seed: int
-    """Base seed."""
-
-    def __init__(self, rank: int | None, world_size: int | None, what: str) -> None:
-        self._init_epochs(rank, world_size, what)
-
-    # -- to implement -----------------------------------------------------------------------
-    def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
-        """Return rank ``rank`` of ``world_size``'s indices of a fresh ``epoch``, in order.
-
-        Returns:
-            ``int64`` array of shape ``(rank_share(n_plan, world_size, drop_last),)``.
-        """
-        raise NotImplementedError
-
-    def plan_params(self) -> dict[str, Any]:
-        """Return the parameters a saved state must match (besides seed and world size)."""
-        raise NotImplementedError
-
-    # -- epochs and ranks (rank, epoch, set_epoch: EpochOwner) ------------------------------
-    def __len__(self) -> int:
-        """Indices this rank yields in a fresh epoch; the same on every rank."""
-        return rank_share(self.n_plan, self._rank()[1], self.drop_last)
-
-    def indices(self, epoch: int) -> NDArray[np.int64]:
-        """Return this rank's indices for a fresh ``epoch``: ``int64`` of shape ``(len(self),)``."""
-        rank, ws = self._rank()
-        return self.rank_order(epoch, rank, ws)
-
-    def leg_order(
-        self, epoch: int, legs: list[tuple[int, int]], rank: int, world_size: int
-    ) -> NDArray[np.int64]:
-        """Rank ``rank`` of ``world_size``'s indices after the interrupted ``legs`` of ``epoch``.
-
-        ``legs`` as in :func:`tarindex.plan.resume.resume_segments`; ``[]`` is a fresh epoch.
-
-        Returns:
-            ``int64`` array, in yield order.
-        """
-        if not legs:
-            return self.rank_order(epoch, rank, world_size)
-        segs = resume_segments(self.n_plan, legs, rank, world_size, self.drop_last)
-        w0 = int(legs[0][0])
-        cache: dict[int, NDArray[np.int64]] = {}
-        parts = []
-        for r, a, b in segs.tolist():
-            if r not in cache:
-                cache[r] = self.rank_order(epoch, r, w0)
-            parts.append(cache[r][a:b])
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-    # -- state ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Return where this rank is in the epoch, in ``O(1)`` (a few ints; one pair per change).
-
-        Returns:
-            ``{"version", "seed", "epoch", "consumed", "world_size", "rank", "legs",
-            "n_samples", ...plan parameters}``: ``consumed`` is the number of indices this
-            rank's iterator has yielded in ``epoch`` (in the current leg); ``legs`` lists the
-            ``[world_size, consumed]`` of earlier legs of this epoch on other world sizes
-            (``[]`` normally). Before any iteration it describes the next epoch at 0; a
-            loaded but not yet consumed state is returned as loaded.
-        """
-        if self._loaded is not None:
-            return dict(self._loaded)
-        rank, ws = self._rank()
-        if self._active is not None:
-            epoch, legs, consumed = self._active["epoch"], self._active["legs"], self._consumed
-        else:
-            epoch, legs, consumed = self._re.peek(), [], 0
-        return {
-            "version": _STATE_VERSION,
-            "seed": self.seed,
-            "epoch": epoch,
-            "consumed": consumed,
-            "world_size": ws,
-            "rank": rank,
-            "legs": [list(x) for x in legs],
-            "n_samples": self.n_plan,
-            **self.plan_params(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next ``__iter__`` yields the rest of that epoch.
-
-        The state may come from any rank, and from another world size (see the class
-        docstring). The seed is taken from the state.
-
-        Raises:
-            ValueError: If the state has an unknown version, was saved by another kind of
-                sampler or with other plan parameters (the message names the field), or its
-                ``consumed`` is out of range.
-        """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state version {state.get('version')!r}: this tarindex reads sampler state "
-                f"version {_STATE_VERSION}; save the state again with this version"
-            )
-        mine = {"n_samples": self.n_plan, **self.plan_params()}
-        for k, v in mine.items():
-            if state.get(k) != v:
-                raise ValueError(
-                    f"state {k}={state.get(k)!r} but this sampler has {k}={v!r}: resuming would "
-                    f"not replay the same plan; construct the sampler with the same {k} (and "
-                    f"datasets) as the one that saved the state"
-                )
-        legs = [(int(w), int(k)) for w, k in state.get("legs", [])]
-        ws, consumed = int(state["world_size"]), int(state["consumed"])
-        # validates the legs and the consumed count against the plan
-        share = self._leg_share(legs, ws)
-        if not 0 <= consumed <= share:
-            raise ValueError(f"state consumed={consumed}: expected 0..{share} for this plan")
-        self._loaded = dict(state)
-        self.seed = int(state["seed"])
-
-    def _leg_share(self, legs: list[tuple[int, int]], ws: int) -> int:
-        if not legs:
-            return rank_share(self.n_plan, ws, self.drop_last)
-        segs = resume_segments(self.n_plan, legs, 0, ws, self.drop_last)
-        return int((segs[:, 2] - segs[:, 1]).sum())
-
-    # -- iteration --------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[int]:
-        """Iterate one epoch (see the class docstring for which).
-
-        The epoch starts, and a loaded state is consumed, when the first index is drawn, not
-        at ``iter()``: a DataLoader with workers calls ``iter(sampler)`` twice per epoch and
-        draws from the second iterator only.
-        """
-        return self._generate()
-
-    def _generate(self) -> Iterator[int]:
-        rank, ws = self._rank()
-        legs: list[tuple[int, int]] = []
-        start = 0
-        if self._loaded is not None:
-            st, self._loaded = self._loaded, None
-            epoch = int(st["epoch"])
-            legs = [(int(w), int(k)) for w, k in st.get("legs", [])]
-            if int(st["world_size"]) == ws:
-                start = int(st["consumed"])
-            else:
-                legs.append((int(st["world_size"]), int(st["consumed"])))
-            self._re.resume(epoch)
-        else:
-            epoch = self._re.next_epoch()
-        idx = self.leg_order(epoch, legs, rank, ws)
-        self._active = {"epoch": epoch, "legs": legs}
-        self._consumed = start
-        for i in idx[start:].tolist():
-            self._consumed += 1
-            yield i
-
-
-class BlockSampler(PlanSampler):
+class BlockSampler(BlockPlanSampler, torch.utils.data.Sampler[int]):
     """Sample indices in shuffled blocks of contiguous indices, split over ranks.
 
     A drop-in for ``DistributedSampler`` (or ``shuffle=True``) over a map-style dataset such as
@@ -214,7 +22,7 @@ class BlockSampler(PlanSampler):
     disks, network filesystems, object stores, a bounded cache of open shards): the indices
     ``0..n-1`` are cut into blocks of ``block_size`` contiguous indices (never across a shard
     boundary when the dataset is a ``TarDataset``), the blocks are permuted and the stream
-    is dealt to ranks in equal contiguous parts, exactly as :mod:`tarindex.plan.epoch` plans a
+    is dealt to ranks in equal contiguous parts, exactly as :mod:`tarindex.shuffle` plans a
     streaming epoch with one worker per rank. Optionally, indices are mixed in windows of
     ``buffer_size`` (a pure function of seed, epoch and rank).
 
@@ -230,7 +38,7 @@ class BlockSampler(PlanSampler):
 
     Resume: :meth:`state_dict` / :meth:`load_state_dict` (``O(1)``, exact, also through
     torchdata's ``StatefulDataLoader``, and onto another world size: see
-    :class:`PlanSampler` and docs/STREAMING.md, "Resume").
+    :class:`~tarindex.stream.samplers.PlanSampler` and docs/STREAMING.md, "Resume").
 
     Args:
         dataset_or_len: A sized dataset or the number of samples ``n``. For a dataset with
@@ -252,73 +60,4 @@ class BlockSampler(PlanSampler):
             (from ``len()`` or ``__iter__``).
     """
 
-    def __init__(
-        self,
-        dataset_or_len: int | Sized | Any,
-        *,
-        block_size: int = 64,
-        shuffle: bool = True,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        buffer_size: int = 0,
-    ) -> None:
-        if int(block_size) < 1:
-            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
-        make_rng(seed, 0, 0)  # validates seed
-        if isinstance(dataset_or_len, (int, np.integer)):
-            if int(dataset_or_len) < 0:
-                raise ValueError(f"dataset_or_len={dataset_or_len!r}: expected >= 0")
-            counts = np.asarray([int(dataset_or_len)], dtype=np.int64)
-        else:
-            counts = shard_counts(dataset_or_len)
-        self.counts = counts
-        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=self.starts[1:])
-        self.n_plan = int(self.starts[-1])
-        self.block_size = int(block_size)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.buffer_size = max(int(buffer_size), 0)
-        super().__init__(rank, world_size, "BlockSampler")
-
-    def plan_params(self) -> dict[str, Any]:
-        """The block plan's parameters that a saved state must match."""
-        return {
-            "kind": "BlockSampler",
-            "block_size": self.block_size,
-            "buffer_size": self.buffer_size,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-        }
-
-    def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
-        """Rank ``rank`` of ``world_size``'s indices of a fresh ``epoch`` (the block plan)."""
-        p = plan_worker(
-            self.counts,
-            self.seed,
-            epoch,
-            self.block_size,
-            rank,
-            world_size,
-            0,
-            1,
-            buffer_size=self.buffer_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-        )
-        return p.order(self.starts)
-
-
-def shard_counts(dataset: Sized | Any) -> NDArray[np.int64]:
-    """Per-shard sample counts of a ``TarDataset`` (``shards.counts``), else ``[len(dataset)]``.
-
-    Returns:
-        ``int64`` array summing to ``len(dataset)``.
-    """
-    counts = getattr(getattr(dataset, "shards", None), "counts", None)
-    if counts is not None and int(np.sum(counts)) == len(dataset):
-        return np.asarray(counts, dtype=np.int64)
-    return np.asarray([len(dataset)], dtype=np.int64)
+    default_env = TORCH

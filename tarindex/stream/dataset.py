@@ -1,0 +1,438 @@
+"""StreamDataset: the torch-free streaming dataset (plan, counts, epochs, resume, output).
+
+Per epoch the plan of :mod:`tarindex.plan.shuffle` is computed from ``(seed, epoch)`` alone,
+the same in every rank and worker; this class resolves which part of it this process plays
+(rank, world size and worker through its :class:`~tarindex.stream.epochs.Env`), hands the
+plan positions to the :class:`~tarindex.stream.executor.Executor`, finishes each sample
+(decode, select, transform, ``on_error``) and keeps the resume counter.
+``tarindex.TarIterableDataset`` is this class with torch's base class, ``get_worker_info``
+and ``torch.distributed``; its docstring documents the behaviour and every argument.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Collection, Iterator, Sequence
+from itertools import chain
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..codecs.decode import DecodeSpec, make_decoder
+from ..codecs.select import ToTuple, select_fields
+from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
+from ..plan.seeds import make_rng
+from ..read.reader import Sample, ShardSet
+from ..read.sample_source import SampleSource
+from ..read.sources import Source
+from ..read.subset import ShardSubset
+from ..storage.remote import RemoteOptions
+from .epochs import Env, StreamEpochOwner
+from .executor import Executor
+from .finish import SKIP, Finisher, check_on_error
+from .pack import INT_FIELDS, Packed, numpy_alloc
+from .shards import open_shards
+
+__all__ = ["StreamDataset", "STATE_VERSION"]
+
+STATE_VERSION = 1
+"""Version of :meth:`StreamDataset.state_dict`."""
+
+_PLAN_KEYS = (
+    "block_size",
+    "buffer_size",
+    "shuffle",
+    "drop_last",
+    "n_samples",
+    "world_size",
+    "rank",
+    "batch_size",
+    "subset",
+)
+
+
+class StreamDataset(StreamEpochOwner):
+    """Streaming over indexed tar shards: sequential block reads, a deterministic shuffle.
+
+    The behaviour, the counts and every argument are those of
+    :class:`tarindex.TarIterableDataset` (which is this class over torch); this one needs no
+    torch. ``source`` may also be a ready :class:`~tarindex.ShardSet` (its own open options
+    are used; passing open options with it raises ``ValueError``). ``env`` says where rank,
+    world size and worker come from: :data:`~tarindex.stream.epochs.LOCAL` (explicit
+    ``rank``/``world_size`` or the environment; ``Env(worker, num_workers)`` plays one worker's
+    share in this process). Batched output is :class:`~tarindex.stream.pack.Packed` batches
+    in buffers from ``alloc``.
+
+    Raises:
+        ValueError, FileNotFoundError, IndexMissingError: As ``TarIterableDataset``.
+    """
+
+    def __init__(
+        self,
+        source: Source | ShardSet | ShardSubset,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        block_size: int = 64,
+        buffer_size: int = 1024,
+        decode: DecodeSpec = None,
+        transform: Callable[[Sample], Any] | None = None,
+        fields: Collection[str] | None = None,
+        select: ToTuple | str | Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        on_error: str = "raise",
+        allow_pickle: bool = False,
+        max_open: int | None = None,
+        use_mmap: bool = True,
+        check_crc: bool = True,
+        verify_data: bool = False,
+        batched: bool = False,
+        index_dir: str | None = None,
+        remote: RemoteOptions | None = None,
+        batch_size: int | None = None,
+        int_fields: Sequence[str] = INT_FIELDS,
+        subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
+        env: Env | None = None,
+    ) -> None:
+        if int(block_size) < 1:
+            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
+        check_on_error(on_error)
+        make_rng(seed, 0, 0)  # validates seed
+        opened = open_shards(
+            source,
+            max_open=max_open,
+            use_mmap=use_mmap,
+            check_crc=check_crc,
+            verify_data=verify_data,
+            index_dir=index_dir,
+            remote=remote,
+        )
+        self.shards: SampleSource = opened
+        self._subset_crc: int | None = None
+        if subset is not None:  # plans, counts and resume over just these samples
+            view = ShardSubset(opened, subset)
+            self.shards = view
+            self._subset_crc = zlib.crc32(view.indices.tobytes())
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.block_size = int(block_size)
+        self.buffer_size = max(int(buffer_size), 0)
+        self.decoder = make_decoder(decode, allow_pickle)
+        self.transform = transform
+        self.select, fields = select_fields(select, fields)
+        if batched:
+            if self.decoder is not None or transform is not None or self.select is not None:
+                raise ValueError(
+                    f"{self._name}(batched=True) yields raw bytes: drop "
+                    "decode/transform/select (decode the BatchedSamples in the training loop; "
+                    "fields= projects the read)"
+                )
+            if batch_size is None or int(batch_size) < 1:
+                raise ValueError(
+                    f"batch_size={batch_size!r}: batched=True needs an integer batch_size >= 1"
+                )
+        elif batch_size is not None:
+            raise ValueError(
+                f"batch_size={batch_size!r} without batched=True: pass batched=True for "
+                f"BatchedSamples, or batch per-sample dicts with DataLoader(batch_size=...)"
+            )
+        self.batched = bool(batched)
+        self.batch_size: int | None = int(batch_size) if batched else None  # type: ignore[arg-type]
+        self.int_fields = tuple(int_fields)
+        self.fields = None if fields is None else tuple(fields)
+        self.drop_last = bool(drop_last)
+        self.on_error = on_error
+        self.finisher = Finisher(self.shards, self.decoder, self.select, self.transform)
+        self.executor = Executor(self.shards, self.fields, on_error)
+        self._init_epochs(rank, world_size, self._name, env)
+        self._blocks_cache: tuple[int, NDArray[np.int64]] | None = None
+
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
+
+    # -- ranks, sizes (epoch, set_epoch: StreamEpochOwner) ------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank (resolved on first use)."""
+        return self._rank()[0]
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks (resolved on first use)."""
+        return self._rank()[1]
+
+    @property
+    def n_samples(self) -> int:
+        """Samples in all shards (before splitting over ranks)."""
+        return len(self.shards)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank yields per epoch (all its workers together); equal on every rank.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved (see the class docstring).
+        """
+        return rank_share(len(self.shards), self._rank()[1], self.drop_last)
+
+    @property
+    def num_batches(self) -> int:
+        """With ``batched=True``: batches this rank yields per epoch, equal on every rank.
+
+        ``ceil(num_samples / batch_size)``, whatever ``num_workers``.
+
+        Raises:
+            ValueError: If the dataset is not batched.
+            RuntimeError: If the rank cannot be resolved.
+        """
+        if self.batch_size is None:
+            raise ValueError("num_batches: this dataset yields samples (batched=False)")
+        return -(-self.num_samples // self.batch_size)
+
+    def __len__(self) -> int:
+        """What one epoch of this rank yields, in items: samples, or batches when batched.
+
+        :attr:`num_samples`, or with ``batched=True`` :attr:`num_batches` (so
+        ``len(DataLoader(ds, batch_size=None))`` is the number of batches).
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved (see the class docstring).
+        """
+        return self.num_batches if self.batch_size is not None else self.num_samples
+
+    def _epoch_blocks(self, epoch: int) -> NDArray[np.int64]:
+        c = self._blocks_cache
+        if c is not None and c[0] == epoch:
+            return c[1]
+        blocks = epoch_blocks(
+            self.shards.counts, self.seed, epoch, self.block_size, self.shuffle
+        )
+        self._blocks_cache = (epoch, blocks)
+        return blocks
+
+    def plan(self, epoch: int, worker: int = 0, num_workers: int = 1) -> WorkerPlan:
+        """Return the plan of ``epoch`` for this rank's worker ``worker`` of ``num_workers``.
+
+        Computed from the indexes' sample counts only (no data read); see
+        :func:`tarindex.shuffle.plan_worker`. ``plan(...).order(ds.shards.starts)`` lists the
+        global indices in the order that worker yields them.
+        """
+        rank, ws = self._rank()
+        return plan_worker(
+            self.shards.counts,
+            self.seed,
+            epoch,
+            self.block_size,
+            rank,
+            ws,
+            worker,
+            num_workers,
+            buffer_size=self.buffer_size,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            blocks=self._epoch_blocks(epoch),
+            batch_size=self.batch_size,
+        )
+
+    # -- state --------------------------------------------------------------------------------
+    def _plan_params(self) -> dict[str, Any]:
+        rank, ws = self._rank()
+        return {
+            "block_size": self.block_size,
+            "buffer_size": self.buffer_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "n_samples": len(self.shards),
+            "world_size": ws,
+            "rank": rank,
+            "batch_size": self.batch_size,
+            "subset": self._subset_crc,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where this process is in the epoch, in ``O(1)`` (a few ints).
+
+        Returns:
+            ``{"version", "seed", "epoch", "consumed", "worker", "num_workers", "block_size",
+            "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank",
+            "batch_size"}``: ``consumed`` is the number of plan positions (samples, also with
+            ``batched=True``) this worker has passed in ``epoch`` (yielded or skipped);
+            ``batch_size`` is ``None`` unless batched. Before any iteration it describes the
+            next epoch at 0; a loaded but not yet consumed state is returned as loaded.
+        """
+        return self._worker_state(STATE_VERSION)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
+
+        The seed is taken from the state; later epochs follow from it (the ``__iter__`` after
+        the resumed one plays ``epoch + 1``).
+
+        Raises:
+            ValueError: If the state has an unknown version or was taken with different plan
+                parameters (block or buffer size, shuffle, drop_last, sample count, rank or
+                world size, batch size): resuming would not be exact. The message names the
+                field. A state without ``batch_size`` (saved before it existed) counts as
+                unbatched.
+        """
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"state version {state.get('version')!r}: this tarindex reads version "
+                f"{STATE_VERSION}; save the state again with this version"
+            )
+        mine = self._plan_params()
+        if state.get("world_size") != mine["world_size"]:
+            raise ValueError(
+                f"state saved with world_size={state.get('world_size')!r}, this run has "
+                f"world_size={mine['world_size']!r}: a streaming state resumes only on the same "
+                "rank of the same world size (each worker's state covers its own part of the "
+                "plan). Resume on the old world size, start the next epoch "
+                "(set_epoch(state['epoch'] + 1)) on the new one, or use the map-style "
+                "TarDataset with BlockSampler, which deals what is left over a new world size"
+            )
+        for k in _PLAN_KEYS:
+            if state.get(k) != mine[k]:
+                raise ValueError(
+                    f"state {k}={state.get(k)!r} but this dataset has {k}={mine[k]!r}: resuming "
+                    f"would not replay the same plan; construct the dataset with the same "
+                    f"{k} (and shards) as the one that saved the state"
+                )
+        self._loaded = dict(state)
+        self.seed = int(state["seed"])
+        self._blocks_cache = None
+
+    # -- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """Start (or resume) an epoch; see the class docstring for which epoch.
+
+        Raises:
+            RuntimeError: If the rank cannot be resolved.
+            ValueError: If a loaded state came from a different worker layout.
+        """
+        worker, nw, epoch, start = self._re.begin_iter(self._loaded)
+        self._loaded = None  # a loaded state is consumed by one __iter__
+        p = self.plan(epoch, worker, nw)
+        self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
+        self._consumed = min(start, p.n_samples)
+        if self.batch_size is not None:
+            return self._generate_batched(p, self._consumed)
+        return self._generate(p, self._consumed)
+
+    def _generate(self, p: WorkerPlan, start: int) -> Iterator[Any]:
+        finisher, on_error = self.finisher, self.on_error
+        plain = finisher.plain
+        pos = start
+        for smp in self.executor.stream(p, start):
+            pos += 1
+            self._consumed = pos
+            if smp is None:  # unreadable, skipped (on_error="skip")
+                continue
+            if plain:
+                yield smp
+                continue
+            out = finisher.guarded(smp, on_error)
+            if out is not SKIP:
+                yield out
+
+    def _passed(self, pos: int) -> None:
+        self._consumed = pos
+
+    def _generate_batched(self, p: WorkerPlan, start: int) -> Iterator[Any]:
+        wrap = self._wrap_batch
+        for b in self.executor.batches(
+            p, start, int(self.batch_size), self.int_fields, self._alloc, self._passed  # type: ignore[arg-type]
+        ):
+            yield wrap(b)
+
+    def iter_batches(self, p: WorkerPlan, start: int = 0) -> Iterator[Any]:
+        """With ``batched=True``: the batches of plan ``p`` from position ``start``, in order.
+
+        What the worker of ``p`` yields (see the class docstring, "Batched output"), without
+        touching this dataset's epoch or resume state.
+
+        Raises:
+            ValueError: If the dataset is not batched.
+        """
+        if self.batch_size is None:
+            raise ValueError("iter_batches: this dataset yields samples (batched=False)")
+        return map(
+            self._wrap_batch,
+            self.executor.batches(p, start, self.batch_size, self.int_fields, self._alloc),
+        )
+
+    # -- batch buffers (the torch layer puts them in shared memory) ---------------------------
+    def _alloc(self, nbytes: int) -> tuple[Any, NDArray[np.uint8]]:
+        return numpy_alloc(nbytes)
+
+    def _wrap_batch(self, packed: Packed) -> Any:
+        return packed
+
+    def iter_plan(
+        self,
+        p: WorkerPlan,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        skipped: Any = None,
+        tag: tuple[str, Any] | None = None,
+    ) -> Iterator[Any]:
+        """Yield plan positions ``[start, stop)`` of ``p`` in yield order, decoded and transformed.
+
+        The hook through which :class:`~tarindex.stream.mix.MixedStream` reads a source: exactly
+        one item per position, ``skipped`` in place of a sample left out under
+        ``on_error="skip"``. Does not touch this dataset's epoch or resume state. Without
+        decode, transform, ``on_error="skip"`` or ``tag`` it returns the kernel's parts
+        flattened by ``itertools.chain`` (no Python frame per sample).
+
+        Args:
+            p: A plan of this dataset's shards (:meth:`plan` or
+                :func:`tarindex.shuffle.plan_worker` over ``shards.counts``).
+            start: First position, ``0 <= start <= p.n_samples``. Defaults to ``0``.
+            stop: End position. Defaults to ``p.n_samples``.
+            skipped: Yielded for a skipped sample. Defaults to ``None``.
+            tag: ``(key, value)`` set in every sample dict before decoding. Defaults to none.
+        """
+        if self.decoder is None and self.transform is None and self.on_error == "raise":
+            if tag is None:  # errors raise, so never a None: the kernel's parts, flattened in C
+                return chain.from_iterable(self.executor.parts(p, start, stop))
+        return self._finished(self.executor.stream(p, start, stop), skipped, tag)
+
+    def _finished(
+        self, raw: Iterator[Sample | None], skipped: Any, tag: tuple[str, Any] | None
+    ) -> Iterator[Any]:
+        finisher, on_error = self.finisher, self.on_error
+        plain = self.decoder is None and self.transform is None
+        for smp in raw:
+            if smp is None:
+                yield skipped
+                continue
+            if tag is not None:
+                smp[tag[0]] = tag[1]
+            if plain:
+                yield smp
+                continue
+            out = finisher.guarded(smp, on_error)
+            yield skipped if out is SKIP else out
+
+    # -- pickling -----------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_blocks_cache"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self._name}({self.shards.n_shards} shards, {len(self.shards)} samples, "
+            f"shuffle={self.shuffle}, seed={self.seed}, block_size={self.block_size}, "
+            f"buffer_size={self.buffer_size}"
+            + (f", batch_size={self.batch_size}" if self.batch_size is not None else "")
+            + f", pid={os.getpid()})"
+        )

@@ -1,0 +1,285 @@
+"""Packers: read-kernel blocks (or sample dicts) into one field-major batch buffer, torch-free.
+
+A batch is a :class:`Packed`: one ``uint8`` buffer with the bytes of every member, laid out
+field-major (:func:`field_major`, defined here only), an ``int64`` offset table per field, and
+``int64`` arrays for the global index and the integer labels (``cls``). The buffer comes from
+an ``alloc(nbytes) -> (keep, writable uint8 view)`` callback, so the caller decides where it
+lives: :func:`numpy_alloc` (ordinary memory) here, a shared-memory tensor in
+``tarindex.torch.collate``, which wraps a :class:`Packed` as a ``BatchedSamples``
+(same fields, same order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import FormatError
+from ..read.reader import Block, Sample, copy_members
+from ..read.sample_source import SampleSource
+
+__all__ = [
+    "INT_FIELDS",
+    "Alloc",
+    "Packed",
+    "field_major",
+    "numpy_alloc",
+    "pack_blocks",
+    "pack_samples",
+    "fetch_packed",
+]
+
+INT_FIELDS: tuple[str, ...] = ("cls",)
+"""Extensions parsed to ``int64`` (decimal text, as webdataset and tarindex write labels)."""
+
+Alloc = Callable[[int], tuple[Any, NDArray[np.uint8]]]
+"""``alloc(nbytes) -> (keep, view)``: the batch buffer (kept in the batch) and a writable
+``uint8`` numpy view of shape ``(nbytes,)`` of it (what the packer copies into)."""
+
+
+class Packed(NamedTuple):
+    """One batch of raw samples, field-major; the arguments of ``BatchedSamples`` in order."""
+
+    fields: list[str]
+    """Byte fields stored in :attr:`data`, in order of first appearance in the batch."""
+    data: Any
+    """The buffer ``alloc`` returned as ``keep``: ``offsets[-1, -1]`` bytes, field by field."""
+    offsets: NDArray[np.int64]
+    """``int64 (n_fields, B + 1)``: field ``f`` of sample ``b`` is ``[offsets[f, b], offsets[f, b + 1])``."""
+    present: NDArray[np.bool_]
+    """``bool (n_fields, B)``: which samples have the field."""
+    keys: list[str]
+    """Sample keys, ``B`` strings."""
+    global_index: NDArray[np.int64]
+    """``int64 (B,)``: global index of each sample (``-1`` if unknown)."""
+    ints: dict[str, NDArray[np.int64]]
+    """Integer fields: ``int64 (B,)`` columns, ``-1`` where a sample has none."""
+    shards: list[str | None]
+    """Shard path of each sample (``None`` when unknown)."""
+
+
+def numpy_alloc(nbytes: int) -> tuple[NDArray[np.uint8], NDArray[np.uint8]]:
+    """An ordinary ``uint8`` numpy buffer of shape ``(nbytes,)``, as ``(keep, view)``."""
+    a = np.empty(max(int(nbytes), 0), np.uint8)
+    return a, a
+
+
+def field_major(
+    lengths: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """The field-major layout of a batch: where each field's member of each sample goes.
+
+    The members of field ``fields[0]`` for samples ``0..B-1``, then those of ``fields[1]``,
+    and so on.
+
+    Args:
+        lengths: ``int64 (n_fields, n)``: the byte length of field ``f``'s member of sample
+            ``b``, or ``-1`` where sample ``b`` has none.
+
+    Returns:
+        ``(offsets, present)``: ``int64 (n_fields, n + 1)`` byte offsets of each field's
+        samples in the buffer (field ``f`` of sample ``b`` is
+        ``[offsets[f, b], offsets[f, b + 1])``; the buffer is ``offsets[-1, -1]`` bytes) and
+        ``bool (n_fields, n)``, which samples have the field.
+    """
+    nf, n = lengths.shape
+    present = lengths >= 0
+    cum = np.zeros(nf * n + 1, np.int64)
+    np.cumsum(np.where(present, lengths, 0).ravel(), out=cum[1:])
+    offsets = np.empty((nf, n + 1), np.int64)
+    offsets[:, :n] = cum[:-1].reshape(nf, n)
+    offsets[:, n] = cum[n::n] if n else 0
+    return offsets, present
+
+
+def pack_blocks(
+    parts: Sequence[tuple[Block, NDArray[np.int64] | None]],
+    rows: NDArray[np.int64] | None = None,
+    int_fields: Collection[str] = INT_FIELDS,
+    alloc: Alloc = numpy_alloc,
+) -> Packed:
+    """Pack samples of kernel blocks into one batch, one copy per member byte.
+
+    Args:
+        parts: ``(block, sel)`` pairs: samples ``sel`` (``int64`` positions in the block, any
+            order; ``None`` for all) of each block, concatenated in this order.
+        rows: ``int64`` of the concatenated sample count: the batch row of each concatenated
+            sample (a permutation). Defaults to ``None`` (rows in concatenated order).
+        int_fields: Extensions parsed as decimal integers into ``int64`` columns. Defaults to
+            :data:`INT_FIELDS`.
+        alloc: The batch buffer (see :data:`Alloc`). Defaults to :func:`numpy_alloc`.
+
+    Returns:
+        The batch (``fields`` in order of first appearance among the byte members).
+
+    Raises:
+        FormatError: If an integer field does not hold a decimal integer (names the shard,
+            the byte offset and the member).
+        ValueError: If a block was read with ``data=False``.
+    """
+    blocks: list[Block] = []
+    for blk, sel in parts:
+        if blk.offset is None:
+            raise ValueError(f"{blk.paths}: block read with data=False has no member bytes")
+        blocks.append(blk if sel is None else blk.take(sel))
+    whole = Block.concat(blocks) if blocks else None
+    if whole is None or whole.offset is None:
+        return pack_samples([], int_fields, alloc)
+    blk, off = whole, whole.offset
+    n = len(blk)
+    names, datas, keys = blk.exts, blk.data, blk.keys
+    paths = blk.paths
+    shards: list[str | None] = (
+        [paths[0]] * n if len(paths) == 1 else [paths[k] for k in blk.shard.tolist()]
+    )
+    code, src, size, tar_off, idx = blk.ext_id, blk.src, blk.size, blk.tar_offset, blk.index
+    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(blk.member_ptr))
+    if rows is not None:
+        row = rows[row]
+        inv = np.empty(n, np.int64)
+        inv[rows] = np.arange(n, dtype=np.int64)
+        order = inv.tolist()
+        keys = [keys[i] for i in order]
+        shards = [shards[i] for i in order]
+        idx = idx[inv]
+    int_set = frozenset(int_fields)
+    is_int = np.asarray([nm in int_set for nm in names] or [False], np.bool_)[code]
+    byte = ~is_int
+    # byte fields in order of first appearance; field-major layout (field_major)
+    bcode, brow = code[byte], row[byte]
+    used = list(dict.fromkeys(bcode.tolist()))
+    fmap = np.zeros(len(names), np.int64)
+    fmap[used] = np.arange(len(used), dtype=np.int64)
+    f = fmap[bcode]
+    lens = np.full((len(used), n), -1, np.int64)
+    lens[f, brow] = size[byte]
+    offsets, present = field_major(lens)
+    dest = np.full(len(code), -1, np.int64)  # -1: an integer member, parsed instead
+    dest[byte] = offsets[f, brow]
+    keep, view = alloc(int(offsets[-1, -1]) if used else 0)
+    # One pass in member order, where a sample's members are neighbours in its tar (pages
+    # touched once, as a per-item read does): each byte member copied once, source buffer
+    # (mapped tar or pread bytes) -> batch buffer; each integer member parsed.
+    vals, bad = copy_members(view, datas, src, off, size, dest)
+    if bad >= 0:
+        r, c = int(row[bad]), int(code[bad])
+        raise FormatError(
+            f"{shards[r]}: byte {int(tar_off[bad])}: member {keys[r]}.{names[c]} is not a "
+            f"decimal integer within int64; pass int_fields=() to keep it as bytes"
+        )
+    ints: dict[str, NDArray[np.int64]] = {}
+    if is_int.any():
+        isel = np.flatnonzero(is_int)
+        icode, irow, ival = code[isel], row[isel], vals[isel]
+        for c in dict.fromkeys(icode.tolist()):
+            m = icode == c
+            col = ints[names[c]] = np.full(n, -1, np.int64)
+            col[irow[m]] = ival[m]
+    return Packed([names[c] for c in used], keep, offsets, present, keys, idx, ints, shards)
+
+
+def fetch_packed(
+    shards: SampleSource,
+    indices: Sequence[int],
+    int_fields: Collection[str] = INT_FIELDS,
+    fields: Collection[str] | None = None,
+    alloc: Alloc = numpy_alloc,
+) -> Packed:
+    """Read samples ``indices`` of ``shards`` straight into one batch.
+
+    One :meth:`~tarindex.read.reader.ShardSet.gather_packed` (the kernel's batch read and
+    packing in one compiled pass) or, where that hands back,
+    :meth:`~tarindex.read.reader.ShardSet.gather` then :func:`pack_blocks`: no per-sample dict
+    and no per-member ``bytes`` object is made.
+
+    Args:
+        shards: The shards.
+        indices: Global sample indices; negative ones count from the end.
+        int_fields: Extensions parsed as decimal integers into ``int64`` columns instead of
+            being stored as bytes. Defaults to :data:`INT_FIELDS` (``("cls",)``).
+        fields: Extensions to read (others are not read). Defaults to ``None`` (all).
+        alloc: The batch buffer (see :data:`Alloc`). Defaults to :func:`numpy_alloc`.
+
+    Returns:
+        The batch, samples in the order of ``indices``.
+
+    Raises:
+        SampleIndexError: If an index is out of range.
+        FormatError: If an index table is corrupt, or an integer field is not a decimal integer.
+    """
+    got = shards.gather_packed(indices, fields, int_fields, alloc)
+    if got is None:  # the Python path (see ShardSet.gather_packed), same batch
+        return pack_blocks([(shards.gather(indices, fields), None)], None, int_fields, alloc)
+    data, keys, byte_fields, int_names, offsets, present, ints, index, paths = got
+    return Packed(
+        byte_fields, data, offsets, present, keys, index, dict(zip(int_names, ints, strict=True)), paths
+    )
+
+
+def pack_samples(
+    samples: Sequence[Sample],
+    int_fields: Collection[str] = INT_FIELDS,
+    alloc: Alloc = numpy_alloc,
+) -> Packed:
+    """Pack a list of sample dicts (``{"__key__": str, ext: bytes | int, ...}``) into one batch.
+
+    Entries whose name starts with ``__`` other than ``__key__``, ``__index__`` and
+    ``__shard__`` are ignored; values of ``int_fields`` may be ``int`` or decimal bytes/str;
+    other values must be bytes-like.
+
+    Raises:
+        TypeError: If a value is neither bytes-like nor, for an integer field, an integer.
+    """
+    n = len(samples)
+    int_set = frozenset(int_fields)
+    fields: list[str] = []
+    field_id: dict[str, int] = {}
+    ints: dict[str, NDArray[np.int64]] = {}
+    m_field: list[int] = []
+    m_row: list[int] = []
+    values: list[memoryview] = []
+    keys: list[str] = []
+    index = np.full(n, -1, np.int64)
+    shards: list[str | None] = []
+    for b, smp in enumerate(samples):
+        keys.append(str(smp.get("__key__", "")))
+        shards.append(smp.get("__shard__"))
+        if "__index__" in smp:
+            index[b] = int(smp["__index__"])
+        for ext, v in smp.items():
+            if ext.startswith("__"):
+                continue
+            if ext in int_set:
+                col = ints.get(ext)
+                if col is None:
+                    col = ints[ext] = np.full(n, -1, np.int64)
+                col[b] = int(v) if isinstance(v, (int, np.integer, str)) else int(bytes(v))
+                continue
+            if isinstance(v, str):
+                v = v.encode("utf-8")
+            if not isinstance(v, (bytes, bytearray, memoryview, np.ndarray)):
+                raise TypeError(
+                    f"sample {keys[-1]!r}: {ext!r} is {type(v).__name__}, not bytes; "
+                    f"collate_batched packs raw samples (use decode=None)"
+                )
+            f = field_id.get(ext)
+            if f is None:
+                f = field_id[ext] = len(fields)
+                fields.append(ext)
+            m_field.append(f)
+            m_row.append(b)
+            values.append(memoryview(v).cast("B"))  # type: ignore[arg-type]
+    lens = np.full((len(fields), n), -1, np.int64)
+    for f, b, v in zip(m_field, m_row, values, strict=True):
+        lens[f, b] = v.nbytes
+    offsets, present = field_major(lens)
+    keep, view = alloc(int(offsets[-1, -1]) if fields else 0)
+    out = memoryview(view)  # type: ignore[arg-type]
+    at = offsets.tolist()
+    for f, b, v in zip(m_field, m_row, values, strict=True):
+        d = at[f][b]
+        out[d : d + v.nbytes] = v
+    return Packed(fields, keep, offsets, present, keys, index, ints, shards)

@@ -1,0 +1,70 @@
+"""The shards a dataset reads: a source opened as a ShardSet, or a ready one."""
+
+from __future__ import annotations
+
+from ..read.reader import ShardSet
+from ..read.sources import Source
+from ..read.subset import ShardSubset
+from ..storage.remote import RemoteOptions
+
+__all__ = ["open_shards"]
+
+
+def open_shards(
+    source: Source | ShardSet | ShardSubset,
+    *,
+    max_open: int | None = None,
+    use_mmap: bool = True,
+    check_crc: bool = True,
+    verify_data: bool = False,
+    index_dir: str | None = None,
+    remote: RemoteOptions | None = None,
+) -> ShardSet | ShardSubset:
+    """Open ``source`` as a :class:`~tarindex.ShardSet`, or take a ready one as it is.
+
+    A ready ``ShardSet`` (or ``ShardSubset``) is used itself, not copied: the dataset reads
+    through it (and pickles it to DataLoader workers, which reopen its shards lazily). Its
+    open options are its own, so passing any here with it is refused rather than ignored.
+
+    Args:
+        source: Shards (see :class:`tarindex.ShardSet`), or a ready ``ShardSet``.
+        max_open: As for :class:`tarindex.ShardSet`. Defaults to ``None``.
+        use_mmap: As for :class:`tarindex.ShardSet`. Defaults to ``True``.
+        check_crc: As for :class:`tarindex.ShardSet`. Defaults to ``True``.
+        verify_data: As for :class:`tarindex.ShardSet`. Defaults to ``False``.
+        index_dir: As for :class:`tarindex.ShardSet`. Defaults to ``None``.
+        remote: As for :class:`tarindex.ShardSet`. Defaults to ``None``.
+
+    Returns:
+        The shards.
+
+    Raises:
+        ValueError: A ready ``ShardSet`` together with open options (the message names them).
+        FileNotFoundError, IndexMissingError, FormatError: As :class:`tarindex.ShardSet`.
+    """
+    if isinstance(source, (ShardSet, ShardSubset)):
+        given = {
+            "max_open": max_open is not None,
+            "use_mmap": not use_mmap,
+            "check_crc": not check_crc,
+            "verify_data": bool(verify_data),
+            "index_dir": index_dir is not None,
+            "remote": remote is not None,
+        }
+        named = [k for k, v in given.items() if v]
+        if named:
+            raise ValueError(
+                f"{', '.join(named)} given with a ready {type(source).__name__}: its shards "
+                "are already open with their own options; pass them to the ShardSet instead, "
+                "or pass the source (paths) here"
+            )
+        return source
+    return ShardSet(
+        source,
+        max_open=max_open,
+        use_mmap=use_mmap,
+        check_crc=check_crc,
+        verify_data=verify_data,
+        index_dir=index_dir,
+        remote=remote,
+    )
