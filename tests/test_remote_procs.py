@@ -19,6 +19,7 @@ import tarindex
 from tarindex.storage import remote
 from tarindex.storage.cache import DirCache
 from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import stat
 
 from .conftest import MakeShards
 from .remote_server import RangeServer, serve
@@ -131,7 +132,8 @@ def _entries_are_exact(cache: str, paths: list[str], url: str) -> int:
         t = tarindex.ShardReader(p).index
         ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
         u = f"{url}/{os.path.basename(p)}"
-        keys[remote._key("tar", u, t.tar_size, ident)] = Path(p).read_bytes()
+        pin = stat(u)  # the cache keys hold the version the server reports (ETag)
+        keys[remote.RemoteSource(u, pin.size, RemoteOptions(), ident, pin).key] = Path(p).read_bytes()
     n = 0
     for d2 in Path(cache).glob("??/*"):
         if d2.name not in keys:

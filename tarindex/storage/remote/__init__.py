@@ -21,12 +21,16 @@ The story is docs/REMOTE.md; the modules, bottom up:
 from __future__ import annotations
 
 from ...format.url import is_url
-from .fetch import _range_ok, download, fetch, file_size, read_whole
-from .indexes import _indexes, _indexes_bytes, expand_remote, forget_index, load_indexes
+from .fetch import _range_ok as _range_ok  # this process's state, for the tests
+from .fetch import download, fetch, file_size, read_whole
+from .indexes import _indexes as _indexes
+from .indexes import _indexes_bytes as _indexes_bytes
+from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
-from .options import cache_key as _key
-from .source import RemoteSource, _pool, prefetch_many
-from .transport import _filesystems, filesystem
+from .source import RemoteSource, prefetch_many
+from .source import _pool as _pool
+from .transport import _filesystems as _filesystems
+from .transport import filesystem
 
 __all__ = [
     "DEFAULT",
@@ -47,5 +51,3 @@ __all__ = [
     "stats",
 ]
 
-# for the tests: this process's memory of indexes, filesystems, Range-checked hosts, pool
-_test_state = (_filesystems, _indexes, _indexes_bytes, _key, _pool, _range_ok)
