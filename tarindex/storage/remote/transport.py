@@ -236,6 +236,7 @@ def _run(fs: Any, coros: list[Any], opts: RemoteOptions) -> list[Any]:
                 return e
 
     async def main() -> list[Any]:
+        await fs.set_session()  # once, before the requests race to make it
         sem = asyncio.Semaphore(max(1, opts.concurrency))
         return list(await asyncio.gather(*(bounded(sem, c) for c in coros)))
 
