@@ -41,9 +41,7 @@ def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServe
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     """Forget what this process fetched (indexes in memory, Range-checked hosts)."""
-    remote._indexes.clear()
-    remote._indexes_bytes[0] = 0
-    remote._range_ok.clear()
+    remote.forget_process_state()
 
 
 def _middle_sample(path: str) -> int:
@@ -162,7 +160,7 @@ def test_a_503_on_the_size_request_is_retried(served: tuple[RangeServer, list[st
     assert ss.get(4)["bin"] == tarindex.ShardSet(paths[0]).get(4)["bin"]
     assert srv.fail_head == 0
     srv.fail_head = 100
-    remote._indexes.clear()
+    remote.forget_process_state()
     ss2 = tarindex.ShardSet(url, remote=RemoteOptions(backoff=0.01, retries=2))
     with pytest.raises(RemoteError, match=r"train-000000\.tar: cannot get its size: .*503"):
         ss2.get(4)
@@ -181,8 +179,7 @@ def test_a_corrupt_cached_index_is_dropped_and_fetched_again(
     data = bytearray(Path(entry).read_bytes())
     data[-1] ^= 0xFF  # the end magic
     Path(entry).write_bytes(bytes(data))
-    remote._indexes.clear()
-    remote._indexes_bytes[0] = 0
+    remote.forget_process_state()
     with pytest.warns(RuntimeWarning, match=f"{entry}: the cached index of .* is corrupt"):
         ss = tarindex.ShardSet(url, remote=opts)
     assert ss.get(2)["bin"] == tarindex.ShardSet(paths[0]).get(2)["bin"]

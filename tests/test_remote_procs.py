@@ -45,7 +45,7 @@ def who(sample: dict[str, Any]) -> tuple[str, bytes, int, list[int]]:
         sample["__key__"],
         sample["bin"],
         os.getpid(),
-        [k[0] for k in remote._filesystems],
+        remote.filesystem_pids(),
     )
 
 
@@ -62,7 +62,7 @@ def test_dataloader_workers_build_their_own_filesystem(
     srv, paths = served
     ds = tarindex.TarDataset(f"{srv.url}/{PAT}", transform=who)
     ds[0]  # the parent made a filesystem (and fsspec's loop thread) before the workers start
-    assert any(k[0] == os.getpid() for k in remote._filesystems)
+    assert os.getpid() in remote.filesystem_pids()
     loader = torch.utils.data.DataLoader(
         ds,
         batch_size=8,
@@ -228,7 +228,7 @@ def test_a_reader_killed_mid_write_leaves_nothing_a_later_run_trusts(
         _entries_are_exact(cache, paths, srv.url)  # every entry complete and exact
         assert DirCache(cache, 60000).usage() <= 60000
     # a later run: byte-exact, and the dead writer's temp files are gone
-    remote._indexes.clear()
+    remote.forget_process_state()
     opts = RemoteOptions(cache_dir=cache, cache_bytes=60000, chunk_bytes=16384)
     ds = tarindex.TarDataset(url, remote=opts)
     local = tarindex.ShardSet(paths)

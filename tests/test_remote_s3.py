@@ -63,7 +63,7 @@ def s3(make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch) -> Iterator[tup
 
 def test_s3_random_access_reads_only_the_samples_bytes(s3: tuple[RemoteOptions, list[str]]) -> None:
     opts, paths = s3
-    remote._indexes.clear()
+    remote.forget_process_state()
     ss = tarindex.ShardSet(f"s3://{BUCKET}/data/train-{{000000..000002}}.tar", remote=opts)
     assert len(ss) == sum(SIZES)
     local = tarindex.ShardSet(paths)
@@ -89,7 +89,7 @@ def test_s3_random_access_reads_only_the_samples_bytes(s3: tuple[RemoteOptions, 
 def test_s3_glob_and_streaming_read_each_shard_once(s3: tuple[RemoteOptions, list[str]]) -> None:
     pytest.importorskip("torch")
     opts, paths = s3
-    remote._indexes.clear()
+    remote.forget_process_state()
     it = tarindex.TarIterableDataset(
         f"s3://{BUCKET}/data/train-*.tar", shuffle=True, seed=2, block_size=8, remote=opts
     )
@@ -115,7 +115,7 @@ def test_s3_object_overwritten_after_open_is_stale(s3: tuple[RemoteOptions, list
     import s3fs
 
     opts, paths = s3
-    remote._indexes.clear()
+    remote.forget_process_state()
     url = f"s3://{BUCKET}/data/train-000000.tar"
     ss = tarindex.ShardSet(url, remote=opts)
     local = tarindex.ShardSet(paths[0])

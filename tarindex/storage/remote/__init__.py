@@ -21,15 +21,14 @@ The story is docs/REMOTE.md; the modules, bottom up:
 from __future__ import annotations
 
 from ...format.url import is_url
-from .fetch import _range_ok as _range_ok  # this process's state, for the tests
+from . import fetch as _fetch
+from . import indexes as _idx
+from . import source as _src
+from . import transport as _tr
 from .fetch import download, fetch, file_size, read_whole
-from .indexes import _indexes as _indexes
-from .indexes import _indexes_bytes as _indexes_bytes
 from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
-from .source import _pool as _pool
-from .transport import _filesystems as _filesystems
 from .transport import filesystem
 
 __all__ = [
@@ -42,6 +41,8 @@ __all__ = [
     "fetch",
     "file_size",
     "filesystem",
+    "filesystem_pids",
+    "forget_process_state",
     "forget_index",
     "is_url",
     "load_indexes",
@@ -51,3 +52,20 @@ __all__ = [
     "stats",
 ]
 
+
+def forget_process_state() -> None:
+    """Forget what this process learnt: indexes in memory, Range-checked hosts, read-ahead pool.
+
+    For tests and benchmarks that need a cold process; the cache directory is kept.
+    """
+    _idx.forget_all_indexes()
+    _fetch.forget_range_checks()
+    _src.drop_pool()
+
+
+def filesystem_pids() -> list[int]:
+    """The process ids whose fsspec filesystems this process holds (for worker tests).
+
+    Its own pid once it made one; after a fork, its parent's too (never used there).
+    """
+    return _tr.filesystem_pids()

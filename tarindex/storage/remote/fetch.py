@@ -59,6 +59,11 @@ def range_checked(url: str) -> bool:
     return (os.getpid(), origin(url)) in _range_ok
 
 
+def forget_range_checks() -> None:
+    """Forget which servers answered ranged reads with ranges (the next open probes again)."""
+    _range_ok.clear()
+
+
 class _Backoff:
     def __init__(self, opts: RemoteOptions) -> None:
         self.delay = opts.backoff

@@ -62,6 +62,13 @@ def index_bound(url: str) -> Callable[[bytes], int]:
     return bound
 
 
+def forget_all_indexes() -> None:
+    """Drop every index from this process's memory (not from the cache directory)."""
+    with _idx_lock:
+        _indexes.clear()
+        _indexes_bytes[0] = 0
+
+
 def _remember(url: str, data: bytes) -> None:
     with _idx_lock:
         old = _indexes.pop(url, None)

@@ -61,6 +61,11 @@ class _Pool:
 _pool: list[_Pool | None] = [None]
 
 
+def drop_pool() -> None:
+    """Forget this process's read-ahead pool: the next read-ahead makes one from its options."""
+    _pool[0] = None
+
+
 def _the_pool(opts: RemoteOptions) -> _Pool:
     p = _pool[0]
     if p is None or p.pid != os.getpid():

@@ -136,6 +136,11 @@ def filesystem(url: str, opts: RemoteOptions = DEFAULT) -> Any:
     return fs
 
 
+def filesystem_pids() -> list[int]:
+    """The process id of each filesystem this process holds (see :func:`filesystem`)."""
+    return [k[0] for k in _filesystems]
+
+
 def fs_path(url: str) -> str:
     """The path fsspec's filesystem for ``url`` takes (the URL itself for HTTP)."""
     if protocol_of(url) in ("http", "https"):
