@@ -10,7 +10,9 @@ Every reply names the file's version (``ETag`` from inode, mtime and size, as ng
 ``Last-Modified``) and ``If-Match`` is honoured (``412``). Hostile knobs, for the checks of
 docs/REMOTE.md: ``shift`` (a ranged reply holds the bytes ``shift`` further on, and its
 ``Content-Range`` says so), ``ignore_if_match`` (serve whatever the file is now),
-``fail_head`` (the next ``fail_head`` HEADs answer ``503``), ``trickle`` (seconds between
+``fail_head`` (the next ``fail_head`` HEADs answer ``503``), ``no_head`` (HEAD is ``405``),
+``weak_etag`` (ETags are weak, ``W/"..."``: as RFC 9110 says, never equal for ``If-Match``),
+``trickle`` (seconds between
 the bytes of each body), ``endless`` (GETs of paths ending in it send the file and then
 zeros, with no length, until the client hangs up or 256 MiB went out).
 """
@@ -46,6 +48,8 @@ class RangeServer(ThreadingHTTPServer):
         self.shift = 0
         self.ignore_if_match = False
         self.fail_head = 0
+        self.no_head = False
+        self.weak_etag = False
         self.trickle = 0.0
         self.endless: str | None = None
         self.lock = threading.Lock()
@@ -109,8 +113,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _version(self, p: str) -> dict[str, str]:
         st = os.stat(p)
+        weak = "W/" if self.server.weak_etag else ""
         return {
-            "ETag": f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"',
+            "ETag": f'{weak}"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"',
             "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
         }
 
@@ -133,8 +138,8 @@ class _Handler(BaseHTTPRequestHandler):
             fail = srv.fail_head > 0
             if fail:
                 srv.fail_head -= 1
-        if fail:
-            self.send_response(503)
+        if fail or srv.no_head:
+            self.send_response(405 if srv.no_head and not fail else 503)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -185,7 +190,8 @@ class _Handler(BaseHTTPRequestHandler):
         size = os.path.getsize(p)
         version = self._version(p)
         want = self.headers.get("If-Match")
-        if want and want != version["ETag"] and not srv.ignore_if_match:
+        strong = want and not want.startswith("W/") and want == version["ETag"]
+        if want and not strong and not srv.ignore_if_match:
             with srv.lock:
                 srv.requests += 1
             self.send_response(412)

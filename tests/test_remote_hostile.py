@@ -99,6 +99,26 @@ def test_an_object_replaced_after_open_is_stale_not_read(
         ss.get(j)
 
 
+def test_weak_etags_and_servers_without_head_are_read_and_still_pinned(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    srv.weak_etag = True  # If-Match would never match: Last-Modified and the ETag compared
+    srv.no_head = True  # 405: the size from a one-byte ranged GET
+    url = f"{srv.url}/train-000000.tar"
+    ss = tarindex.ShardSet(url)
+    local = tarindex.ShardSet(paths[0])
+    assert [ss.get(i)["bin"] for i in range(0, SIZES[0], 7)] == [
+        local.get(i)["bin"] for i in range(0, SIZES[0], 7)
+    ]
+    pin = ss.reader(0).source.pin  # type: ignore[attr-defined]
+    assert pin.size == os.path.getsize(paths[0]) and pin.etag.startswith("W/")
+    j = _middle_sample(paths[0])
+    _replace_same_size(paths[0])
+    with pytest.raises(StaleIndexError, match=r"train-000000\.tar: the remote object changed"):
+        ss.get(j)
+
+
 def test_a_replaced_object_is_stale_through_the_cache_too(
     served: tuple[RangeServer, list[str]], tmp_path: Path
 ) -> None:

@@ -271,8 +271,8 @@ def _http_status(url: str, status: int, pin: Pin | None, what: str) -> None:
 async def _http_range(fs: Any, url: str, a: int, b: int, pin: Pin | None) -> bytes:
     session = await fs.set_session()
     hd = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity"}
-    if pin is not None and pin.etag:
-        hd["If-Match"] = pin.etag
+    if pin is not None and pin.etag and not pin.etag.startswith("W/"):
+        hd["If-Match"] = pin.etag  # a weak ETag never matches If-Match (RFC 9110 §13.1.1)
     elif pin is not None and pin.last_modified:
         hd["If-Unmodified-Since"] = pin.last_modified
     async with session.get(fs.encode_url(url), **_http_kw(fs, hd)) as r:
