@@ -92,8 +92,7 @@ class Server:
 
 
 def _fresh() -> None:
-    remote._indexes.clear()
-    remote._indexes_bytes[0] = 0
+    remote.forget_process_state()
 
 
 def members_bytes(local: tarindex.ShardSet, idx: list[int]) -> int:
@@ -239,8 +238,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             ("streaming epoch, read-ahead (64 MiB)", tarindex.RemoteOptions()),
             ("streaming epoch, no read-ahead", tarindex.RemoteOptions(readahead_bytes=0)),
         ):
-            _fresh()
-            remote._pool[0] = None
+            _fresh()  # the pool too: made again with this row's budget
             it = tarindex.TarIterableDataset(pattern, shuffle=True, seed=0, remote=opts)
             ranged_bw()
             srv.stats(reset=True)

@@ -5,10 +5,21 @@ single byte ranges (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``) with ``206`` and 
 sends. Knobs (set on the server, changeable while it runs): ``latency`` (seconds added before
 every reply), ``ignore_range`` (answer ranged GETs with the whole file, like a naive server),
 ``drop`` (the next ``drop`` replies with a body close the connection after half of it).
+
+Every reply names the file's version (``ETag`` from inode, mtime and size, as nginx does;
+``Last-Modified``) and ``If-Match`` is honoured (``412``). Hostile knobs, for the checks of
+docs/REMOTE.md: ``shift`` (a ranged reply holds the bytes ``shift`` further on, and its
+``Content-Range`` says so), ``ignore_if_match`` (serve whatever the file is now),
+``fail_head`` (the next ``fail_head`` HEADs answer ``503``), ``no_head`` (HEAD is ``405``),
+``weak_etag`` (ETags are weak, ``W/"..."``: as RFC 9110 says, never equal for ``If-Match``),
+``trickle`` (seconds between
+the bytes of each body), ``endless`` (GETs of paths ending in it send the file and then
+zeros, with no length, until the client hangs up or 256 MiB went out).
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import re
@@ -34,6 +45,13 @@ class RangeServer(ThreadingHTTPServer):
         self.latency = 0.0
         self.ignore_range = False
         self.drop = 0
+        self.shift = 0
+        self.ignore_if_match = False
+        self.fail_head = 0
+        self.no_head = False
+        self.weak_etag = False
+        self.trickle = 0.0
+        self.endless: str | None = None
         self.lock = threading.Lock()
         self.requests = 0
         self.bytes_sent = 0
@@ -93,6 +111,14 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return p
 
+    def _version(self, p: str) -> dict[str, str]:
+        st = os.stat(p)
+        weak = "W/" if self.server.weak_etag else ""
+        return {
+            "ETag": f'{weak}"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"',
+            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
+        }
+
     def _missing(self) -> None:
         self.send_response(404)
         self.send_header("Content-Length", "0")
@@ -108,7 +134,18 @@ class _Handler(BaseHTTPRequestHandler):
         p = self._file()
         if p is None:
             return self._missing()
+        with srv.lock:
+            fail = srv.fail_head > 0
+            if fail:
+                srv.fail_head -= 1
+        if fail or srv.no_head:
+            self.send_response(405 if srv.no_head and not fail else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(200)
+        for k, v in self._version(p).items():
+            self.send_header(k, v)
         self.send_header("Content-Length", str(os.path.getsize(p)))
         self.send_header("Accept-Ranges", "none" if srv.ignore_range else "bytes")
         self.end_headers()
@@ -151,6 +188,18 @@ class _Handler(BaseHTTPRequestHandler):
                 srv.requests += 1
             return self._missing()
         size = os.path.getsize(p)
+        version = self._version(p)
+        want = self.headers.get("If-Match")
+        strong = want and not want.startswith("W/") and want == version["ETag"]
+        if want and not strong and not srv.ignore_if_match:
+            with srv.lock:
+                srv.requests += 1
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if srv.endless and self.path.endswith(srv.endless):
+            return self._endless(p)
         start, end, status = 0, size, 200
         rng = self.headers.get("Range")
         if rng and not srv.ignore_range:
@@ -172,12 +221,16 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 return
             status = 206
+            if srv.shift and end + srv.shift <= size:
+                start, end = start + srv.shift, end + srv.shift
         with srv.lock:
             srv.requests += 1
             drop = srv.drop > 0
             if drop:
                 srv.drop -= 1
         self.send_response(status)
+        for k, v in version.items():
+            self.send_header(k, v)
         self.send_header("Content-Length", str(end - start))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
@@ -206,11 +259,43 @@ class _Handler(BaseHTTPRequestHandler):
                 srv.log.append(("GET", self.path, start, end))
             sent = 0
             while sent < n:
+                if srv.trickle:
+                    time.sleep(srv.trickle)
+                    chunk = f.read(1)
+                    try:
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    sent += 1
+                    continue
                 chunk = f.read(min(1 << 20, n - sent))
                 if not chunk:
                     break
                 self.wfile.write(chunk)
                 sent += len(chunk)
+
+
+    def _endless(self, p: str) -> None:
+        """The file, then zeros with no length (until the client hangs up, 256 MiB at most)."""
+        srv = self.server
+        self.send_response(200)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        with open(p, "rb") as f:
+            data = f.read()
+        zeros = bytes(64 << 10)
+        try:
+            self.wfile.write(data)
+            with srv.lock:
+                srv.bytes_sent += len(data)
+            for _ in range((256 << 20) // len(zeros)):
+                self.wfile.write(zeros)
+                with srv.lock:
+                    srv.bytes_sent += len(zeros)
+        except OSError:
+            pass
 
 
 @contextmanager

@@ -24,8 +24,7 @@ def test_remote_shards_in_a_manifest_and_a_remote_manifest(
 ) -> None:
     paths = make_shards([30, 25, 20])
     d = tmp_path / "train"
-    remote._indexes.clear()
-    remote._indexes_bytes[0] = 0
+    remote.forget_process_state()
     with serve(str(d)) as srv:
         # 1. a local manifest of URL shards records the URLs
         m = str(tmp_path / "urls.json")
@@ -51,8 +50,7 @@ def test_remote_shards_in_a_manifest_and_a_remote_manifest(
         with tarindex.ShardWriter(paths[1], maxcount=100, durable=False) as w:
             for i in range(25):
                 w.write({"__key__": f"x{i}", "cls": i})
-        remote._indexes.clear()
-        remote._indexes_bytes[0] = 0
+        remote.forget_process_state()
         fresh = tarindex.ShardSet(f"{srv.url}/data.json")
         with pytest.raises(StaleManifestError, match=r"train-000001\.tar: shard 1 of manifest"):
             fresh.get(30)

@@ -39,9 +39,7 @@ def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServe
 
 def _fresh() -> None:
     """Forget what this process fetched (indexes in memory, Range-checked hosts)."""
-    remote._indexes.clear()
-    remote._indexes_bytes[0] = 0
-    remote._range_ok.clear()
+    remote.forget_process_state()
 
 
 def _span(r: tarindex.ShardReader, j: int) -> tuple[int, int, int]:

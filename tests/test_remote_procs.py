@@ -19,6 +19,7 @@ import tarindex
 from tarindex.storage import remote
 from tarindex.storage.cache import DirCache
 from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import stat
 
 from .conftest import MakeShards
 from .remote_server import RangeServer, serve
@@ -44,7 +45,7 @@ def who(sample: dict[str, Any]) -> tuple[str, bytes, int, list[int]]:
         sample["__key__"],
         sample["bin"],
         os.getpid(),
-        [k[0] for k in remote._filesystems],
+        remote.filesystem_pids(),
     )
 
 
@@ -61,7 +62,7 @@ def test_dataloader_workers_build_their_own_filesystem(
     srv, paths = served
     ds = tarindex.TarDataset(f"{srv.url}/{PAT}", transform=who)
     ds[0]  # the parent made a filesystem (and fsspec's loop thread) before the workers start
-    assert any(k[0] == os.getpid() for k in remote._filesystems)
+    assert os.getpid() in remote.filesystem_pids()
     loader = torch.utils.data.DataLoader(
         ds,
         batch_size=8,
@@ -131,7 +132,8 @@ def _entries_are_exact(cache: str, paths: list[str], url: str) -> int:
         t = tarindex.ShardReader(p).index
         ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
         u = f"{url}/{os.path.basename(p)}"
-        keys[remote._key("tar", u, t.tar_size, ident)] = Path(p).read_bytes()
+        pin = stat(u)  # the cache keys hold the version the server reports (ETag)
+        keys[remote.RemoteSource(u, pin.size, RemoteOptions(), ident, pin).key] = Path(p).read_bytes()
     n = 0
     for d2 in Path(cache).glob("??/*"):
         if d2.name not in keys:
@@ -226,7 +228,7 @@ def test_a_reader_killed_mid_write_leaves_nothing_a_later_run_trusts(
         _entries_are_exact(cache, paths, srv.url)  # every entry complete and exact
         assert DirCache(cache, 60000).usage() <= 60000
     # a later run: byte-exact, and the dead writer's temp files are gone
-    remote._indexes.clear()
+    remote.forget_process_state()
     opts = RemoteOptions(cache_dir=cache, cache_bytes=60000, chunk_bytes=16384)
     ds = tarindex.TarDataset(url, remote=opts)
     local = tarindex.ShardSet(paths)

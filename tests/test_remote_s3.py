@@ -63,7 +63,7 @@ def s3(make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch) -> Iterator[tup
 
 def test_s3_random_access_reads_only_the_samples_bytes(s3: tuple[RemoteOptions, list[str]]) -> None:
     opts, paths = s3
-    remote._indexes.clear()
+    remote.forget_process_state()
     ss = tarindex.ShardSet(f"s3://{BUCKET}/data/train-{{000000..000002}}.tar", remote=opts)
     assert len(ss) == sum(SIZES)
     local = tarindex.ShardSet(paths)
@@ -89,7 +89,7 @@ def test_s3_random_access_reads_only_the_samples_bytes(s3: tuple[RemoteOptions, 
 def test_s3_glob_and_streaming_read_each_shard_once(s3: tuple[RemoteOptions, list[str]]) -> None:
     pytest.importorskip("torch")
     opts, paths = s3
-    remote._indexes.clear()
+    remote.forget_process_state()
     it = tarindex.TarIterableDataset(
         f"s3://{BUCKET}/data/train-*.tar", shuffle=True, seed=2, block_size=8, remote=opts
     )
@@ -109,3 +109,22 @@ def test_s3_directory_source_and_missing_object(s3: tuple[RemoteOptions, list[st
     assert ss.n_shards == len(SIZES)
     with pytest.raises(tarindex.IndexMissingError, match="no index for remote shard"):
         tarindex.ShardSet(f"s3://{BUCKET}/data/nope.tar", remote=opts)
+
+
+def test_s3_object_overwritten_after_open_is_stale(s3: tuple[RemoteOptions, list[str]]) -> None:
+    import s3fs
+
+    opts, paths = s3
+    remote.forget_process_state()
+    url = f"s3://{BUCKET}/data/train-000000.tar"
+    ss = tarindex.ShardSet(url, remote=opts)
+    local = tarindex.ShardSet(paths[0])
+    assert ss.get(0)["bin"] == local.get(0)["bin"]
+    data = bytearray(open(paths[0], "rb").read())
+    for k in range(8192, len(data) - 8192):
+        data[k] ^= 0xFF  # same size, other bytes
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts.storage_options["s3"])
+    fs.pipe_file(f"{BUCKET}/data/train-000000.tar", bytes(data))
+    j = SIZES[0] // 2
+    with pytest.raises(tarindex.StaleIndexError, match=r"s3://shards/data/train-000000\.tar: "):
+        ss.get(j)

@@ -22,12 +22,12 @@ from ..format.manifest import ManifestTable, decode_manifest, resolve_paths
 from ..format.spec import INDEX_SUFFIX
 from ..storage.remote import (
     DEFAULT,
+    MANIFEST_MAX_BYTES,
     RemoteOptions,
     expand_remote,
-    fetch,
-    file_size,
     is_url,
     local_path,
+    read_whole,
 )
 
 __all__ = [
@@ -144,7 +144,7 @@ def read_manifest(path: str, remote: RemoteOptions | None = None) -> ManifestTab
     """
     if is_url(path):
         opts = remote or DEFAULT
-        data = fetch([(path, 0, file_size(path, opts))], opts)[0]
+        data = read_whole(path, opts, MANIFEST_MAX_BYTES)
     else:
         path = local_path(path)
         with open(path, "rb") as f:

@@ -4,7 +4,7 @@ The kernel (:meth:`tarindex.read.reader.ShardReader.read_block`) asks a source f
 ranges and slices members out of what it gets back; nothing above the kernel sees a source.
 A source is one small interface, :class:`ByteSource`: its ``size``, ``read(offset, size)``,
 ``read_ranges(starts, ends)``, ``prefetch``/``prefetch_ranges`` hints and ``close``. The
-remote source, :class:`tarindex.remote.RemoteSource` (fsspec ``cat_ranges``, read-ahead, a
+remote source, :class:`tarindex.storage.remote.RemoteSource` (ranged reads, read-ahead, a
 shared cache), implements the same interface beside :class:`MmapSource` and
 :class:`PreadSource`; :func:`open_source` picks mmap or pread for a local tar.
 

@@ -15,6 +15,10 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
   recently used entries (oldest mtime; a hit touches its entry) are deleted until it fits.
   ``usage`` is rewritten before the rename, so a crash can only over-count, which the next
   scan corrects. The lock is released by the kernel if its holder dies.
+- Links are never followed inside ``root``: every file is opened with ``O_NOFOLLOW``, every
+  directory checked with ``lstat``; a symbolic link found where a directory or file of the
+  cache belongs (planted by someone else) is removed, never written through, so nothing
+  lands outside ``root`` and every byte stored is counted and evictable.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 import time
 
 __all__ = ["DirCache"]
@@ -60,7 +65,8 @@ class DirCache:
         self.limit = int(limit)
         self.hits = 0
         self.misses = 0
-        os.makedirs(os.path.join(self.root, "tmp"), exist_ok=True)
+        os.makedirs(self.root, exist_ok=True)
+        self._real_dir(os.path.join(self.root, "tmp"))
         self._clean_tmp()
 
     def __getstate__(self) -> dict[str, object]:
@@ -81,13 +87,14 @@ class DirCache:
         """
         p = self.path(key, name)
         try:
-            with open(p, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
+            fd = self.open_entry(p)
+        except OSError:
             self.misses += 1
             return None
+        with open(fd, "rb") as f:
+            data = f.read()
         if size is not None and len(data) != size:
-            self._drop(p)
+            self.discard_path(p)
             self.misses += 1
             return None
         try:
@@ -100,13 +107,40 @@ class DirCache:
     def local_file(self, key: str, name: str, size: int) -> str | None:
         """The path of entry ``(key, name)`` if it exists with ``size`` bytes (touched), else None."""
         p = self.path(key, name)
-        try:
-            if os.stat(p).st_size == size:
-                os.utime(p)
-                return p
-        except OSError:
-            return None
+        if self._is_entry(p) and self._entry_size(p) == size:
+            try:
+                os.utime(p, follow_symlinks=False)
+            except OSError:
+                return None
+            return p
         return None
+
+    def open_entry(self, p: str) -> int:
+        """A read-only descriptor of the cache file ``p``, links not followed.
+
+        Raises:
+            OSError: ``p`` is missing, a link, or lies under a link (a planted link is
+                removed first).
+        """
+        self._check_parents(p)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                self.discard_path(p)
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{p}: not a regular file")
+        return fd
+
+    def discard(self, key: str, name: str) -> None:
+        """Delete entry ``(key, name)`` if it exists (a link there is removed, not followed)."""
+        self.discard_path(self.path(key, name))
+
+    def discard_path(self, p: str) -> None:
+        """Delete the cache file ``p`` (an entry or a temp file); missing is fine."""
+        self._drop(p)
 
     def put(self, key: str, name: str, data: bytes | memoryview) -> bool:
         """Insert entry ``(key, name)`` atomically, evicting LRU entries to stay within the limit.
@@ -118,9 +152,9 @@ class DirCache:
         n = len(data)
         if n > self.limit:
             return False
-        tmp = os.path.join(self.root, "tmp", f"{os.getpid()}.{secrets.token_hex(6)}")
+        tmp = self.temp_path()
         try:
-            with open(tmp, "wb") as f:
+            with open(self._create(tmp), "wb") as f:
                 f.write(data)
             return self._commit(tmp, self.path(key, name), n)
         except OSError as e:
@@ -139,6 +173,7 @@ class DirCache:
 
     def temp_path(self) -> str:
         """A fresh temp file name in the cache's ``tmp/`` (for :meth:`put_file`)."""
+        self._real_dir(os.path.join(self.root, "tmp"))
         return os.path.join(self.root, "tmp", f"{os.getpid()}.{secrets.token_hex(6)}")
 
     def usage(self) -> int:
@@ -146,11 +181,64 @@ class DirCache:
         return sum(n for _, n, _ in self._scan())
 
     # -- internals ------------------------------------------------------------------------
+    def _real_dir(self, d: str) -> None:
+        """Make ``d`` (under ``root``) a real directory: links and files in its way removed."""
+        rel = os.path.relpath(d, self.root)
+        cur = self.root
+        for part in rel.split(os.sep):
+            cur = os.path.join(cur, part)
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                self._drop(cur)  # a planted link (or a stray file): removed, never followed
+                st = None
+            if st is None:
+                try:
+                    os.mkdir(cur)
+                except FileExistsError:
+                    if not stat.S_ISDIR(os.lstat(cur).st_mode):
+                        raise
+
+    def _check_parents(self, p: str) -> None:
+        """Raise ``OSError`` if a directory between ``root`` and ``p`` is not a real one."""
+        rel = os.path.relpath(os.path.dirname(p), self.root)
+        cur = self.root
+        for part in rel.split(os.sep):
+            if part in ("", "."):
+                continue
+            cur = os.path.join(cur, part)
+            if not stat.S_ISDIR(os.lstat(cur).st_mode):
+                raise OSError(errno.ELOOP, f"{cur}: not a real directory of the cache")
+
+    def _create(self, p: str) -> int:
+        """A new file ``p`` for writing (``O_EXCL | O_NOFOLLOW``: never through a link)."""
+        return os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+
+    def _open_nofollow(self, p: str, flags: int) -> int:
+        """Open the cache's own file ``p`` (lock, usage); a link there is removed first."""
+        try:
+            return os.open(p, flags | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+        self._drop(p)
+        return os.open(p, flags | os.O_NOFOLLOW, 0o644)
+
+    def _is_entry(self, p: str) -> bool:
+        try:
+            self._check_parents(p)
+            return stat.S_ISREG(os.lstat(p).st_mode)
+        except OSError:
+            return False
+
     def _commit(self, tmp: str, final: str, n: int) -> bool:
         import fcntl
 
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        with open(os.path.join(self.root, "lock"), "a+b") as lk:
+        self._real_dir(os.path.dirname(final))
+        lock = self._open_nofollow(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT)
+        with open(lock, "a+b") as lk:
             fcntl.flock(lk.fileno(), fcntl.LOCK_EX)
             try:
                 old = self._entry_size(final)
@@ -163,16 +251,18 @@ class DirCache:
                 fcntl.flock(lk.fileno(), fcntl.LOCK_UN)
         return True
 
-    @staticmethod
-    def _entry_size(p: str) -> int:
+    def _entry_size(self, p: str) -> int:
         try:
-            return os.stat(p).st_size
+            self._check_parents(p)
+            st = os.lstat(p)
         except OSError:
             return 0
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
     def _read_usage(self) -> int:
         try:
-            with open(os.path.join(self.root, "usage"), "rb") as f:
+            fd = self._open_nofollow(os.path.join(self.root, "usage"), os.O_RDONLY)
+            with open(fd, "rb") as f:
                 return int(f.read().strip() or b"0")
         except (OSError, ValueError):
             return self.limit + 1  # unknown: force a scan
@@ -180,7 +270,8 @@ class DirCache:
     def _write_usage(self, used: int) -> None:
         p = os.path.join(self.root, "usage")
         tmp = f"{p}.{os.getpid()}"
-        with open(tmp, "wb") as f:
+        self._drop(tmp)
+        with open(self._create(tmp), "wb") as f:
             f.write(b"%d\n" % used)
         os.replace(tmp, p)
 
@@ -189,15 +280,22 @@ class DirCache:
         out: list[tuple[float, int, str]] = []
         self._clean_tmp()
         for d1 in os.scandir(self.root):
+            if d1.is_symlink():
+                self._drop(d1.path)  # planted: removed, never followed
             if not d1.is_dir(follow_symlinks=False) or d1.name == "tmp":
                 continue
             for d2 in os.scandir(d1.path):
+                if d2.is_symlink():
+                    self._drop(d2.path)
                 if not d2.is_dir(follow_symlinks=False):
                     continue
                 for f in os.scandir(d2.path):
                     try:
                         st = f.stat(follow_symlinks=False)
                     except OSError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode):
+                        self._drop(f.path)
                         continue
                     out.append((st.st_mtime, st.st_size, f.path))
         return out
@@ -212,7 +310,7 @@ class DirCache:
         for e in it:
             try:
                 pid = int(e.name.split(".", 1)[0])
-                st = e.stat()
+                st = e.stat(follow_symlinks=False)
             except (ValueError, OSError):
                 continue
             if not _pid_alive(pid) or now - st.st_mtime > _TMP_GRACE_S:

@@ -1,0 +1,71 @@
+"""Remote shards through fsspec: URLs, ranged reads with retries, indexes, read-ahead.
+
+Any fsspec protocol works (``https://``, ``s3://``, ``gs://``, ``hf://``, ...; install
+``tarindex[remote]`` and the protocol's package). ``file://`` URLs are plain local paths.
+The story is docs/REMOTE.md; the modules, bottom up:
+
+- :mod:`.options`: :class:`RemoteOptions` (fsspec storage options, retries, timeout,
+  deadline, read-ahead budget, cache directory, the opt-in for servers that ignore Range),
+  URL helpers, the traffic counters (:func:`stats`).
+- :mod:`.transport`: fsspec filesystems (made per process, keyed by pid,
+  ``skip_instance_cache``, never pickled) and one request with the checks on its reply
+  (the range it holds, the pinned version, a bounded body, the deadline).
+- :mod:`.fetch`: :func:`fetch`, the one place ranges cross the network (retries, backoff),
+  sizes (:func:`file_size`), whole files, :func:`download`.
+- :mod:`.indexes`: :func:`load_indexes`, an index fetched once per process (kept in
+  memory, and in the cache directory when there is one).
+- :mod:`.source`: :class:`RemoteSource`, the byte source of a remote tar (coalescing,
+  read-ahead, cache), and :func:`prefetch_many`.
+"""
+
+from __future__ import annotations
+
+from ...format.url import is_url
+from . import fetch as _fetch
+from . import indexes as _idx
+from . import source as _src
+from . import transport as _tr
+from .fetch import download, fetch, file_size, read_whole
+from .indexes import expand_remote, forget_index, load_indexes
+from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
+from .source import RemoteSource, prefetch_many
+from .transport import filesystem
+
+__all__ = [
+    "DEFAULT",
+    "MANIFEST_MAX_BYTES",
+    "RemoteOptions",
+    "RemoteSource",
+    "download",
+    "expand_remote",
+    "fetch",
+    "file_size",
+    "filesystem",
+    "filesystem_pids",
+    "forget_process_state",
+    "forget_index",
+    "is_url",
+    "load_indexes",
+    "local_path",
+    "prefetch_many",
+    "read_whole",
+    "stats",
+]
+
+
+def forget_process_state() -> None:
+    """Forget what this process learnt: indexes in memory, Range-checked hosts, read-ahead pool.
+
+    For tests and benchmarks that need a cold process; the cache directory is kept.
+    """
+    _idx.forget_all_indexes()
+    _fetch.forget_range_checks()
+    _src.drop_pool()
+
+
+def filesystem_pids() -> list[int]:
+    """The process ids whose fsspec filesystems this process holds (for worker tests).
+
+    Its own pid once it made one; after a fork, its parent's too (never used there).
+    """
+    return _tr.filesystem_pids()

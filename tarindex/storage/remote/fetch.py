@@ -1,0 +1,301 @@
+"""Where bytes cross the network: ranged reads with retries, sizes, whole files, downloads.
+
+Each function retries transient failures (timeouts, the deadline passed, dropped
+connections, short replies, 5xx, 429) :attr:`RemoteOptions.retries` times with exponential
+backoff from :attr:`RemoteOptions.backoff` (doubling, at most 2 s), then raises
+:class:`~tarindex.errors.RemoteError` naming the URL and the byte range. What a retry cannot
+fix is raised at once: a missing object (``FileNotFoundError``), 4xx (``RemoteError``), a
+reply for the wrong range (``RemoteError``), an object changed since it was opened
+(:class:`~tarindex.errors.StaleIndexError`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+
+from ...errors import RangeNotSupportedError, RemoteError, StaleIndexError
+from .options import COALESCE_GAP, DEFAULT, STATS, RemoteOptions, protocol_of
+from .transport import (
+    Pin,
+    describe,
+    filesystem,
+    fs_path,
+    get_ranges,
+    get_whole,
+    head,
+    is_permanent,
+    no_range,
+)
+
+__all__ = [
+    "DOWNLOAD_CHUNK",
+    "coalesce",
+    "coalesce_need",
+    "download",
+    "fetch",
+    "file_size",
+    "read_whole",
+    "stat",
+]
+
+DOWNLOAD_CHUNK = 8 << 20
+"""Bytes per ranged read when a remote tar is streamed to a local file."""
+
+_range_ok: set[tuple[int, str]] = set()
+"""(pid, scheme://host) whose server answered a ranged read with a range, in this process."""
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``."""
+    u = urllib.parse.urlsplit(url)
+    return f"{u.scheme}://{u.netloc}"
+
+
+def range_checked(url: str) -> bool:
+    """Whether ``url``'s server answered a ranged read with a range in this process."""
+    return (os.getpid(), origin(url)) in _range_ok
+
+
+def forget_range_checks() -> None:
+    """Forget which servers answered ranged reads with ranges (the next open probes again)."""
+    _range_ok.clear()
+
+
+class _Backoff:
+    def __init__(self, opts: RemoteOptions) -> None:
+        self.delay = opts.backoff
+
+    def wait(self, n: int) -> None:
+        STATS.retries += n
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 2.0)
+
+
+def fetch(
+    reqs: Sequence[tuple[str, int, int]],
+    opts: RemoteOptions = DEFAULT,
+    pins: Sequence[Pin | None] | None = None,
+) -> list[bytes]:
+    """Read byte ranges ``[start, end)`` of remote files, concurrently; return their bytes.
+
+    At most :attr:`RemoteOptions.concurrency` requests in flight per protocol and attempt.
+    Every reply must hold exactly ``end - start`` bytes: a longer one means the server
+    ignored ``Range``; a shorter one (connection dropped mid-body) is retried. Over HTTP and
+    S3 a reply must also say (``Content-Range``) that it holds the range asked for, and, with
+    a pin, be of the object version pinned (module docs of :mod:`.transport`).
+
+    Args:
+        reqs: ``(url, start, end)`` per range, ``0 <= start < end``.
+        opts: Transport options. Defaults to :data:`DEFAULT`.
+        pins: Per range, the version of the object it must come from (``None``: any).
+            Defaults to no pins.
+
+    Returns:
+        The bytes of each range, in the order of ``reqs``.
+
+    Raises:
+        RangeNotSupportedError: A reply held more bytes than asked for (names the URL).
+        FileNotFoundError: A URL does not exist (names it).
+        StaleIndexError: The object is not the pinned version any more (names the URL).
+        RemoteError: A reply for another range than asked; a range still failing after the
+            retries, or a permanent error (403, 400, ...): names the URL, the byte range and
+            the last cause.
+    """
+    out: list[bytes | None] = [None] * len(reqs)
+    pin_of = list(pins) if pins is not None else [None] * len(reqs)
+    todo = [i for i, (_, a, b) in enumerate(reqs) if b > a]
+    for i, (_, a, b) in enumerate(reqs):
+        if b <= a:
+            out[i] = b""
+    backoff = _Backoff(opts)
+    last: dict[int, BaseException | str] = {}
+    for attempt in range(opts.retries + 1):
+        if not todo:
+            break
+        if attempt:
+            backoff.wait(len(todo))
+        groups: dict[int, list[int]] = {}
+        for i in todo:
+            groups.setdefault(id(filesystem(reqs[i][0], opts)), []).append(i)
+        failed: list[int] = []
+        for idx in groups.values():
+            STATS.requests += len(idx)
+            got = get_ranges([reqs[i] for i in idx], [pin_of[i] for i in idx], opts)
+            for i, g in zip(idx, got, strict=True):
+                url, a, b = reqs[i]
+                if isinstance(g, BaseException):
+                    if isinstance(g, (StaleIndexError, RemoteError)):
+                        raise g
+                    if isinstance(g, FileNotFoundError):
+                        raise FileNotFoundError(
+                            f"{url}: not found (bytes {a}..{b}): check the URL"
+                        ) from g
+                    if is_permanent(g):
+                        raise RemoteError(
+                            f"{url}: bytes {a}..{b}: {describe(g)} (not retried); check the "
+                            f"URL and the credentials in RemoteOptions.storage_options"
+                        ) from g
+                    last[i] = g
+                    failed.append(i)
+                    continue
+                STATS.bytes += len(g)
+                if len(g) == b - a:
+                    out[i] = g
+                    if protocol_of(url) in ("http", "https"):
+                        _range_ok.add((os.getpid(), origin(url)))
+                elif len(g) > b - a:
+                    raise no_range(url, a, b, f"more ({len(g)} bytes or more)")
+                else:
+                    last[i] = f"short reply: {len(g)} of {b - a} bytes"
+                    failed.append(i)
+        todo = failed
+    if todo:
+        i = todo[0]
+        url, a, b = reqs[i]
+        cause = last.get(i, "unknown error")
+        err = RemoteError(
+            f"{url}: bytes {a}..{b}: still failing after {opts.retries} retries "
+            f"({len(todo)} range(s)); last error: "
+            f"{cause if isinstance(cause, str) else describe(cause)}; check the server, or "
+            f"raise RemoteOptions(retries=, timeout=, deadline=)"
+        )
+        if isinstance(cause, BaseException):
+            raise err from cause
+        raise err
+    return out  # type: ignore[return-value]
+
+
+def _retried(
+    url: str, what: str, opts: RemoteOptions, attempt_once: Callable[[], object]
+) -> object:
+    backoff = _Backoff(opts)
+    for attempt in range(opts.retries + 1):
+        if attempt:
+            backoff.wait(1)
+        STATS.requests += 1
+        try:
+            return attempt_once()
+        except (FileNotFoundError, StaleIndexError, RemoteError):
+            raise
+        except Exception as e:
+            if is_permanent(e):
+                raise RemoteError(f"{url}: cannot {what}: {describe(e)} (not retried)") from e
+            if attempt == opts.retries:
+                raise RemoteError(
+                    f"{url}: cannot {what}: still failing after {opts.retries} retries; last "
+                    f"error: {describe(e)}; check the server, or raise RemoteOptions(retries=, "
+                    f"deadline=)"
+                ) from e
+    raise AssertionError("unreachable")
+
+
+def stat(url: str, opts: RemoteOptions = DEFAULT) -> Pin:
+    """The size and version of the remote object ``url`` (HTTP ``HEAD``, S3 ``HeadObject``).
+
+    Retried as :func:`fetch` (a 503 is transient, not a missing file).
+
+    Raises:
+        FileNotFoundError: No such file (404, 410, ``NoSuchKey``).
+        RemoteError: The size cannot be learnt (after the retries, or a 4xx).
+    """
+    return _retried(url, "get its size", opts, lambda: head(url, opts))  # type: ignore[return-value]
+
+
+def file_size(url: str, opts: RemoteOptions = DEFAULT) -> int:
+    """Size in bytes of the remote file ``url``; :func:`stat`'s size, raising as it does."""
+    return stat(url, opts).size
+
+
+def read_whole(url: str, opts: RemoteOptions, bound: Callable[[bytes], int] | int) -> bytes:
+    """The whole remote file ``url`` in one request (retried), never read past its bound.
+
+    Args:
+        url: The file.
+        opts: Transport options.
+        bound: The most bytes it may have, or a function of its first 80 bytes returning
+            that (an index: what its header describes).
+
+    Raises:
+        FileNotFoundError: No such file.
+        RemoteError: The body is longer than the bound (not retried), or the retries ran out.
+        FormatError: ``bound`` refused the first bytes.
+    """
+    limit = bound if callable(bound) else (lambda _head: int(bound))
+    data = _retried(url, "read it", opts, lambda: get_whole(url, opts, limit))
+    STATS.bytes += len(data)  # type: ignore[arg-type]
+    return data  # type: ignore[return-value]
+
+
+def coalesce_need(
+    starts: Sequence[int], ends: Sequence[int], gap: int = COALESCE_GAP
+) -> list[tuple[int, int, int]]:
+    """:func:`coalesce`, with the bytes of the given ranges (their union) in each merged range."""
+    out: list[list[int]] = []
+    for a, b in sorted(zip(starts, ends, strict=True)):
+        if b <= a:
+            continue
+        if out and a - out[-1][1] <= gap:
+            last = out[-1]
+            if b > last[1]:
+                last[2] += b - max(a, last[1])
+                last[1] = b
+        else:
+            out.append([a, b, b - a])
+    return [(a, b, n) for a, b, n in out]
+
+
+def coalesce(
+    starts: Sequence[int], ends: Sequence[int], gap: int = COALESCE_GAP
+) -> list[tuple[int, int]]:
+    """Merge ranges closer than ``gap`` bytes (overlaps too); sorted half-open ``(start, end)``."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(zip(starts, ends, strict=True)):
+        if b <= a:
+            continue
+        if out and a - out[-1][1] <= gap:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def download(url: str, dest: str, opts: RemoteOptions = DEFAULT) -> int:
+    """Stream the remote file ``url`` once into the local file ``dest``; return its size.
+
+    Sequential ranged reads of :data:`DOWNLOAD_CHUNK` bytes (each retried as in
+    :func:`fetch`, each pinned to the version first seen), so memory stays bounded; a server
+    that ignores Range is read with one plain GET instead.
+
+    Raises:
+        FileNotFoundError: No such file.
+        StaleIndexError: The file changed during the download.
+        RemoteError: As :func:`fetch`; ``dest`` is then incomplete (the caller removes it).
+    """
+    pin = stat(url, opts)
+    size = pin.size
+    with open(dest, "wb") as f:
+        pos = 0
+        while pos < size:
+            end = min(pos + DOWNLOAD_CHUNK, size)
+            try:
+                (data,) = fetch([(url, pos, end)], opts, [pin])
+            except RangeNotSupportedError:
+                if pos:
+                    raise
+                f.seek(0)
+                f.truncate()
+                fs = filesystem(url, opts)
+                with fs.open(fs_path(url), "rb", block_size=0) as r:
+                    while chunk := r.read(DOWNLOAD_CHUNK):
+                        f.write(chunk)
+                break
+            f.write(data)
+            pos = end
+    n = os.path.getsize(dest)
+    if n != size:
+        raise RemoteError(f"{url}: streamed {n} bytes, the server said {size}; try again")
+    return n
