@@ -9,7 +9,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs.decode import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
+from ..codecs import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read.reader import Sample, ShardSet
 from ..read.sources import Source

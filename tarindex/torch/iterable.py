@@ -19,7 +19,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs.decode import DecodeSpec, make_decoder
+from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..plan import shuffle as plan_mod
 from ..read.reader import Block, Sample, ShardSet

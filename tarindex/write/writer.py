@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..codecs.encode import encode_value, zstd_compressor
+from ..codecs import encode_value, zstd_compressor
 from ..errors import WriterError
 from ..format.group import group_members
 from ..format.index import encode_index, fingerprint
@@ -550,7 +550,9 @@ class ShardWriter:
         if zstd_dict is True:
             zstd_dict = ZSTD_DICT_BYTES
         self._dict_size = (
-            0 if zstd_dict is False else _int_option("zstd_dict", zstd_dict, 1024, ZSTD_DICT_MAX)
+            0
+            if zstd_dict is False
+            else _int_option("zstd_dict", zstd_dict, 1024, MAX_ZSTD_DICT_BYTES)
         )
         self._train_n = _int_option("zstd_dict_samples", zstd_dict_samples, 1, 1 << 40)
         self._first = start_shard
@@ -790,7 +792,6 @@ ZSTD_DICT_BYTES = 32 * 1024
 
 On ~300-byte JSON captions (benchmarks/bench_compress.py) 32 KiB trained on 1000 samples
 gives ~108 bytes per member against ~244 without a dictionary; 110 KiB gains 4% more."""
-ZSTD_DICT_MAX = 1 << 24  # FORMAT.md §7: MAX_ZSTD_DICT_BYTES
 _TRAIN_MIN_SAMPLES = 8
 _TRAIN_MIN_BYTES = 4096
 _TRAIN_MAX_BYTES = 64 << 20  # stop holding samples for training past 64 MiB of them
