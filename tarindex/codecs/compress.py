@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import DecodeError
+from ..format.spec import ZSTD_FRAME_MAGIC, ZSTD_SKIPPABLE_MAGIC, ZSTD_SKIPPABLE_MASK
 from .exts import COMPRESSION_SUFFIXES, GZ_SUFFIX, ZST_SUFFIX
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "zstd_decode_error",
 ]
 
+_SMALL_FRAME = 1 << 14  # output up to which decompressobj beats walking the block headers
 COUNT_STEP = 1 << 20
 """Output counted per step (bytes) when a size is not known up front: 1 MiB."""
 GZ_KEEP = 1 << 26
@@ -156,15 +158,152 @@ def _decompressor(zstd_dict: Any) -> Any:
     return dctx
 
 
-def unzstd(data: bytes, budget: Budget) -> bytes:
-    """Decompress the first zstd frame of ``data``, charging its size to ``budget`` first.
+def _frame_end(data: bytes, pos: int) -> int | None:
+    """End of the zstd frame that starts at ``pos`` (its magic checked by the caller), or None.
 
-    A frame compressed with a dictionary (its header names the dictionary id) is
-    decompressed with ``budget.zstd_dict``, the shard's (FORMAT.md §7), whose id must match.
+    Reads the frame header descriptor and the block headers only (RFC 8878 §3.1.1: magic,
+    descriptor, window byte, dictionary id, content size, :data:`_HEADER_BYTES`; then blocks
+    of a 3-byte little-endian header, bit 0 last block, bits 1-2 type, bits 3-23 size, an
+    RLE block (type 1) holding 1 byte of content; then a 4-byte checksum if the descriptor's
+    bit 2 is set), 3 bytes per block of at most 128 KiB. None: the frame runs past the end
+    of ``data``.
+    """
+    n = len(data)
+    if pos + 5 > n:
+        return None
+    fhd = data[pos + 4]
+    q = pos + _HEADER_BYTES[fhd]
+    while q + 3 <= n:
+        h = data[q] | data[q + 1] << 8 | data[q + 2] << 16
+        q += 3 + (1 if h & 6 == 2 else h >> 3)
+        if h & 1:
+            q += fhd & 4  # Content_Checksum_flag (bit 2): 4 bytes of xxhash64
+            return q if q <= n else None
+    return None
+
+
+_HEADER_BYTES = tuple(
+    4  # magic
+    + 1  # Frame_Header_Descriptor
+    + (0 if fhd & 0x20 else 1)  # Window_Descriptor, absent with Single_Segment_flag (bit 5)
+    + (0, 1, 2, 4)[fhd & 3]  # Dictionary_ID, Dictionary_ID_flag (bits 0-1)
+    + (1 if fhd & 0x20 else 0, 2, 4, 8)[fhd >> 6]  # Frame_Content_Size, FCS_flag (bits 6-7)
+    for fhd in range(256)
+)
+"""A zstd frame header's size in bytes, by its descriptor byte (RFC 8878 §3.1.1.1)."""
+
+
+def _skippable_end(data: bytes, pos: int) -> int | None:
+    """End of the skippable frame (RFC 8878 §3.1.2) at ``pos``; None: not one.
 
     Raises:
-        Refused: Over the budget, or a dictionary id that is not the shard's.
-        zstandard.ZstdError: Not a zstd frame, or a corrupt or truncated one.
+        Refused: Its size runs past the end of ``data``.
+    """
+    if len(data) - pos < 8:
+        return None
+    if int.from_bytes(data[pos : pos + 4], "little") & ZSTD_SKIPPABLE_MASK != ZSTD_SKIPPABLE_MAGIC:
+        return None
+    size = int.from_bytes(data[pos + 4 : pos + 8], "little")
+    if pos + 8 + size > len(data):
+        raise Refused(
+            f"skippable frame at byte {pos} of {len(data)} declares {size} bytes, and "
+            f"{len(data) - pos - 8} follow (RFC 8878 §3.1.2); the member is truncated",
+            True,
+        )
+    return pos + 8 + size
+
+
+def unzstd(data: bytes, budget: Budget) -> bytes:
+    """Decompress every zstd frame of ``data`` (RFC 8878 §3.1), as ``zstd -d`` does.
+
+    Frames follow one another (``cat a.zst b.zst``), each charged to ``budget`` before it is
+    allocated (:func:`_unzstd_frame`), with or without a size in its header, with the shard's
+    dictionary or none; skippable frames are skipped; bytes after a frame that start no
+    frame are an error (zero bytes too, as for ``zstd -d``). The output is the frames'
+    outputs concatenated.
+
+    A member of one frame with its size in its header (what the writer makes) is decoded in
+    one call that also says where the frame ends: ``decompressobj`` up to 16 KiB of output
+    (0.3-0.6 us more than ``decompress``, which cannot tell), else ``decompress`` after
+    :func:`_frame_end` walks the block headers (0.6 us for one 128 KiB block; measured on the
+    test machine). Any other member is read frame by frame (:func:`_frames`).
+
+    Raises:
+        Refused: Over the budget, a dictionary id that is not the shard's, trailing bytes
+            that are not a frame, a skippable frame cut short, or a frame after the first
+            corrupt or cut short (naming the frame and its byte offset).
+        zstandard.ZstdError: ``data`` does not start with a frame, or its only frame is
+            corrupt or truncated.
+    """
+    if data[:4] == ZSTD_FRAME_MAGIC:
+        # the common case (what the writer makes): one frame with its size, the whole member
+        declared, dctx = _frame_decompressor(data, budget)
+        if declared > 0:  # (0: zstandard < 0.22 lets bytes follow an empty frame: walk those)
+            # a 40-byte frame may declare 16 GiB, allocated up front by decompress(): check
+            budget.take(declared, "zstd frame declares", True)
+            if declared <= _SMALL_FRAME:  # decompressobj tells where the frame ends
+                dobj = dctx.decompressobj()
+                try:
+                    out: bytes = dobj.decompress(data)
+                except MemoryError:
+                    raise
+                except Exception:  # corrupt: read again below, for zstandard's own error
+                    pass
+                else:
+                    if dobj.eof and not dobj.unused_data:
+                        return out
+            elif _frame_end(data, 0) == len(data):  # larger: walk, then one allocation
+                out = dctx.decompress(data)
+                return out
+            budget.left += declared  # not one whole frame: charged again frame by frame
+    return _frames(data, budget)
+
+
+def _frames(data: bytes, budget: Budget) -> bytes:
+    """:func:`unzstd` frame by frame: each found by :func:`_frame_end`, then decompressed."""
+    import zstandard
+
+    n = len(data)
+    end = _frame_end(data, 0) if data[:4] == ZSTD_FRAME_MAGIC else None
+    if end == n or (end is None and _skippable_end(data, 0) is None):
+        # one frame, or none: zstandard's own error for it, as for a member of one frame
+        return _unzstd_frame(data, budget)
+    parts: list[bytes] = []
+    pos = 0
+    while pos < n:
+        skip = _skippable_end(data, pos)
+        if skip is not None:
+            pos = skip
+            continue
+        if data[pos : pos + 4] != ZSTD_FRAME_MAGIC:
+            raise Refused(
+                f"{n - pos} trailing bytes at byte {pos} of {n}, after {len(parts)} zstd "
+                f"frame(s), are not a zstd frame (they start {bytes(data[pos : pos + 12])!r}; "
+                f"a frame starts {ZSTD_FRAME_MAGIC!r}; `zstd -d` refuses them too)",
+                True,
+            )
+        end = _frame_end(data, pos)
+        where = f"zstd frame {len(parts) + 1} at byte {pos} of {n}"
+        try:
+            out = _unzstd_frame(data[pos:] if end is None else data[pos:end], budget)
+        except zstandard.ZstdError as e:
+            raise Refused(f"{where}: {e}", True) from e
+        if end is None:  # decoded, although its blocks run past the member: refuse anyway
+            raise Refused(f"{where}: its blocks run past the end of the member", True)
+        parts.append(out)
+        pos = end
+    return b"".join(parts)
+
+
+def _frame_decompressor(data: bytes, budget: Budget) -> tuple[int, Any]:
+    """``(declared size or -1, decompressor)`` for the zstd frame that starts ``data``.
+
+    A frame compressed with a dictionary (its header names the dictionary id) gets the
+    decompressor of ``budget.zstd_dict``, the shard's (FORMAT.md §7), whose id must match.
+    Not a frame: ``-1`` and the plain decompressor (whose ``decompress`` then says so).
+
+    Raises:
+        Refused: A dictionary id that is not the shard's.
     """
     import zstandard
 
@@ -172,7 +311,7 @@ def unzstd(data: bytes, budget: Budget) -> bytes:
         declared = zstandard.frame_content_size(data)  # -1: not in the frame header
         dict_id = zstandard.get_frame_parameters(data).dict_id
     except zstandard.ZstdError:
-        declared, dict_id = -1, 0  # not a frame: decompress() below says so
+        declared, dict_id = -1, 0  # not a frame: decompress() says so
     zd = None
     if dict_id:
         zd = budget.zstd_dict
@@ -185,14 +324,28 @@ def unzstd(data: bytes, budget: Budget) -> bytes:
                 f"zstd_dict=ShardReader(tar).zstd_dict()",
                 True,
             )
-    dctx = _decompressor(zd)
+    return declared, _decompressor(zd)
+
+
+def _unzstd_frame(data: bytes, budget: Budget) -> bytes:
+    """Decompress the zstd frame ``data`` (one frame: bytes after it are ignored) within ``budget``.
+
+    Its size is charged to ``budget`` before the output is allocated: the size its header
+    declares, else the output counted in 1 MiB steps (stopping past the budget).
+
+    Raises:
+        Refused: Over the budget, or a dictionary id that is not the shard's.
+        zstandard.ZstdError: Not a zstd frame, or a corrupt or truncated one.
+    """
+    declared, dctx = _frame_decompressor(data, budget)
     if declared >= 0:
         # a 40-byte frame may declare 16 GiB, allocated up front by decompress(): check first
         budget.take(declared, "zstd frame declares", True)
         out: bytes = dctx.decompress(data)
         return out
     # no size in the header: count the output with one 1 MiB buffer, stopping past the
-    # budget, then decompress into one allocation of exactly that size
+    # budget, then decompress into one allocation of exactly that size; ``data`` holds one
+    # frame only, since the count would run on into the next (stream_reader reads across)
     buf = bytearray(min(budget.left + 1, COUNT_STEP))
     n = 0
     with dctx.stream_reader(data) as r:
