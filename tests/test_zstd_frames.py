@@ -9,6 +9,7 @@ budget counts every frame.
 from __future__ import annotations
 
 import io
+import random
 import shutil
 import struct
 import subprocess
@@ -62,6 +63,42 @@ def test_concatenated_frames_decode_to_every_frame() -> None:
     assert decode_value("json.zst.zst", zstd_compress(inner[:7]) + zstd_compress(inner[7:])) == {
         "a": 1
     }
+
+
+def test_every_kind_of_frame_and_block_is_walked_to_its_end() -> None:
+    """Raw, RLE and compressed blocks, one or many per frame, every header layout."""
+    rng = random.Random(19)
+
+    def piece(k: int) -> bytes:
+        kind = rng.randrange(3)
+        if kind == 0:
+            return rng.randbytes(k)  # raw blocks
+        if kind == 1:
+            return bytes([rng.randrange(256)]) * k  # RLE blocks
+        return (b"abcdefgh" * (k // 8 + 1))[:k]  # compressed blocks
+
+    for trial in range(40):
+        parts: list[bytes] = []
+        frames: list[bytes] = []
+        for _ in range(rng.randrange(1, 5)):
+            size = rng.choice((0, 1, 255, 256, 65_535, 65_536 + 256, 300_000))
+            data = b"".join(piece(size // 3 + 1) for _ in range(3))[:size]
+            cctx = zstandard.ZstdCompressor(
+                level=rng.choice((-5, 1, 3, 7)),
+                write_checksum=rng.random() < 0.5,
+                write_content_size=rng.random() < 0.7,
+                write_dict_id=False,
+            )
+            frame = cctx.compress(data)
+            if rng.random() < 0.3:  # streamed: no size, often several blocks
+                cobj = cctx.compressobj()
+                frame = cobj.compress(data) + cobj.flush()
+            parts.append(data)
+            frames.append(frame)
+        joined = b"".join(frames)
+        assert decode_value("bin.zst", joined) == b"".join(parts), trial
+        with pytest.raises(ZstdDecodeError, match="trailing bytes"):
+            decode_value("bin.zst", joined + b"\x00")
 
 
 def test_trailing_bytes_that_are_not_a_frame_name_the_member() -> None:
