@@ -5,6 +5,9 @@ of the inner extension (``"npy.zst"``, ``"json.gz"``; layers nest: ``"npy.gz.zst
 docs/FORMAT.md §7, docs/DECODING.md "Compressed members"). Readers take the layers off with
 :func:`decompress_layers` (:data:`DECOMPRESSORS`), writers put them on with
 :data:`COMPRESSORS`; decoded samples name an entry without them (:func:`strip_compression`).
+A ``.zst`` member is one or more zstd frames, all decoded, as ``zstd -d`` does
+(:func:`unzstd`); a ``.gz`` member one or more gzip members, all inflated (:func:`gunzip`).
+In both, bytes after the last one that do not start another are an error.
 
 **Bounded.** The bytes that a sample's ``.zst`` frames and ``.gz`` streams (and ``.npz``
 entries, :mod:`tarindex.codecs.decode`) expand to count against one :class:`Budget` per
