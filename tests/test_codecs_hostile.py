@@ -25,8 +25,8 @@ from PIL import Image, UnidentifiedImageError
 
 import tarindex
 from tarindex import DecodeError, TarIndexError
+from tarindex.codecs import IMAGE_EXTS, IMAGE_FORMATS, ExtDecoder, decode_value, encode_value
 from tarindex.codecs import decode as codecs
-from tarindex.codecs.decode import IMAGE_EXTS, IMAGE_FORMATS, ExtDecoder, decode_value, encode_value
 
 MiB = 1 << 20
 _LINUX = pytest.mark.skipif(
@@ -105,7 +105,7 @@ def hook(event, args):
         spawned.append(event)
 sys.addaudithook(hook)
 import tarindex
-from tarindex.codecs.decode import ExtDecoder, IMAGE_EXTS
+from tarindex.codecs import ExtDecoder, IMAGE_EXTS
 payloads = [open(p, "rb").read() for p in sys.argv[2:]]
 results = []
 if sys.argv[1] == "pillow":  # the control: Pillow left to sniff the format
@@ -368,7 +368,7 @@ def test_zstd_defaults_and_errors() -> None:
             decode_value("bin.zst", bad, shard="s.tar", key="k")
         assert isinstance(ei.value, zstandard.ZstdError)
         assert isinstance(ei.value.__cause__, zstandard.ZstdError)
-        assert type(ei.value) is codecs.ZstdDecodeError
+        assert type(ei.value) is tarindex.codecs.ZstdDecodeError
         again = pickle.loads(pickle.dumps(ei.value))  # DataLoader workers pickle errors
         assert type(again) is type(ei.value) and str(again) == str(ei.value)
     for wrong in (-1, 1.0, False):
@@ -565,9 +565,9 @@ def test_messages_without_shard_or_key_and_usage_errors() -> None:
 
 def test_import_tarindex_does_not_import_zstandard_or_pillow() -> None:
     code = (
-        "import sys, tarindex, tarindex.codecs.decode\n"
+        "import sys, tarindex, tarindex.codecs\n"
         "assert 'zstandard' not in sys.modules and 'PIL' not in sys.modules, sorted(sys.modules)\n"
-        "tarindex.codecs.decode.ZstdDecodeError\n"
+        "tarindex.codecs.ZstdDecodeError\n"
         "assert 'zstandard' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -17,7 +17,7 @@ import zstandard
 from PIL import Image
 
 import tarindex
-from tarindex.codecs.decode import ExtDecoder, ExtTable, decode_value, is_handler, make_decoder
+from tarindex.codecs import ExtDecoder, ExtTable, decode_value, is_handler, make_decoder
 
 wds = pytest.importorskip("webdataset")
 

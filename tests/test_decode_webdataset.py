@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import tarindex
-from tarindex.codecs.decode import IMAGE_SPECS
+from tarindex.codecs import IMAGE_SPECS
 
 wds = pytest.importorskip("webdataset")
 

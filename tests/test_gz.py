@@ -18,13 +18,13 @@ import zstandard
 
 import tarindex
 from tarindex import DecodeError
-from tarindex.codecs import decode as codecs
-from tarindex.codecs import encode
-from tarindex.codecs.decode import (
+from tarindex.codecs import (
     COMPRESSION_SUFFIXES,
     ExtDecoder,
+    compress,
     compression_layers,
     decode_value,
+    encode,
     strip_compression,
 )
 
@@ -255,7 +255,7 @@ def test_output_over_the_held_bound_is_counted_then_inflated_again(
     data = rng.integers(0, 4, 3 * MiB + 123, dtype=np.uint8).tobytes()
     part = (data[: MiB + 1], data[MiB + 1 :])
     gz = b"".join(gzip.compress(p, compresslevel=1, mtime=0) for p in part)
-    monkeypatch.setattr(codecs, "_GZ_KEEP", MiB)  # a smaller bound to hold while inflating
+    monkeypatch.setattr(compress, "GZ_KEEP", MiB)  # a smaller bound to hold while inflating
     assert decode_value("bin.gz", gz) == data
     with pytest.raises(DecodeError, match="gzip stream expands to at least"):
         decode_value("bin.gz", gz, max_decompressed_bytes=len(data) - 1)
@@ -313,7 +313,7 @@ def test_entry_names_nesting_and_collisions() -> None:
 
 
 def test_writer_gzips_dot_gz_deterministically(tmp_path: Path) -> None:
-    assert set(encode._COMPRESS) == set(COMPRESSION_SUFFIXES)  # one table, both sides
+    assert set(compress.COMPRESSORS) == set(COMPRESSION_SUFFIXES)  # one table, both sides
     runs = []
     for run in range(2):
         with tarindex.ShardWriter(str(tmp_path / f"r{run}-%06d.tar"), mtime=0) as w:

@@ -62,9 +62,7 @@ def test_many_shapes_roundtrip_byte_exact(tmp_path: Path) -> None:
     for i, s in enumerate(samples):
         got = ds.get(i)
         assert got["__key__"] == s["__key__"] and got["__index__"] == i
-        want = {
-            k: tarindex.codecs.decode.encode_value(k, v) for k, v in s.items() if k != "__key__"
-        }
+        want = {k: tarindex.codecs.encode_value(k, v) for k, v in s.items() if k != "__key__"}
         assert {k: v for k, v in got.items() if not k.startswith("__")} == want
     # decoded
     from tarindex.codecs.decode import ExtDecoder
@@ -78,7 +76,7 @@ def test_many_shapes_roundtrip_byte_exact(tmp_path: Path) -> None:
 
 def _all_names(samples: list[dict[str, object]]) -> dict[str, bytes]:
     return {
-        f"{s['__key__']}.{k}": tarindex.codecs.decode.encode_value(k, v)
+        f"{s['__key__']}.{k}": tarindex.codecs.encode_value(k, v)
         for s in samples
         for k, v in s.items()
         if k != "__key__"
@@ -125,7 +123,7 @@ def test_webdataset_reads_writer_output(tmp_path: Path) -> None:
     }
     want = {
         s["__key__"]: {
-            k: tarindex.codecs.decode.encode_value(k, v) for k, v in s.items() if k != "__key__"
+            k: tarindex.codecs.encode_value(k, v) for k, v in s.items() if k != "__key__"
         }
         for s in SAMPLES
     }

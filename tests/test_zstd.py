@@ -15,8 +15,8 @@ import pytest
 import zstandard
 
 import tarindex
-from tarindex.codecs import decode as codecs
-from tarindex.codecs.decode import ExtDecoder, decode_value
+from tarindex import codecs
+from tarindex.codecs import ExtDecoder, decode_value
 from tarindex.format.spec import ZSTD_DICT_MEMBER, ZSTD_DICT_META
 from tarindex.index.build import build_index
 from tarindex.read.verify import verify

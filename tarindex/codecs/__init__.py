@@ -1,1 +1,77 @@
-"""Decode and encode member bytes by extension: one extension table, images, select."""
+"""Decode and encode member bytes by extension: one extension table, compression, selection.
+
+Modules, lowest first (each imports only those above it; decode and encode never each other):
+
+- :mod:`~tarindex.codecs.exts`: the one extension table (images, text, json, arrays, pickles,
+  torch, msgpack, cbor, the compression suffixes), read by both sides.
+- :mod:`~tarindex.codecs.compress`: the ``.zst`` and ``.gz`` layers, both ways, within a
+  per-sample decompression budget; the shard's zstd dictionary (docs/FORMAT.md §7).
+- :mod:`~tarindex.codecs.handlers`: webdataset's image specs (``"rgb8"``, ``"torchrgb"``,
+  ``"pil"``, ...) and ``(key, data)`` handlers.
+- :mod:`~tarindex.codecs.decode`: the built-in decoders by extension, :func:`decode_value`,
+  :class:`ExtDecoder`, :func:`make_decoder`; its bounds ``MAX_IMAGE_PIXELS`` and
+  ``ZSTD_MAX_OUTPUT`` are module constants there (set ``tarindex.codecs.decode.X``).
+- :mod:`~tarindex.codecs.encode`: :func:`encode_value`, the writer's side.
+- :mod:`~tarindex.codecs.select`: webdataset's ``to_tuple`` (:class:`ToTuple`).
+
+``ZstdDecodeError`` (a :class:`tarindex.DecodeError` that is also a ``zstandard.ZstdError``)
+is resolved on first use, so ``import tarindex`` does not import zstandard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import DecodeError
+from .compress import (
+    compression_layers,
+    gzip_compress,
+    strip_compression,
+    zstd_compress,
+    zstd_compressor,
+    zstd_decode_error,
+)
+from .decode import Decoder, ExtDecoder, decode_value, make_decoder
+from .encode import JPEG_QUALITY, encode_value, image_from_array
+from .exts import COMPRESSION_SUFFIXES, IMAGE_EXTS, IMAGE_FORMATS, PICKLE_EXTS, SERIALIZER_EXTS
+from .handlers import IMAGE_MODES, IMAGE_SPECS, DecodeSpec, ExtTable, Handler, is_handler
+from .select import ToTuple, make_select, select_fields, to_tuple
+
+__all__ = [
+    "COMPRESSION_SUFFIXES",
+    "IMAGE_EXTS",
+    "IMAGE_FORMATS",
+    "IMAGE_MODES",
+    "IMAGE_SPECS",
+    "JPEG_QUALITY",
+    "PICKLE_EXTS",
+    "SERIALIZER_EXTS",
+    "DecodeError",
+    "DecodeSpec",
+    "Decoder",
+    "ExtDecoder",
+    "ExtTable",
+    "Handler",
+    "ToTuple",
+    "ZstdDecodeError",
+    "compression_layers",
+    "decode_value",
+    "encode_value",
+    "gzip_compress",
+    "image_from_array",
+    "is_handler",
+    "make_decoder",
+    "make_select",
+    "select_fields",
+    "strip_compression",
+    "to_tuple",
+    "zstd_compress",
+    "zstd_compressor",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve ``ZstdDecodeError`` lazily (it subclasses ``zstandard.ZstdError``)."""
+    if name == "ZstdDecodeError":
+        return zstd_decode_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

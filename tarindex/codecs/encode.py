@@ -1,7 +1,8 @@
 """Encode sample values to member bytes by extension: the writer's side of :mod:`tarindex.codecs`.
 
 The encoder is chosen by the *last* dot-component of the extension (``"seg.png"`` -> ``png``),
-symmetric with the decoders of :mod:`tarindex.codecs` and with webdataset's writer
+from the one extension table (:mod:`tarindex.codecs.exts`), symmetric with the decoders of
+:mod:`tarindex.codecs.decode` and with webdataset's writer
 (``webdataset/writer.py``, ``make_handlers``), so ``decode(encode(x))`` gives ``x`` back:
 
 =====================================  ====================================================
@@ -25,52 +26,42 @@ any other                              ``str``: UTF-8; ``int``: decimal text (``
 =====================================  ====================================================
 
 A trailing ``.zst`` (``"json.zst"``) zstd-compresses the encoded bytes of the inner extension
-(:func:`zstd_compress`); :class:`tarindex.ShardWriter` does that itself, with the shard's
-trained dictionary when it has one (docs/FORMAT.md §7). A trailing ``.gz`` (``"json.gz"``)
-gzips them (:func:`gzip_compress`, one member, mtime 0: the same bytes every run), as
-webdataset's writer does; readers decompress both (:data:`tarindex.codecs.COMPRESSION_SUFFIXES`).
+(:func:`tarindex.codecs.zstd_compress`); :class:`tarindex.ShardWriter` does that itself,
+with the shard's trained dictionary when it has one (docs/FORMAT.md §7). A trailing ``.gz``
+(``"json.gz"``) gzips them (:func:`tarindex.codecs.gzip_compress`, one member, mtime 0: the
+same bytes every run), as webdataset's writer does; readers decompress both
+(:data:`tarindex.codecs.COMPRESSION_SUFFIXES`, one table for both sides,
+:mod:`tarindex.codecs.exts`; :mod:`tarindex.codecs.compress` holds both directions).
 """
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import pickle
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .decode import IMAGE_FORMATS
+from .compress import COMPRESSORS
+from .exts import (
+    IMAGE_FORMATS,
+    JSON_EXTS,
+    MSGPACK_EXTS,
+    NPY_EXTS,
+    NPZ_EXTS,
+    PICKLE_EXTS,
+    SERIALIZER_EXTS,
+    TORCH_EXTS,
+    last_ext,
+)
 
-__all__ = [
-    "JPEG_QUALITY",
-    "PICKLE_EXTS",
-    "SERIALIZER_EXTS",
-    "encode_value",
-    "gzip_compress",
-    "zstd_compress",
-    "zstd_compressor",
-    "image_from_array",
-]
+__all__ = ["JPEG_QUALITY", "encode_value", "image_from_array"]
 
 JPEG_QUALITY = 95
 """Default JPEG/WebP quality (Pillow's 1-100 scale). webdataset's writer uses 100 for JPEG;
 Pillow's own default is 75. Pass ``encode_value(..., quality=N)`` (e.g. through
 ``functools.partial`` as a writer's ``encoder``) for another."""
-
-PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl"})
-_TORCH_EXTS = frozenset({"pth"})
-_MSGPACK_EXTS = frozenset({"msgpack", "mp", "msg"})
-_CBOR_EXTS = frozenset({"cbor"})
-SERIALIZER_EXTS = PICKLE_EXTS | _TORCH_EXTS | _MSGPACK_EXTS | _CBOR_EXTS
-"""Extensions whose encoder serializes any value (``str`` and ``int`` too); bytes stay as is."""
-_JSON_EXTS = frozenset({"json", "jsn"})
-
-
-def _last(ext: str) -> str:
-    return ext.rsplit(".", 1)[-1].lower()
 
 
 def _need(package: str, ext: str, pip: str | None = None) -> Any:
@@ -85,44 +76,6 @@ def _need(package: str, ext: str, pip: str | None = None) -> Any:
             f"installed: pip install {pip or package}",
             name=package,
         ) from e
-
-
-def zstd_compressor(level: int = 3, zstd_dict: Any = None) -> Any:
-    """A ``zstandard.ZstdCompressor`` whose frames record their content size (and dict id).
-
-    Args:
-        level: zstd level (1-22; negative levels are faster). Defaults to ``3``.
-        zstd_dict: A ``zstandard.ZstdCompressionDict`` (the shard's trained dictionary,
-            docs/FORMAT.md §7), or ``None``. Defaults to ``None``.
-
-    Returns:
-        The compressor: ``.compress(data)`` gives one frame whose header holds the
-        decompressed size, so a reader charges it to the sample's decompression budget
-        before allocating (:mod:`tarindex.codecs`). Not thread-safe: one per thread.
-    """
-    import zstandard
-
-    return zstandard.ZstdCompressor(level=level, dict_data=zstd_dict, write_content_size=True)
-
-
-def zstd_compress(data: bytes, level: int = 3, zstd_dict: Any = None) -> bytes:
-    """Compress ``data`` into one zstd frame (:func:`zstd_compressor`'s, for one member)."""
-    out: bytes = zstd_compressor(level, zstd_dict).compress(data)
-    return out
-
-
-def gzip_compress(data: bytes, level: int = 6) -> bytes:
-    """Gzip ``data`` into one member (RFC 1952) with mtime 0 and no file name: deterministic.
-
-    Args:
-        data: The bytes.
-        level: zlib level, 0-9. Defaults to ``6``, the ``gzip`` tool's (``gzip.compress``: 9).
-    """
-    return gzip.compress(data, compresslevel=level, mtime=0)
-
-
-_COMPRESS: dict[str, Callable[[bytes], bytes]] = {".zst": zstd_compress, ".gz": gzip_compress}
-"""Writer side of ``tarindex.codecs.COMPRESSION_SUFFIXES``: suffix -> compressor."""
 
 
 def image_from_array(ext: str, value: np.ndarray[Any, Any]) -> Any:
@@ -223,12 +176,12 @@ def _encode_npz(ext: str, value: Any) -> bytes:
 def _serialize(ext: str, last: str, value: Any) -> bytes:
     if last in PICKLE_EXTS:
         return pickle.dumps(value)
-    if last in _TORCH_EXTS:
+    if last in TORCH_EXTS:
         torch = _need("torch", ext)
         buf = io.BytesIO()
         torch.save(value, buf)
         return buf.getvalue()
-    if last in _MSGPACK_EXTS:
+    if last in MSGPACK_EXTS:
         out: bytes = _need("msgpack", ext).packb(value, use_bin_type=True)
         return out
     cbor: bytes = _need("cbor2", ext).dumps(value)
@@ -254,15 +207,15 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
         ModuleNotFoundError: ``pth``, ``msgpack`` or ``cbor`` without torch, msgpack or cbor2
             installed (the message names the package to install).
     """
-    for sfx, compress in _COMPRESS.items():
+    for sfx, compress in COMPRESSORS.items():
         if ext.endswith(sfx) and len(ext) > len(sfx):
             return compress(encode_value(ext[: -len(sfx)], value, quality=quality))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
-    last = _last(ext)
+    last = last_ext(ext)
     if last in SERIALIZER_EXTS:
         return _serialize(ext, last, value)
-    if last in _JSON_EXTS and not isinstance(value, str):
+    if last in JSON_EXTS and not isinstance(value, str):
         if isinstance(value, (dict, list, tuple, int, float, bool, type(None))):
             return json.dumps(value, ensure_ascii=False).encode("utf-8")
         if isinstance(value, np.generic):
@@ -273,9 +226,9 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
         raise TypeError(f"extension {ext!r}: bool is ambiguous; pass int(value) or str(value)")
     if isinstance(value, (int, np.integer)):
         return str(int(value)).encode()
-    if last == "npy" and isinstance(value, (np.ndarray, np.generic)):
+    if last in NPY_EXTS and isinstance(value, (np.ndarray, np.generic)):
         return _encode_npy(ext, value)
-    if last == "npz":
+    if last in NPZ_EXTS:
         return _encode_npz(ext, value)
     if last in IMAGE_FORMATS:
         data = _encode_image(ext, last, value, quality)

@@ -12,7 +12,8 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from ..errors import MissingFieldError
-from .decode import COMPRESSION_SUFFIXES, strip_compression
+from .compress import strip_compression
+from .exts import COMPRESSION_SUFFIXES
 
 __all__ = ["ToTuple", "to_tuple", "make_select", "select_fields"]
 

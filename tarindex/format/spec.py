@@ -40,6 +40,9 @@ __all__ = [
     "ZSTD_DICT_META",
     "ZSTD_DICT_MAGIC",
     "MAX_ZSTD_DICT_BYTES",
+    "ZSTD_FRAME_MAGIC",
+    "ZSTD_SKIPPABLE_MAGIC",
+    "ZSTD_SKIPPABLE_MASK",
     "BLOCK",
     "USTAR_MAX_SIZE",
     "TAR_NAME",
@@ -118,6 +121,10 @@ ZSTD_DICT_MEMBER = b"__tarindex_zstd_dict__"  # §7: the shard's zstd dictionary
 ZSTD_DICT_META = "zstd_dict"  # §7: metadata key of its entry (offset, size, crc32, dict_id)
 ZSTD_DICT_MAGIC = 0xEC30A437  # §7: first 4 bytes (LE) of a zstd dictionary, RFC 8878 §5
 MAX_ZSTD_DICT_BYTES = 1 << 24  # §7: a reader refuses a larger dictionary before reading it
+# §7: a ``.zst`` member is zstd frames one after another (RFC 8878 §3.1; the writer makes one)
+ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"  # RFC 8878 §3.1.1: 0xFD2FB528 (LE) starts a frame
+ZSTD_SKIPPABLE_MAGIC = 0x184D2A50  # RFC 8878 §3.1.2: a skippable frame's magic (LE), low 4 bits
+ZSTD_SKIPPABLE_MASK = 0xFFFFFFF0  # free; its 4-byte LE size follows, then that many bytes
 
 # --- tar (POSIX.1-1988 ustar, POSIX.1-2001 pax, GNU tar manual) --------------------------------
 # Sources: IEEE Std 1003.1-2017, "pax" utility, "ustar Interchange Format" (the header layout,

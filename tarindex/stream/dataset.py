@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..codecs.decode import DecodeSpec, make_decoder
+from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
 from ..plan.seeds import make_rng

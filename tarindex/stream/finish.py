@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..codecs.decode import Decoder, ExtDecoder, compression_layers
+from ..codecs import Decoder, ExtDecoder, compression_layers
 from ..codecs.select import ToTuple
 from ..read.reader import Sample
 from ..read.sample_source import SampleSource

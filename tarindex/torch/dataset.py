@@ -14,7 +14,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs.decode import DecodeSpec, make_decoder
+from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read.reader import Sample, ShardSet
 from ..read.sample_source import SampleSource

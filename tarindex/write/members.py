@@ -12,7 +12,7 @@ import pickle
 from collections.abc import Callable, Collection
 from typing import Any
 
-from ..codecs.encode import encode_value
+from ..codecs import encode_value
 from ..errors import WriterError
 from ..format.keys import check_ext, check_key
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from ..codecs.encode import encode_value, zstd_compressor
+from ..codecs import encode_value, zstd_compressor
 from ..errors import WriterError
 from ..format.spec import BLOCK, INDEX_SUFFIX, MAX_ZSTD_DICT_BYTES, SHARD_ID_BYTES
 from ..format.tar import build_member_header, padded
