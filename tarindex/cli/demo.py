@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DemoResult", "MissingExtraError", "run", "DEFAULT_EPOCHS"]
+__all__ = ["DemoResult", "MissingExtraError", "run", "command", "DEFAULT_EPOCHS"]
 
 DEFAULT_EPOCHS = 12
 """Training epochs of :func:`run` unless told otherwise."""
@@ -393,3 +393,24 @@ def _train(
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(0 if run().accuracy > 0.9 else 1)
+
+
+def command(args: Any) -> int:
+    """``tarindex demo``: :func:`run`, then exit 1 if the accuracy says the pipeline is broken.
+
+    ``args`` holds ``workdir``, ``epochs`` (None: :data:`DEFAULT_EPOCHS`) and ``seed``.
+    """
+    epochs = DEFAULT_EPOCHS if args.epochs is None else args.epochs
+    try:
+        res = run(args.workdir, epochs, seed=args.seed)
+    except MissingExtraError as e:
+        print(f"tarindex demo: error: {e}", file=sys.stderr)
+        return 1
+    if res.accuracy < 0.9 and epochs >= DEFAULT_EPOCHS:
+        print(
+            f"tarindex demo: error: test accuracy {res.accuracy:.4f} is below 0.9; the "
+            f"pipeline is broken",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -47,7 +47,7 @@ from ..errors import (
     TruncatedError,
 )
 from ..format.index import fingerprint
-from ..format.keys import NO_SAMPLE, no_sample_members, no_sample_reason
+from ..format.keys import NO_SAMPLE, no_sample_members, no_sample_reason, normalize_name
 from ..format.spec import (
     AREGTYPE,
     BLKTYPE,
@@ -180,6 +180,22 @@ class Members:
             entries.sort(key=_first)
             self._skipped = [(n, why) for _, n, why in entries]
         return self._skipped
+
+    def shadowed(self) -> dict[int, int]:
+        """Members replaced by a later member of the same name: ``{earlier: the last copy}``.
+
+        Names are compared normalized (FORMAT.md §4: ``./a.png`` is ``a.png``), as tar
+        extraction and the index see them: the last copy is the one extracted and indexed.
+        Member numbers are positions in :attr:`raw_names`.
+        """
+        last: dict[bytes, int] = {}
+        for i, n in enumerate(self.raw_names):
+            last[normalize_name(n)] = i
+        return {
+            i: j
+            for i, n in enumerate(self.raw_names)
+            if (j := last[normalize_name(n)]) != i
+        }
 
     @property
     def names(self) -> list[str]:
