@@ -90,6 +90,7 @@ from ..format.tar import (
     padded,
     parse_number,
     parse_pax,
+    record_size_problem,
 )
 from ..storage.bytesource import open_regular
 
@@ -659,6 +660,14 @@ class _Walk:
                     f"corrupt{_FIX}"
                 )
             ) from None
+        too_big = record_size_problem(tf, hsize)
+        if too_big is not None:  # before any of its data is read
+            raise self.fail(
+                TarHeaderError(
+                    f"{path}: byte {pos}: {too_big}; the archive is damaged or hostile: "
+                    f"re-create it with shorter names and smaller pax records"
+                )
+            )
         pax = self.pax
         if self.gpax:
             pax = {**self.gpax, **pax}
@@ -673,7 +682,7 @@ class _Walk:
                         f"is corrupt{_FIX}"
                     )
                 )
-            msize = int(sv)
+            msize = int(sv.lstrip(b"0") or b"0")  # int() refuses > 4300 digits, zeros too
         if msize < 0:
             raise self.fail(
                 TarHeaderError(
