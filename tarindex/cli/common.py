@@ -1,7 +1,7 @@
 """What the ``tarindex`` commands share: exit codes, the two CLI-only errors, source expansion.
 
 The translation of errors into exit codes and one-line messages is in :mod:`tarindex.cli.main`
-only; the commands raise (the library's errors, or :class:`UsageError` / :class:`NotFoundError`).
+only; the commands raise (the library's errors, or :class:`UsageError` / :class:`Failure`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_FAIL",
     "EXIT_USAGE",
     "UsageError",
+    "Failure",
     "NotFoundError",
     "describe",
     "expand",
@@ -39,7 +40,11 @@ class UsageError(Exception):
     """A command-line mistake: reported on one line, exit code 2."""
 
 
-class NotFoundError(Exception):
+class Failure(Exception):
+    """The command failed on the data or the system (exit code 1): reported on one line."""
+
+
+class NotFoundError(Failure):
     """What the command asked for (a key, an extension) is not in the data: exit code 1."""
 
 

@@ -45,7 +45,7 @@ from ..errors import PackError, TarIndexError
 from ..read.reader import read_kernel
 from ..write.pack import LAYOUTS
 from . import cat, demo, index, info, ls, manifest, pack, verify
-from .common import EXIT_FAIL, EXIT_USAGE, NotFoundError, UsageError, describe
+from .common import EXIT_FAIL, EXIT_USAGE, Failure, UsageError, describe
 
 __all__ = ["main", "build_parser", "parse_size"]
 
@@ -372,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, PackError) as e:  # PackError: the folder or OUT_PATTERN, before writing
         print(f"{prefix} {describe(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except (TarIndexError, NotFoundError) as e:
+    except (TarIndexError, Failure) as e:  # NotFoundError is a Failure
         print(f"{prefix} {describe(e)}", file=sys.stderr)
         return EXIT_FAIL
     except FileNotFoundError as e:

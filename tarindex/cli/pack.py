@@ -7,7 +7,7 @@ import sys
 
 from ..errors import TarIndexError
 from ..write.pack import plan_pack, write_pack
-from .common import EXIT_FAIL, EXIT_OK, UsageError, describe, progress
+from .common import EXIT_OK, Failure, UsageError, describe, progress
 
 __all__ = ["command"]
 
@@ -26,9 +26,8 @@ def command(args: argparse.Namespace) -> int:
             maxcount=args.maxcount,
             overwrite=args.overwrite,
         )
-    except OSError as e:
-        print(f"tarindex pack: error: {describe(e)}", file=sys.stderr)
-        return EXIT_FAIL
+    except OSError as e:  # exit 1, a vanished file too (not the usage error of main)
+        raise Failure(describe(e)) from None
     for path, why in plan.skipped[:5]:
         print(f"tarindex pack: skipped {path}: {why}", file=sys.stderr)
     if len(plan.skipped) > 5:
@@ -45,9 +44,7 @@ def command(args: argparse.Namespace) -> int:
             jobs=args.jobs,
         )
     except OSError as e:
-        bar.close()
-        print(f"tarindex pack: error: {describe(e)}", file=sys.stderr)
-        return EXIT_FAIL
+        raise Failure(describe(e)) from None
     except ValueError as e:
         if isinstance(e, TarIndexError):
             raise
