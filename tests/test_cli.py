@@ -611,3 +611,45 @@ def test_a_changed_shard_of_a_manifest_says_how_to_rebuild_it(tmp_path: Path) ->
     code, out, err = _tarindex("manifest", "--check", "m.json", cwd=tmp_path)
     assert code == 1 and "d-01.tar: shard 1 of manifest m.json is missing" in err, err
     assert "tarindex manifest SHARDS... -o m.json" in err
+
+
+# -- issue 19 item 18: what ls and cat say --------------------------------------------------
+def test_ls_members_lists_a_shadowed_member_and_marks_it(tmp_path: Path, capsys: Cap) -> None:
+    """`./dup.bin` then `dup.bin`: both are listed; the first, which extraction and the index
+    replace by the later copy, is marked (one line per member, 11 for 11)."""
+    names = [f"{i:02d}.bin" for i in range(9)]
+    names[3] = "./dup.bin"
+    names.insert(7, "dup.bin")
+    names.append("x.cls")
+    p = tmp_path / "dup.tar"
+    with tarfile.open(p, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            data = f"{name}-{i}".encode()
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    code, out, _ = run(["ls", "--members", str(p)], capsys)
+    assert code == 0
+    rows = [ln.split("\t") for ln in out.splitlines()]
+    assert [r[0] for r in rows] == names  # 11 lines for 11 members, in archive order
+    later = tarindex.scan(p).offset.tolist()[7]
+    assert rows[3][3:] == [f"shadowed by the later dup.bin at byte {later}"], rows[3]
+    assert all(len(r) == 3 for i, r in enumerate(rows) if i != 3), rows
+    assert run(["index", str(p)], capsys)[0] == 0  # the index holds the later copy
+    r = tarindex.ShardReader(str(p))
+    by_key = {r.sample(j)["__key__"]: r.sample(j) for j in range(r.n_samples)}
+    assert by_key["dup"]["bin"] == b"dup.bin-7"
+    r.close()
+
+
+def test_cat_past_the_end_names_the_source(tmp_path: Path, capsys: Cap) -> None:
+    p = str(tmp_path / "five.tar")
+    with tarindex.ShardWriter(p) as w:
+        for i in range(5):
+            w.write({"__key__": f"k{i}", "txt": f"t{i}"})
+    for which in ("5", "-6"):
+        code, out, err = run(["cat", "--index", p, which, "txt"], capsys)
+        assert code == 1 and out == ""
+        one_clear_line(err)
+        assert f"{p}: sample index {which} out of range" in err, err
+        assert "5 samples in 1 shard(s)" in err and "-5..4" in err, err

@@ -371,7 +371,7 @@ def test_source_file_gone_while_writing_is_exit_1_and_keeps_nothing(
     pattern = str(tmp_path / "out" / "s-%d.tar")
     plan = plan_pack(str(src), out_pattern=pattern)
     (src / "004\nx.bin").unlink()  # between planning and writing
-    monkeypatch.setattr("tarindex.cli.main.plan_pack", lambda *a, **k: plan)
+    monkeypatch.setattr("tarindex.cli.pack.plan_pack", lambda *a, **k: plan)
     code = main(["pack", str(src), pattern, "--maxcount", "2"])
     err = capsys.readouterr().err
     assert code == 1

@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DemoResult", "MissingExtraError", "run", "DEFAULT_EPOCHS"]
+from .common import Failure
+
+__all__ = ["DemoResult", "MissingExtraError", "run", "command", "DEFAULT_EPOCHS"]
 
 DEFAULT_EPOCHS = 12
 """Training epochs of :func:`run` unless told otherwise."""
@@ -389,6 +391,24 @@ def _train(
         return losses, correct / len(test)
     finally:
         torch.set_num_threads(threads)
+
+
+def command(args: Any) -> int:
+    """``tarindex demo``: :func:`run`; exit 1 if the accuracy says the pipeline is broken.
+
+    ``args`` holds ``workdir``, ``epochs`` (None: :data:`DEFAULT_EPOCHS`) and ``seed``.
+
+    Raises:
+        Failure: An extra is missing, or the accuracy is below 0.9 after the full training.
+    """
+    epochs = DEFAULT_EPOCHS if args.epochs is None else args.epochs
+    try:
+        res = run(args.workdir, epochs, seed=args.seed)
+    except MissingExtraError as e:
+        raise Failure(str(e)) from None
+    if res.accuracy < 0.9 and epochs >= DEFAULT_EPOCHS:
+        raise Failure(f"test accuracy {res.accuracy:.4f} is below 0.9; the pipeline is broken")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

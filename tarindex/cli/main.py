@@ -26,109 +26,28 @@ Exit codes:
 
 A user mistake prints one line ``tarindex <command>: error: <message>`` to stderr, never a
 traceback. Importing this module does not import torch (only ``demo`` does).
+
+This module is the argument wiring and the one place that turns errors into exit codes and
+messages; each command is a module of its own (:mod:`tarindex.cli.index`, ``verify``, ``info``,
+``ls``, ``cat``, ``manifest``, ``pack``, ``demo``), thin over the library.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shlex
 import sys
-import warnings
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import IO, Any
-
-import numpy as np
+from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import PackError, TarIndexError
-from ..format.keys import escape_name
-from ..index.build import build_index
-from ..index.scan import scan_members
-from ..read.reader import Block, ShardReader, ShardSet, index_for, is_up_to_date, read_kernel
-from ..read.sources import expand_source, is_manifest
-from ..storage.remote import download, is_url, load_indexes
-from ..write.pack import LAYOUTS, plan_pack, write_pack
+from ..read.reader import read_kernel
+from ..write.pack import LAYOUTS
+from . import cat, demo, index, info, ls, manifest, pack, verify
+from .common import EXIT_FAIL, EXIT_USAGE, Failure, UsageError, describe
 
 __all__ = ["main", "build_parser", "parse_size"]
-
-EXIT_OK = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A command-line mistake: reported on one line, exit code 2."""
-
-
-class NotFoundError(Exception):
-    """What the command asked for (a key, an extension) is not in the data: exit code 1."""
-
-
-# -- helpers ----------------------------------------------------------------------------------
-def _describe(e: BaseException) -> str:
-    """One line for an exception: OSErrors as ``path: reason``, others by their message."""
-    if isinstance(e, OSError) and not isinstance(e, TarIndexError) and e.strerror:
-        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
-    msg = str(e) or type(e).__name__
-    return " ".join(msg.split())  # one line
-
-
-def _expand(sources: Sequence[str]) -> list[str]:
-    """Expand every source (path, directory, glob, braces); keep order, drop repeats.
-
-    A glob drops index files and directories (:func:`tarindex.sources.expand_source`).
-
-    Raises:
-        UsageError: If a source matches nothing or a brace range is malformed.
-    """
-    out: list[str] = []
-    seen: set[str] = set()
-    for src in sources:
-        try:
-            paths = expand_source(src)
-        except (FileNotFoundError, ValueError) as e:
-            raise UsageError(_describe(e)) from None
-        for p in paths:
-            if p not in seen:
-                seen.add(p)
-                out.append(p)
-    if not out:
-        raise UsageError(f"{' '.join(sources)}: matches only index files, no shards")
-    return out
-
-
-def _stdout_bytes() -> IO[bytes]:
-    out: Any = getattr(sys.stdout, "buffer", None) or sys.stdout
-    return out  # type: ignore[no-any-return]
-
-
-def _progress(total: int, unit: str, quiet: bool, desc: str) -> Any:
-    from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-
-    # disable=None: shown only when stderr is a terminal, so logs and pipes stay clean
-    return tqdm(
-        total=total,
-        unit=unit,
-        desc=desc,
-        file=sys.stderr,
-        disable=True if quiet else None,
-        leave=False,
-        dynamic_ncols=True,
-    )
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -167,481 +86,8 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined,unused-ignore]
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-@contextmanager
-def _local_tar(path: str, where: str | None = None) -> Iterator[str]:
-    """A local file with the tar's bytes: ``path`` itself, or a remote tar streamed into a temp file.
-
-    The temp file (in ``where``, else the system's temp directory) is removed afterwards.
-    """
-    if not is_url(path):
-        yield path
-        return
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=".tarindex-", suffix=".tar.tmp", dir=where)
-    os.close(fd)
-    try:
-        download(path, tmp)
-        yield tmp
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
-def _named(msg: str, tmp: str, url: str) -> str:
-    """A message about a temp copy, naming the URL it came from instead."""
-    return msg.replace(tmp, url) if tmp != url else msg
-
-
-# -- index ------------------------------------------------------------------------------------
-@dataclass
-class _Outcome:
-    path: str
-    status: str  # "built" or "failed"
-    message: str = ""
-    warnings: list[str] = field(default_factory=list)
-
-
-def _index_one(
-    path: str, require_end: bool = True, checksums: bool = False, out: str | None = None
-) -> _Outcome:
-    """Build one shard's index (into ``out`` if given); never raises (runs in a worker process).
-
-    A remote tar is streamed once into a temp file in ``out`` and indexed from there.
-    """
-    tmp = path
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with _local_tar(path, out) as tmp:
-                tables = build_index(
-                    tmp,
-                    index_for(path, out) if out else None,
-                    require_end=require_end,
-                    checksums=checksums,
-                )
-            status, msg = "built", f"{tables.n_samples} samples"
-        except Exception as e:  # a bad shard must not stop the others
-            status = "failed"
-            msg = _named(_describe(e), tmp, path)
-            if not isinstance(e, (TarIndexError, OSError)):
-                msg = f"{type(e).__name__}: {msg}"
-    return _Outcome(path, status, msg, [_named(str(w.message), tmp, path) for w in caught])
-
-
-def _run_jobs(
-    paths: list[str],
-    jobs: int,
-    require_end: bool = True,
-    checksums: bool = False,
-    out: str | None = None,
-) -> Iterator[_Outcome]:
-    """Yield the outcome of every shard, in completion order (in-process when ``jobs == 1``)."""
-    if jobs <= 1 or len(paths) <= 1:
-        for p in paths:
-            yield _index_one(p, require_end, checksums, out)
-        return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
-    # fork where it exists (Linux): the workers start in milliseconds with everything imported,
-    # and this process has no threads of its own yet. forkserver/spawn cost ~0.3 s per worker
-    # (a fresh interpreter importing numpy), which ate the gain on a few-second index run.
-    methods = mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as pool:
-        futures = {pool.submit(_index_one, p, require_end, checksums, out): p for p in paths}
-        for fut in as_completed(futures):
-            try:
-                yield fut.result()
-            except BrokenProcessPool as e:  # a worker died (e.g. SIGBUS on a file cut while read)
-                yield _Outcome(futures[fut], "failed", f"worker process died: {_describe(e)}")
-
-
-def cmd_index(args: argparse.Namespace) -> int:
-    """``tarindex index``: build indexes for many shards; exit 1 if any failed."""
-    paths = _expand(args.paths)
-    out = args.out
-    remote = [p for p in paths if is_url(p)]
-    if remote and out is None:
-        raise UsageError(
-            f"{remote[0]}: a remote tar's index cannot be written beside it; keep it locally: "
-            f"tarindex index {remote[0]} --out DIR (then read with index_dir=DIR)"
-        )
-    if out is not None:
-        os.makedirs(out, exist_ok=True)
-    # the up-to-date check is O(1) per shard (header + 8 KiB fingerprint): done here, not in workers
-    todo = (
-        paths
-        if args.force
-        else [p for p in paths if not is_up_to_date(p, index_for(p, out) if out else None)]
-    )
-    n_skipped = len(paths) - len(todo)
-    built: list[_Outcome] = []
-    failed: list[_Outcome] = []
-    bar = _progress(len(todo), "shard", args.quiet, "indexing")
-    try:
-        jobs = args.jobs or _default_jobs()
-        for res in _run_jobs(todo, jobs, args.require_end, args.checksums, out):
-            for w in res.warnings:
-                bar.write(f"tarindex index: warning: {' '.join(w.split())}", file=sys.stderr)
-            if res.status == "failed":
-                failed.append(res)
-                if not bar.disable:  # live feedback on a terminal; the summary repeats it
-                    bar.write(f"tarindex index: error: {res.message}", file=sys.stderr)
-            else:
-                built.append(res)
-            bar.update(1)
-    finally:
-        bar.close()
-    print(
-        f"indexed {len(paths)} shard(s): {len(built)} built, {n_skipped} up to date "
-        f"(skipped), {len(failed)} failed"
-    )
-    for res in failed:
-        msg = res.message if res.path in res.message else f"{res.path}: {res.message}"
-        print(f"  FAILED {msg}", file=sys.stderr)
-    return EXIT_FAIL if failed else EXIT_OK
-
-
-# -- verify -----------------------------------------------------------------------------------
-def cmd_verify(args: argparse.Namespace) -> int:
-    """``tarindex verify``: :func:`tarindex.verify.verify` on every shard; exit 1 on any failure."""
-    from ..read.verify import verify
-
-    paths = _expand(args.paths)
-    listed = {  # a manifest's shards: checked against it first, as the datasets do
-        p: (ss, s)
-        for ss in (ShardSet(m, index_dir=args.index_dir, max_open=1) for m in args.paths
-                   if is_manifest(m))
-        for s, p in enumerate(ss.paths)
-    }
-    failed = 0
-    for p in paths:
-        tmp = p
-        try:
-            if p in listed:
-                ss, s = listed[p]
-                ss.reader(s).close()  # StaleManifestError if missing or changed
-            ip = index_for(p, args.index_dir) if args.index_dir or is_url(p) else None
-            with _local_tar(p) as tmp:  # a remote tar: streamed once, then rescanned
-                report = verify(tmp, data=args.data) if ip is None else verify(tmp, ip, data=args.data)
-        except (TarIndexError, OSError) as e:
-            failed += 1
-            msg = _named(_describe(e), tmp, p)  # messages already start with the file's path
-            print(f"FAIL {msg if msg.startswith(p) else f'{p}: {msg}'}", file=sys.stderr)
-            continue
-        print(f"ok   {p}: {report}")
-    print(f"verified {len(paths)} shard(s): {len(paths) - failed} ok, {failed} failed")
-    return EXIT_FAIL if failed else EXIT_OK
-
-
-# -- info, ls, cat ----------------------------------------------------------------------------
 _INDEX_DIR_HELP = "the indexes are in DIR (<tar name>.tidx), not beside the tars"
-_LS_BLOCK = 1 << 16  # samples per kernel read in info/ls (tables only)
 
-
-def _index_of(path: str, args: argparse.Namespace) -> str | None:
-    d = getattr(args, "index_dir", None)
-    return index_for(path, d) if d else None
-
-
-def _each_reader(
-    sources: Sequence[str], args: argparse.Namespace
-) -> Iterator[tuple[str, ShardReader]]:
-    """Every shard of ``sources`` once, in order, open; a manifest's checked against it.
-
-    A manifest's shards open through its :class:`ShardSet`, so a shard missing or changed
-    since the manifest raises :class:`~tarindex.errors.StaleManifestError` (naming it), as
-    the datasets do; other sources open as they are.
-
-    Raises:
-        UsageError: If a source matches nothing.
-        StaleManifestError: A manifest's shard is missing or changed.
-    """
-    seen: set[str] = set()
-    for src in sources:
-        if is_manifest(src):
-            ss = ShardSet(src, index_dir=args.index_dir, max_open=1)  # one open at a time
-            try:
-                for s, p in enumerate(ss.paths):
-                    if p not in seen:
-                        seen.add(p)
-                        yield p, ss.reader(s)
-            finally:
-                ss.close()
-            continue
-        for p in _expand([src]):
-            if p not in seen:
-                seen.add(p)
-                with ShardReader(p, _index_of(p, args)) as r:
-                    yield p, r
-
-
-def _blocks(r: ShardReader) -> Iterator[Block]:
-    """The shard's samples as kernel blocks of tables (no member bytes read)."""
-    for j0 in range(0, r.n_samples, _LS_BLOCK):
-        yield r.read_block(j0, min(j0 + _LS_BLOCK, r.n_samples), data=False)
-
-
-def cmd_info(args: argparse.Namespace) -> int:
-    """``tarindex info``: shards, samples, members, extensions (counts) and bytes."""
-    n_shards = n_samples = n_members = data_bytes = tar_bytes = index_bytes = 0
-    exts: Counter[str] = Counter()
-    for p, r in _each_reader(args.sources, args):
-        n_shards += 1
-        counts = np.zeros(len(r.exts), np.int64)
-        for blk in _blocks(r):
-            counts += np.bincount(blk.ext_id, minlength=len(r.exts))
-            data_bytes += int(blk.size.sum())
-            n_members += len(blk.ext_id)
-        n_samples += r.n_samples
-        tar_bytes += r.tar_size
-        index_bytes += (
-            len(load_indexes([r.index_path], [p])[0][0])
-            if is_url(r.index_path)
-            else os.path.getsize(r.index_path)
-        )
-        for name, c in zip(r.exts, counts.tolist(), strict=True):
-            exts[name] += c
-    info = {
-        "shards": n_shards,
-        "samples": n_samples,
-        "members": n_members,
-        "extensions": dict(sorted(exts.items())),
-        "data_bytes": data_bytes,
-        "tar_bytes": tar_bytes,
-        "index_bytes": index_bytes,
-    }
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return EXIT_OK
-    print(f"shards:      {n_shards}")
-    print(f"samples:     {n_samples}")
-    print(f"members:     {n_members}")
-    print("extensions:  " + (", ".join(f"{e} ({c})" for e, c in sorted(exts.items())) or "-"))
-    print(f"data bytes:  {data_bytes} ({_human(data_bytes)}, member contents)")
-    print(f"tar bytes:   {tar_bytes} ({_human(tar_bytes)})")
-    print(f"index bytes: {index_bytes} ({_human(index_bytes)})")
-    return EXIT_OK
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    """``tarindex ls``: one line per sample (index, key, extensions) or per tar member.
-
-    Names, keys, extensions and reasons are printed through
-    :func:`tarindex.format.keys.escape_name` (control characters as backslash escapes), so
-    one line is always one item.
-    """
-    write = sys.stdout.write
-    esc = escape_name
-    if args.members or args.skipped:
-        paths = _expand(args.sources)
-        for s, p in enumerate(paths):
-            with _local_tar(p) as tmp:
-                m = scan_members(tmp)
-            if len(paths) > 1:
-                write(("\n" if s else "") + f"==> {esc(p)} <==\n")
-            if args.skipped:
-                for name, why in m.skipped:
-                    write(f"{esc(name)}\t{esc(why)}\n")
-                continue
-            for name, off, size in zip(m.names, m.offset.tolist(), m.size.tolist(), strict=True):
-                write(f"{esc(name)}\t{off}\t{size}\n")
-        return EXIT_OK
-    start = 0
-    for _, r in _each_reader(args.sources, args):
-        exts = [esc(e) for e in r.exts]
-        for blk in _blocks(r):
-            ptr = blk.member_ptr.tolist()
-            names = [exts[e] for e in blk.ext_id.tolist()]
-            for b, (j, key) in enumerate(zip(blk.samples.tolist(), blk.keys, strict=True)):
-                write(f"{start + j}\t{esc(key)}\t{','.join(names[ptr[b] : ptr[b + 1]])}\n")
-        start += r.n_samples
-    return EXIT_OK
-
-
-def _resolve(ss: ShardSet, args: argparse.Namespace) -> tuple[int, int]:
-    """Map a key or a global index to ``(shard, j)``; see the ``cat`` help for the rule.
-
-    Raises:
-        NotFoundError: No such key (or index), or a key held by several shards (naming each
-            and the commands that pick one).
-    """
-    which, by = args.sample, args.by
-    if by in ("auto", "key"):
-        hits = ss.indices_of(which)  # the one key lookup (key tables)
-        if len(hits) == 1:
-            return ss.locate(hits[0])
-        if len(hits) > 1:
-            raise NotFoundError(_ambiguous(ss, args, hits))
-        if by == "key":
-            raise NotFoundError(f"no sample with key {which!r} in {ss.n_shards} shard(s)")
-    try:
-        i = int(which)
-    except ValueError:
-        raise NotFoundError(
-            f"no sample with key {which!r} in {ss.n_shards} shard(s), and it is not an index"
-        ) from None
-    return ss.locate(i)
-
-
-def _ambiguous(ss: ShardSet, args: argparse.Namespace, hits: list[int]) -> str:
-    """The error for a key held by samples of several shards: each place, and how to pick one."""
-    places = []
-    for i in hits[:5]:
-        s, j = ss.locate(i)
-        places.append(f"{i} ({ss.paths[s]}, sample {j})")
-    more = ", ..." if len(hits) > 5 else ""
-    opts = f" --index-dir {shlex.quote(args.index_dir)}" if args.index_dir else ""
-    by_index = shlex.join(["tarindex", "cat", "--index", args.source, str(hits[0]), args.ext])
-    by_shard = shlex.join(["tarindex", "cat", ss.paths[ss.locate(hits[0])[0]], args.sample, args.ext])
-    return (
-        f"key {args.sample!r} is in {len(hits)} samples: {', '.join(places)}{more}; keys are "
-        f"unique only within a shard: pick one by its global index ({by_index}{opts}) or pass "
-        f"its shard as SOURCE ({by_shard}{opts})"
-    )
-
-
-def cmd_cat(args: argparse.Namespace) -> int:
-    """``tarindex cat``: write one member's bytes, unchanged, to stdout."""
-    paths = _expand([args.source])
-    # a manifest: no header reads
-    ss = ShardSet(args.source if is_manifest(args.source) else paths, index_dir=args.index_dir)
-    try:
-        s, j = _resolve(ss, args)
-        r = ss.reader(s)
-        smp = r.sample(j, (args.ext,))
-        if args.ext not in smp:
-            blk = r.read_block(j, j + 1, data=False)
-            names = [r.exts[e] for e in blk.ext_id.tolist()]
-            raise NotFoundError(
-                f"sample {ss.starts[s] + j} (key {smp['__key__']!r}, {paths[s]}) has no member "
-                f"{args.ext!r}; it has: {', '.join(names)}"
-            )
-        out = _stdout_bytes()
-        out.write(smp[args.ext])
-        out.flush()
-    finally:
-        ss.close()
-    return EXIT_OK
-
-
-# -- manifest ---------------------------------------------------------------------------------
-def cmd_manifest(args: argparse.Namespace) -> int:
-    """``tarindex manifest``: write a dataset manifest, or check shards against one."""
-    from ..read.manifest import check_manifest, write_manifest
-
-    if args.check:
-        if args.output is not None:
-            raise UsageError("--check takes manifests, not -o")
-        failed = 0
-        for m in args.sources:
-            if not is_manifest(m):
-                raise UsageError(f"{m}: --check takes manifests (*.json)")
-            problems = check_manifest(m)
-            for line in problems:
-                print(f"FAIL {line}", file=sys.stderr)
-            failed += len(problems)
-            print(f"{m}: {len(problems)} shard(s) missing or changed")
-        return EXIT_FAIL if failed else EXIT_OK
-    if args.output is None:
-        raise UsageError("the manifest to write is missing: -o data.json")
-    if not args.output.endswith(".json"):
-        raise UsageError(f"-o {args.output}: a manifest's name must end in .json")
-    paths = _expand(args.sources)
-    t = write_manifest(paths, args.output, absolute=args.absolute)
-    print(f"wrote {args.output}: {t.n_shards} shard(s), {t.n_samples} sample(s)")
-    return EXIT_OK
-
-
-# -- pack -------------------------------------------------------------------------------------
-def cmd_pack(args: argparse.Namespace) -> int:
-    """``tarindex pack``: a folder of files into indexed shards (:mod:`tarindex.pack`).
-
-    A file or folder that cannot be read, and a shard that cannot be written, exit 1 (an
-    OSError of any kind, a vanished file too); the checks before writing (PackError) exit 2.
-    """
-    try:
-        plan = plan_pack(
-            args.src_dir,
-            args.layout,
-            out_pattern=args.out_pattern,
-            maxcount=args.maxcount,
-            overwrite=args.overwrite,
-        )
-    except OSError as e:
-        print(f"tarindex pack: error: {_describe(e)}", file=sys.stderr)
-        return EXIT_FAIL
-    for path, why in plan.skipped[:5]:
-        print(f"tarindex pack: skipped {path}: {why}", file=sys.stderr)
-    if len(plan.skipped) > 5:
-        print(f"tarindex pack: skipped {len(plan.skipped) - 5} more file(s)", file=sys.stderr)
-    bar = _progress(len(plan.samples), "sample", args.quiet, "packing")
-    try:
-        res = write_pack(
-            plan,
-            args.out_pattern,
-            maxcount=args.maxcount,
-            maxsize=args.maxsize,
-            overwrite=args.overwrite,
-            on_sample=lambda: bar.update(1),
-            jobs=args.jobs,
-        )
-    except OSError as e:
-        bar.close()
-        print(f"tarindex pack: error: {_describe(e)}", file=sys.stderr)
-        return EXIT_FAIL
-    except ValueError as e:
-        if isinstance(e, TarIndexError):
-            raise
-        raise UsageError(_describe(e)) from None
-    finally:
-        bar.close()
-    if res.removed:
-        print(f"removed {len(res.removed)} file(s) of the earlier pack (--overwrite)")
-    print(
-        f"packed {len(plan.samples)} samples ({res.n_files} files, {plan.layout} layout) into "
-        f"{len(res.paths)} shard(s), each with its index:"
-    )
-    for p in res.paths:
-        print(f"  {p}")
-    if plan.classes is not None:
-        print(f"{len(plan.classes)} classes (cls = position in the list): {res.classes_json}")
-    return EXIT_OK
-
-
-# -- demo -------------------------------------------------------------------------------------
-def cmd_demo(args: argparse.Namespace) -> int:
-    """``tarindex demo``: the main job on scikit-learn's digits (needs the demo extra)."""
-    from . import demo
-
-    try:
-        res = demo.run(args.workdir, args.epochs, seed=args.seed)
-    except demo.MissingExtraError as e:
-        print(f"tarindex demo: error: {e}", file=sys.stderr)
-        return EXIT_FAIL
-    if res.accuracy < 0.9 and args.epochs >= demo.DEFAULT_EPOCHS:
-        print(
-            f"tarindex demo: error: test accuracy {res.accuracy:.4f} is below 0.9; the "
-            f"pipeline is broken",
-            file=sys.stderr,
-        )
-        return EXIT_FAIL
-    return EXIT_OK
-
-
-# -- parser and entry point -------------------------------------------------------------------
 _CAT_HELP = """\
 KEY_OR_INDEX is looked up as a sample key first (e.g. 00000042 or cat/0001); if no sample
 has that key and it is an integer, it is the global sample index (negative counts from the
@@ -743,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for remote tars, which are streamed once; read them with index_dir=DIR)",
     )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_index)
+    s.set_defaults(func=index.command)
 
     s = sub.add_parser(
         "verify",
@@ -759,13 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the data; indexes from the writer or `tarindex index --checksums`)",
     )
     s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
-    s.set_defaults(func=cmd_verify)
+    s.set_defaults(func=verify.command)
 
     s = sub.add_parser("info", help="shards, samples, members, extensions, bytes")
     s.add_argument("sources", nargs="+", metavar="SOURCE")
     s.add_argument("--json", action="store_true", help="print a JSON object")
     s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
-    s.set_defaults(func=cmd_info)
+    s.set_defaults(func=info.command)
 
     s = sub.add_parser(
         "ls",
@@ -777,7 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_LS_HELP,
     )
     s.add_argument("sources", nargs="+", metavar="SOURCE")
-    s.add_argument("-m", "--members", action="store_true", help="list tar members instead")
+    s.add_argument(
+        "-m",
+        "--members",
+        action="store_true",
+        help="list tar members instead; a member replaced by a later one of the same name "
+        "gets a fourth field, 'shadowed by the later NAME at byte OFFSET'",
+    )
     s.add_argument(
         "-s",
         "--skipped",
@@ -787,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name., a __ extension), one line each: name, reason",
     )
     s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
-    s.set_defaults(func=cmd_ls)
+    s.set_defaults(func=ls.command)
 
     s = sub.add_parser(
         "cat",
@@ -811,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="KEY_OR_INDEX is a global sample index",
     )
     s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
-    s.set_defaults(func=cmd_cat, by="auto")
+    s.set_defaults(func=cat.command, by="auto")
 
     s = sub.add_parser(
         "manifest",
@@ -829,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--absolute", action="store_true", help="record absolute paths (default: relative)"
     )
     s.add_argument("--check", action="store_true", help="SOURCE are manifests: check their shards")
-    s.set_defaults(func=cmd_manifest)
+    s.set_defaults(func=manifest.command)
 
     s = sub.add_parser(
         "pack",
@@ -866,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="writer processes (default: 1); the shards are the same for any N",
     )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_pack)
+    s.set_defaults(func=pack.command)
 
     s = sub.add_parser(
         "demo",
@@ -887,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs", type=_positive_int, default=None, help="training epochs (default: 12)"
     )
     s.add_argument("--seed", type=int, default=0, help="seed of everything (default: 0)")
-    s.set_defaults(func=cmd_demo)
+    s.set_defaults(func=demo.command)
     for s in sub.choices.values():
         s.set_defaults(subparser=s)  # main() reports a stray option with this usage line
     return p
@@ -914,21 +366,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if args.command == "demo" and args.epochs is None:
-        from .demo import DEFAULT_EPOCHS
-
-        args.epochs = DEFAULT_EPOCHS
     prefix = f"tarindex {args.command}: error:"
     try:
         return int(args.func(args))
     except (UsageError, PackError) as e:  # PackError: the folder or OUT_PATTERN, before writing
-        print(f"{prefix} {_describe(e)}", file=sys.stderr)
+        print(f"{prefix} {describe(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except (TarIndexError, NotFoundError) as e:
-        print(f"{prefix} {_describe(e)}", file=sys.stderr)
+    except (TarIndexError, Failure) as e:  # NotFoundError is a Failure
+        print(f"{prefix} {describe(e)}", file=sys.stderr)
         return EXIT_FAIL
     except FileNotFoundError as e:
-        print(f"{prefix} {_describe(e)}", file=sys.stderr)
+        print(f"{prefix} {describe(e)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:
         if isinstance(e, BrokenPipeError):  # `tarindex ls x | head`: quiet, exit 1 (output cut)
@@ -938,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, ValueError, AttributeError):
                 pass
             return EXIT_FAIL
-        print(f"{prefix} {_describe(e)}", file=sys.stderr)
+        print(f"{prefix} {describe(e)}", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:
         print(f"tarindex {args.command}: interrupted", file=sys.stderr)

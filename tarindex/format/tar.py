@@ -30,6 +30,9 @@ __all__ = [
     "compression_of",
     "padded",
     "parse_octal_rows",
+    "MAX_NAME_BYTES",
+    "MAX_PAX_HEADER_BYTES",
+    "record_size_problem",
 ]
 
 import numpy as np
@@ -38,7 +41,10 @@ from numpy.typing import NDArray
 from .spec import (
     BLOCK,
     CHKSUM_BLANK,
+    GNUTYPE_LONGLINK,
+    GNUTYPE_LONGNAME,
     REGTYPE,
+    SOLARIS_XHDTYPE,
     TAR_CHKSUM,
     TAR_DEVMAJOR,
     TAR_DEVMINOR,
@@ -60,6 +66,46 @@ from .spec import (
 )
 
 ZERO_BLOCK = bytes(BLOCK)
+
+# Bounds on header records (docs/TAR_DIALECTS.md, "Bounds"), so that a hostile size costs a
+# clear error at once, not minutes or gigabytes.
+MAX_PAX_HEADER_BYTES = 16 << 20
+"""Largest pax extended or global header ('x', 'X', 'g') data. 16 MiB: libarchive's largest
+single attribute (``xattr_limit``; it reads bodies up to 1 GiB), above Go's 1 MiB, so the
+8,000,000-byte header of libarchive's ``test_read_format_tar_pax_large_attr`` reads."""
+MAX_NAME_BYTES = MAX_PAX_HEADER_BYTES
+"""Longest member name or link target: a GNU LongName/LongLink ('L'/'K') record's data, a pax
+``path``/``linkpath`` value. 16 MiB, the pax header bound: libarchive (``pathname_limit``,
+ignored with a warning) and Go (``maxSpecialFileSize``, ``ErrFieldTooLong``) stop at 1 MiB, but
+tarindex indexes and verifies names over 1 MiB (tests/test_integrity.py), so a longer name
+costs seconds (a 16 MB name: ~2.5 s to index), never minutes."""
+_RECORD_KINDS = {
+    GNUTYPE_LONGNAME: ("GNU long name record ('L')", MAX_NAME_BYTES, "names"),
+    GNUTYPE_LONGLINK: ("GNU long link record ('K')", MAX_NAME_BYTES, "names"),
+    XHDTYPE: ("pax extended header ('x')", MAX_PAX_HEADER_BYTES, "pax headers"),
+    SOLARIS_XHDTYPE: ("pax extended header ('X')", MAX_PAX_HEADER_BYTES, "pax headers"),
+    XGLTYPE: ("pax global header ('g')", MAX_PAX_HEADER_BYTES, "pax headers"),
+}
+
+
+def record_size_problem(typeflag: int, size: int) -> str | None:
+    """Say why a metadata record of ``size`` data bytes is refused, or None if it is not.
+
+    The bounds :data:`MAX_NAME_BYTES` (GNU 'L'/'K' records) and :data:`MAX_PAX_HEADER_BYTES`
+    (pax 'x'/'X'/'g' headers), checked from the header alone, before any of the data is read.
+    Other typeflags are never refused here.
+
+    Returns:
+        ``"<what> of <size> bytes is over the <bound>-byte bound on <kind> (...)"``, or None.
+    """
+    kind = _RECORD_KINDS.get(typeflag)
+    if kind is None or size <= kind[1]:
+        return None
+    what, bound, of = kind
+    return (
+        f"{what} of {size} bytes is over the {bound}-byte bound on {of} (docs/TAR_DIALECTS.md, "
+        f"\"Bounds\"; libarchive and Go's archive/tar refuse such records too)"
+    )
 _NAME_LEN = TAR_NAME.stop - TAR_NAME.start  # 100
 _PREFIX_LEN = TAR_PREFIX.stop - TAR_PREFIX.start  # 155
 _HIGH_BYTES = bytes(range(128, 256))  # bytes whose signed value is b - 256
@@ -247,10 +293,11 @@ def parse_pax(data: bytes) -> dict[bytes, bytes]:
 
     Raises:
         ValueError: If a record's length field or layout is malformed, a record has no
-            ``=`` or an empty keyword, a keyword contains a NUL byte, or a ``path`` or
-            ``linkpath`` value contains one (Go's archive/tar and bsdtar refuse these; GNU
-            tar reads keywords as C strings and reports "missing equal sign" or cuts the
-            name at the NUL, so the archive means different things to different readers).
+            ``=`` or an empty keyword, a keyword contains a NUL byte, a ``path`` or
+            ``linkpath`` value is longer than :data:`MAX_NAME_BYTES`, or contains one (Go's
+            archive/tar and bsdtar refuse these; GNU tar reads keywords as C strings and
+            reports "missing equal sign" or cuts the name at the NUL, so the archive means
+            different things to different readers).
     """
     out: dict[bytes, bytes] = {}
     pos = 0
@@ -275,6 +322,12 @@ def parse_pax(data: bytes) -> dict[bytes, bytes]:
         value = data[eq + 1 : end - 1]
         if not key or b"\0" in key:
             raise ValueError(f"pax record at +{pos}: keyword {key[:40]!r} is empty or holds a NUL")
+        if key in _NUL_FREE_KEYS and len(value) > MAX_NAME_BYTES:
+            raise ValueError(
+                f"pax record at +{pos}: {key.decode()} value is {len(value)} bytes, over the "
+                f"{MAX_NAME_BYTES}-byte bound on names (docs/TAR_DIALECTS.md, \"Bounds\"; "
+                f"libarchive ignores such a name, Go's archive/tar refuses it)"
+            )
         if key in _NUL_FREE_KEYS and b"\0" in value:
             raise ValueError(
                 f"pax record at +{pos}: {key.decode()} value holds a NUL byte at +{value.index(0)} "

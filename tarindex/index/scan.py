@@ -23,6 +23,9 @@ reported at its own offset even when the walk had already passed it (the earlies
 wins over any later error). The same walk, while the tar is mapped, takes its fingerprint
 (FORMAT.md §3), so building an index (:func:`tarindex.build.build_index`) opens the tar once.
 Tar field offsets and typeflags are the named constants of :mod:`tarindex.format.spec`.
+Beside the walk: :mod:`tarindex.index.members` builds the member table from what it recorded,
+:mod:`tarindex.index.damage` words the errors of a cut or damaged file, and
+:mod:`tarindex.index.paxfast` reads the common pax-header-plus-member pair in one step.
 """
 
 from __future__ import annotations
@@ -31,23 +34,16 @@ import mmap
 import os
 import re
 import warnings
-import zlib
-from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import (
-    ChecksumError,
-    CompressedTarError,
     NotATarError,
     TarHeaderError,
     TarIndexError,
-    TrailingGarbageError,
     TruncatedError,
 )
-from ..format.index import fingerprint
-from ..format.keys import NO_SAMPLE, no_sample_members, no_sample_reason
 from ..format.spec import (
     AREGTYPE,
     BLKTYPE,
@@ -66,12 +62,10 @@ from ..format.spec import (
     GNUTYPE_SPARSE,
     GNUTYPE_VOLHDR,
     LNKTYPE,
-    OFFSET_DTYPE,
     REGTYPE,
     REGULAR_TYPES,
     SOLARIS_XHDTYPE,
     SYMTYPE,
-    TAR_CHKSUM,
     TAR_LINKNAME,
     TAR_NAME,
     TAR_PREFIX,
@@ -83,15 +77,24 @@ from ..format.spec import (
 from ..format.tar import (
     ZERO_BLOCK,
     checksum_ok,
-    compression_of,
-    header_checksum,
     header_checksums,
     header_name,
     padded,
     parse_number,
     parse_pax,
+    record_size_problem,
 )
 from ..storage.bytesource import open_regular
+from .damage import (
+    after_zeros,
+    checksum_error,
+    cut_member_error,
+    eof_error,
+    eof_warning,
+    fail_head,
+)
+from .members import Members, assemble_members
+from .paxfast import plain_pax_member
 
 __all__ = ["Members", "scan", "scan_members"]
 
@@ -119,85 +122,8 @@ _MAX_SIZE_DIGITS = 18  # a pax size of 19+ significant digits is >= 10**18 bytes
 _TF = TAR_TYPEFLAG
 _SIZE_AT = TAR_SIZE.start
 _SIZE_TERM = TAR_SIZE.stop - 1
-_SIZE_DIGITS = slice(_SIZE_AT, _SIZE_TERM)
 _NAME_LEN = TAR_NAME.stop - TAR_NAME.start
 _SLASH = ord("/")
-
-
-@dataclass
-class Members:
-    """The regular-file members of one tar, in archive order.
-
-    ``names`` are decoded UTF-8 with ``surrogateescape`` (so non-UTF-8 bytes round-trip via
-    ``os.fsencode``); ``raw_names`` keep the bytes.
-    """
-
-    path: str
-    """The tar's path."""
-    raw_names: list[bytes]
-    """Member names as stored (after ustar prefix, GNU and pax long-name resolution), length ``m``."""
-    offset: NDArray[np.uint64]
-    """Shape ``(m,)``, ``<u8``: data offset of each member in bytes from the start of the tar.
-    The member's own ustar header block is the 512 bytes right before it."""
-    size: NDArray[np.uint64]
-    """Shape ``(m,)``, ``<u8``: data size of each member in bytes."""
-    tar_size: int
-    """Size of the tar in bytes."""
-    head_crc: int
-    """crc32 of the tar's first ``min(4096, tar_size)`` bytes (the fingerprint, FORMAT.md §3)."""
-    tail_crc: int
-    """crc32 of the tar's last ``min(4096, tar_size)`` bytes (FORMAT.md §3)."""
-    special: list[tuple[int, str, str]] = field(default_factory=list)
-    end: int = -1
-    """Byte offset where the tar's data ends: every byte from there on is zero (the end of
-    the last non-zero 512-byte block; FORMAT.md §2.8.1)."""
-    member_crc: NDArray[np.uint32] | None = None
-    """Shape ``(m,)``: zlib crc32 of each member's data, with ``checksums=True``."""
-    """``(header offset, name, kind)`` of every entry that is not a regular-file member, in
-    archive order: directories, links (``"symlink to <target>"``, ``"hard link to
-    <target>"``), devices, fifos, volume labels, sparse files, unknown types, ..."""
-    _skipped: list[tuple[str, str]] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
-
-    @property
-    def skipped(self) -> list[tuple[str, str]]:
-        """``(name, reason)`` for every entry that is in no sample, in archive order.
-
-        The :attr:`special` entries (reason = their kind), and each regular file the key
-        rule leaves out (FORMAT.md §4; reason ``"in no sample: no extension"``, ``"in no
-        sample: hidden name (starts with '.')"``, ...); those regular files are also in
-        ``raw_names``. Worked out on first use (a few numpy passes over the names), so a scan
-        that only builds an index does not pay for it.
-        """
-        if self._skipped is None:
-            names = self.raw_names
-            entries = list(self.special)
-            hdr = (self.offset.astype(np.int64) - BLOCK).tolist()
-            for i in no_sample_members(names).tolist():
-                n = names[i].decode("utf-8", "surrogateescape")
-                entries.append((hdr[i], n, no_sample_reason(names[i]) or NO_SAMPLE))
-            entries.sort(key=_first)
-            self._skipped = [(n, why) for _, n, why in entries]
-        return self._skipped
-
-    @property
-    def names(self) -> list[str]:
-        """Member names as str (UTF-8, undecodable bytes as surrogate escapes)."""
-        return [n.decode("utf-8", "surrogateescape") for n in self.raw_names]
-
-    def __len__(self) -> int:
-        return len(self.raw_names)
-
-
-def _fail_head(path: str, head: bytes) -> None:
-    comp = compression_of(head)
-    if comp is not None:
-        fmt, cmd = comp
-        raise CompressedTarError(
-            f"{path}: byte 0: found a {fmt} stream, expected a plain tar header; tarindex indexes "
-            f"uncompressed tars only: run `{cmd} < {path} > plain.tar` and index that"
-        )
 
 
 def scan_members(
@@ -248,26 +174,6 @@ def scan_members(
             mm.close()
         except BufferError:  # a numpy view is still referenced by a traceback: GC closes it
             pass
-
-
-def _data_end(mm: mmap.mmap, size: int) -> int:
-    """Return the end of the last 512-byte block holding a non-zero byte.
-
-    ``size`` if the file does not end in whole zero blocks. Read backwards from the end,
-    32 KiB at a time (the zero tail is a few records at most).
-    """
-    end = size - size % BLOCK
-    if end != size and mm[end:size].strip(b"\0"):
-        return size
-    step = 64 * BLOCK
-    while end > 0:
-        lo = max(0, end - step)
-        chunk = np.frombuffer(mm, np.uint8, count=end - lo, offset=lo).reshape(-1, BLOCK)
-        nz = np.flatnonzero(chunk.any(axis=1))
-        if len(nz):
-            return lo + (int(nz[-1]) + 1) * BLOCK
-        end = lo
-    return 0
 
 
 class _Rewind(Exception):
@@ -415,20 +321,7 @@ class _Walk:
         self.fast_names.extend(names)
 
     def _raise_checksum(self, pos: int) -> None:
-        block = self.mm[pos : pos + BLOCK]
-        if pos == 0:
-            _fail_head(self.path, block)
-            raise NotATarError(
-                f"{self.path}: byte 0: not a tar archive (the first 512-byte block is not a valid "
-                f"tar header: checksum mismatch; found {block[:16]!r})"
-            )
-        computed = header_checksum(block)
-        raise ChecksumError(
-            f"{self.path}: byte {pos}: tar header checksum mismatch: the chksum field holds "
-            f"{block[TAR_CHKSUM]!r}, the block sums to {computed} (0o{computed:o}); found name "
-            f"{block[TAR_NAME].split(bytes(1), 1)[0][:60]!r}. The archive is corrupt at this header "
-            f"(or the previous member's size is wrong): re-copy or re-create it"
-        )
+        raise checksum_error(self.path, self.mm[pos : pos + BLOCK], pos)
 
     def fail(self, exc: TarIndexError) -> TarIndexError:
         """Return ``exc`` unless an earlier header already fails its checksum (then raise that)."""
@@ -439,7 +332,7 @@ class _Walk:
     def run(self) -> Members:
         path, mm, size = self.path, self.mm, self.size
         if size < BLOCK:
-            _fail_head(path, mm[:size])
+            fail_head(path, mm[:size])
             raise NotATarError(
                 f"{path}: byte 0: file is {size} bytes, shorter than one 512-byte tar header "
                 f"(found {mm[:16]!r})"
@@ -503,58 +396,17 @@ class _Walk:
         """Record a pax 'x' header at ``pos`` and the plain regular member it describes.
 
         Returns the offset of the next header, or -1 (nothing recorded) whenever anything is
-        unusual (large or odd pax records, sparse keys, a non-regular member, a size field that
-        is not plain octal, data past EOF): the slow path then handles and reports it. Both
-        header checksums are verified in the next batch, like the fast loop's.
+        unusual (:func:`tarindex.index.paxfast.plain_pax_member`; data past EOF too): the slow
+        path then handles and reports it. Both header checksums are verified in the next
+        batch, like the fast loop's.
         """
-        size = self.size
-        b = self.mm[pos : pos + 3 * BLOCK]  # pax header, its records (<= 512 B), member header
-        if len(b) < 3 * BLOCK or b[_SIZE_TERM] not in (0, 0x20):
+        got = plain_pax_member(self.mm[pos : pos + 3 * BLOCK])
+        if got is None:
             return -1
-        f = b[_SIZE_DIGITS]
-        if not f.isdigit():
-            return -1
-        try:
-            plen = int(f, 8)
-            if not 0 < plen <= BLOCK:  # records in exactly one block: header at pos + 1024
-                return -1
-            h = 2 * BLOCK  # the member's own header, within b
-            if b[h + _TF] != REGTYPE:
-                return -1  # NUL typeflag (a v7 directory?) or not a file: the slow path
-            if b[h + _SIZE_TERM] not in (0, 0x20):
-                return -1
-            f = b[h + _SIZE_AT : h + _SIZE_TERM]
-            if not f.isdigit():
-                return -1
-            path: bytes | None = None
-            psize: bytes | None = None
-            p, stop = BLOCK, BLOCK + plen
-            while p < stop:
-                sp = b.index(b" ", p, p + 24)
-                end = p + int(b[p:sp])
-                if end > stop or end <= sp or b[end - 1] != 0x0A:  # record ends with "\n"
-                    return -1
-                eq = b.index(b"=", sp + 1, end)
-                if eq == sp + 1:
-                    return -1  # empty keyword: the slow path refuses it
-                key = b[sp + 1 : eq]
-                if key == b"path":
-                    path = b[eq + 1 : end - 1]
-                elif key == b"size":
-                    psize = b[eq + 1 : end - 1]
-                    if not psize.isdigit():
-                        return -1
-                elif key.startswith(b"GNU.sparse.") or key == b"linkpath" or 0 in key:
-                    return -1  # sparse, a link, or a NUL in a keyword: the slow path
-                p = end
-            ms = int(psize) if psize is not None else int(f, 8)
-        except ValueError:
-            return -1
-        hdr = pos + h
-        if hdr + BLOCK + ms > size:
+        ms, path = got
+        hdr = pos + 2 * BLOCK
+        if hdr + BLOCK + ms > self.size:
             return -1  # cut short: the slow path names the member
-        if path is not None and (not path or path.endswith(b"/") or 0 in path):
-            return -1  # empty pax path (header name applies), a directory, or a NUL in it
         return self._fast_pax_commit(pos, hdr, ms, path)
 
     def _fast_pax_commit(self, pos: int, hdr: int, ms: int, path: bytes | None) -> int:
@@ -565,55 +417,34 @@ class _Walk:
         self.msize.append(ms)
         return hdr + BLOCK + ms + (-ms & (BLOCK - 1))
 
+    def finish(self) -> Members:
+        """The member table of the finished walk (:func:`tarindex.index.members.assemble_members`)."""
+        self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
+        return assemble_members(
+            self.path,
+            self.mm,
+            self.size,
+            self.mpos,
+            self.msize,
+            self.fast_names,
+            self.names,
+            self.dirs,
+            self.skipped,
+            self.checksums,
+        )
+
     def at_eof(self, pos: int) -> None:
         """The walk reached ``pos`` >= size - 511 without an end-of-archive marker.
 
         Raises ``TruncatedError``; with ``require_end=False``, a file that ends right after
-        a member's data or inside its zero padding is accepted with a warning instead.
+        a member's data or inside its zero padding is accepted with a warning instead
+        (:func:`tarindex.index.damage.eof_error`).
         """
-        path, size = self.path, self.size
-        if pos >= size and not self.require_end and self.pending_at >= 0:
-            raise self.fail(
-                TruncatedError(
-                    f"{path}: byte {size}: file ends without the end-of-archive marker right after "
-                    f"the pax or GNU long-name record at byte {self.pending_at}, before the member "
-                    f"it describes; it was cut short: copy it again"
-                )
-            )
-        if pos >= size and not self.require_end:
-            self.flush()  # never warn about a file whose headers are garbage
-            where = "after the last member" if pos == size else "inside its zero padding"
-            warnings.warn(
-                f"{path}: byte {size}: file ends {where}, without the end-of-archive marker (two "
-                f"zero blocks); indexed anyway (require_end=False): every member listed is "
-                f"complete, but a copy cut at a member boundary looks the same, so members after "
-                f"byte {size} may be missing",
-                stacklevel=5,
-            )
-            return
-        if pos == size:
-            raise self.fail(
-                TruncatedError(
-                    f"{path}: byte {pos}: file ends without the end-of-archive marker (two zero "
-                    f"blocks) after the last member; it was probably cut short: copy it again "
-                    f"(or, if the tool that wrote it omits the marker, index it with "
-                    f"`tarindex index --no-require-end`)"
-                )
-            )
-        if pos > size:
-            raise self.fail(
-                TruncatedError(
-                    f"{path}: byte {size}: file ends inside the zero padding of the last member "
-                    f"(its padded data runs to byte {pos}); it was cut short: copy it again (or "
-                    f"index it with `tarindex index --no-require-end`)"
-                )
-            )
-        raise self.fail(
-            TruncatedError(
-                f"{path}: byte {pos}: file ends inside a header block ({size - pos} of 512 bytes, "
-                f"found {self.mm[pos : pos + 16]!r}); it was cut short: copy it again"
-            )
-        )
+        exc = eof_error(self.path, self.mm, pos, self.size, self.require_end, self.pending_at)
+        if exc is not None:
+            raise self.fail(exc)
+        self.flush()  # never warn about a file whose headers are garbage
+        warnings.warn(eof_warning(self.path, pos, self.size), stacklevel=5)
 
     def slow(self, pos: int) -> int:
         """Handle the header at ``pos`` in full; return the next header's offset, or -1 at the end."""
@@ -643,6 +474,14 @@ class _Walk:
                     f"corrupt{_FIX}"
                 )
             ) from None
+        too_big = record_size_problem(tf, hsize)
+        if too_big is not None:  # before any of its data is read
+            raise self.fail(
+                TarHeaderError(
+                    f"{path}: byte {pos}: {too_big}; the archive is damaged or hostile: "
+                    f"re-create it with shorter names and smaller pax records"
+                )
+            )
         pax = self.pax
         if self.gpax:
             pax = {**self.gpax, **pax}
@@ -657,7 +496,7 @@ class _Walk:
                         f"is corrupt{_FIX}"
                     )
                 )
-            msize = int(sv)
+            msize = int(sv.lstrip(b"0") or b"0")  # int() refuses > 4300 digits, zeros too
         if msize < 0:
             raise self.fail(
                 TarHeaderError(
@@ -800,101 +639,29 @@ class _Walk:
 
     def truncated_member(self, pos: int, block: bytes, msize: int, end: int) -> None:
         """The member at ``pos`` runs past EOF: a cut file, or the end of one multi-volume part."""
-        path, size = self.path, self.size
         name = self._name(block, self.pax)
         if (
             self.volume_label is not None
             and _VOLUME_RE.search(self.volume_label)
-            and size % BLOCK == 0
+            and self.size % BLOCK == 0
             and block[_TF] in REGULAR_TYPES
         ):
             self._warn_skip(
                 pos, name, "member continued in the next volume of a multi-volume archive"
             )
             return
-        raise self.fail(
-            TruncatedError(
-                f"{path}: byte {size}: member {name[:80]!r} (header at byte {pos}) needs {msize} "
-                f"data bytes up to byte {end}, but the file ends at byte {size}; it was cut short: "
-                f"copy it again (a part of a GNU multi-volume archive made without -V is "
-                f"indistinguishable: extract the set with tar -M and re-pack it)"
-            )
-        )
+        raise self.fail(cut_member_error(self.path, self.size, name, pos, msize, end))
 
     def after_end(self, pos: int) -> int:
         """Skip zero blocks at ``pos``; return where the next archive starts, or ``size`` at the end.
 
         Concatenated archives continue after the zeros (GNU ``--ignore-zeros``); anything else
-        non-zero after the end marker is trailing garbage.
+        non-zero after the end marker is trailing garbage (:func:`tarindex.index.damage.after_zeros`).
         """
-        mm, size = self.mm, self.size
-        while pos + BLOCK <= size and mm[pos : pos + BLOCK] == ZERO_BLOCK:
-            pos += BLOCK
-        if pos >= size:
-            return size
-        rest = mm[pos : min(size, pos + BLOCK)]
-        if len(rest) == BLOCK and checksum_ok(rest):
-            return pos  # another archive follows
-        if rest.count(0) == len(rest):
-            return size  # a short run of zero padding at the end
-        nz = pos + next(i for i, b in enumerate(rest) if b)
-        raise self.fail(
-            TrailingGarbageError(
-                f"{self.path}: byte {nz}: non-zero bytes after the end-of-archive marker that are "
-                f"not a tar header (found {bytes(mm[nz : nz + 16])!r}); the file has trailing garbage "
-                f"(or a concatenated archive whose first header is damaged): truncate it to {pos} "
-                f"bytes if the rest is not needed"
-            )
-        )
-
-    # -- result ----------------------------------------------------------------------------
-    def finish(self) -> Members:
-        names = self.fast_names
-        for i, n in self.names.items():
-            names[i] = n
-        offset = (np.array(self.mpos, np.int64) + BLOCK).astype(OFFSET_DTYPE)
-        size = np.array(self.msize, OFFSET_DTYPE)
-        skipped = self.skipped
-        dirs = [i for i in self.dirs if i not in self.names]
-        if dirs:
-            keep = np.ones(len(names), bool)
-            keep[dirs] = False
-            for i in dirs:
-                skipped.append(
-                    (self.mpos[i], names[i].decode("utf-8", "surrogateescape"), "directory")
-                )
-            names = [n for i, n in enumerate(names) if keep[i]]
-            offset, size = offset[keep], size[keep]
-        skipped.sort(key=_first)  # v7 directories found in batches go in their place
-        self.blocks = np.empty((0, BLOCK), np.uint8)  # release the view of the mmap
-        mm = self.mm
-        head, tail = fingerprint(lambda off, n: mm[off : off + n], self.size)
-        crc = None
-        if self.checksums:  # opt-in: reads every member's data
-            with memoryview(mm) as mv:
-                crc = np.array(
-                    [
-                        zlib.crc32(mv[o : o + n])
-                        for o, n in zip(offset.tolist(), size.tolist(), strict=True)
-                    ],
-                    np.uint32,
-                )
-        return Members(
-            path=self.path,
-            raw_names=names,
-            offset=offset,
-            size=size,
-            tar_size=self.size,
-            head_crc=head,
-            tail_crc=tail,
-            special=skipped,
-            end=_data_end(mm, self.size),
-            member_crc=crc,
-        )
-
-
-def _first(entry: tuple[int, str, str]) -> int:
-    return entry[0]
+        nxt = after_zeros(self.path, self.mm, pos, self.size)
+        if isinstance(nxt, TarIndexError):
+            raise self.fail(nxt)
+        return nxt
 
 
 def scan(path: str | os.PathLike[str], *, require_end: bool = True) -> Members:
