@@ -42,8 +42,8 @@ from .errors import (
 )
 from .index.build import build_index
 from .index.scan import Members, scan
+from .read import ShardReader, ShardSet, read_kernel
 from .read.manifest import check_manifest, read_manifest, task_pattern, write_manifest
-from .read.reader import ShardReader, ShardSet, read_kernel
 from .read.sources import expand_source
 from .read.split import ShardSubset, split_by_key, split_keys
 from .storage.indexfile import index_path_for

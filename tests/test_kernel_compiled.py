@@ -1,7 +1,7 @@
 """The compiled read-kernel loops (tarindex/_kernel.c) against the Python loops they replace.
 
 Every read path that has a compiled form is run twice on the same shards, once with the
-extension and once with ``tarindex.read.reader._kernel`` set to ``None`` (what a machine without a
+extension and once with ``tarindex.read.kernel.compiled`` set to ``None`` (what a machine without a
 C compiler, or ``TARINDEX_PURE_PYTHON=1``, runs), and must return the same samples, the same
 batches and the same errors. The shards are varied on purpose: GNU tar's member order,
 samples with members missing, non-ASCII keys, integer fields in every spelling ``int()``
@@ -26,22 +26,22 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.read import reader as reader_mod
+from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards, have
 
 torch = pytest.importorskip("torch")
 from tarindex.torch.collate import fetch_batched, pack_blocks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-COMPILED = reader_mod._kernel
+COMPILED = kernel_mod.compiled
 
 
 def _both(make: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     """``make()`` with the compiled loops, then again with the Python loops."""
-    assert reader_mod._kernel is not None
+    assert kernel_mod.compiled is not None
     compiled = make()
     with monkeypatch.context() as m:
-        m.setattr(reader_mod, "_kernel", None)
+        m.setattr(kernel_mod, "compiled", None)
         python = make()
     return compiled, python
 
@@ -69,10 +69,10 @@ def test_the_extension_is_built() -> None:
 def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> None:
     paths = make_shards([30])
     code = (
-        "import sys, tarindex, tarindex.read.reader as r\n"
+        "import sys, tarindex, tarindex.read.kernel as k\n"
         f"ds = tarindex.TarDataset({paths!r})\n"
         "s = ds[3]\n"
-        "print(r._kernel is None, ds.shards.reader(0)._ck is None, s['__key__'])\n"
+        "print(k.compiled is None, ds.shards.reader(0).hot.tables is None, s['__key__'])\n"
     )
     env = dict(os.environ, TARINDEX_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

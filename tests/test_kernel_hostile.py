@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tarindex.read import reader as reader_mod
+from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards
 
 pytestmark = [
-    pytest.mark.skipif(reader_mod._kernel is None, reason="tarindex.read._kernel not built"),
+    pytest.mark.skipif(kernel_mod.compiled is None, reason="tarindex.read._kernel not built"),
     pytest.mark.timeout(120),
 ]
 
@@ -773,7 +773,7 @@ def test_tar_cut_while_mapped_on_every_compiled_path(make_shards: MakeShards) ->
 ODD_INDICES = """
 import sys, json
 import numpy as np
-import tarindex, tarindex.read.reader as R
+import tarindex, tarindex.read.kernel as K
 paths = json.loads(sys.argv[1])
 class Raise:
     def __index__(self):
@@ -810,7 +810,7 @@ def run():
             out[f"{fields} {name} item"] = outcome(lambda: items(pl[idx[0]]) if len(idx) else None)
     return out
 compiled = run()
-R._kernel = None
+K.compiled = None
 python = run()
 print(json.dumps([k for k in compiled if repr(compiled[k]) != repr(python[k])]))
 print(sum(v[0] == "ok" for v in compiled.values()), len(compiled))

@@ -50,7 +50,7 @@ from ..errors import PackError, TarIndexError
 from ..format.keys import escape_name
 from ..index.build import build_index
 from ..index.scan import scan_members
-from ..read.reader import Block, ShardReader, ShardSet, index_for, is_up_to_date, read_kernel
+from ..read import Block, ShardReader, ShardSet, index_for, is_up_to_date, read_kernel
 from ..read.sources import expand_source, is_manifest
 from ..storage.remote import download, is_url, load_indexes
 from ..write.pack import LAYOUTS, plan_pack, write_pack

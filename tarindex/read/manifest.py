@@ -25,7 +25,8 @@ from ..errors import TarIndexError
 from ..format.manifest import ManifestTable, encode_manifest, relative_path
 from ..storage.indexfile import write_atomic
 from ..storage.remote import is_url
-from .reader import ShardReader, ShardSet
+from .shard import ShardReader
+from .shardset import ShardSet
 from .sources import Source, expand_source, read_manifest
 
 __all__ = [

@@ -25,8 +25,11 @@ from numpy.typing import NDArray
 
 from ..errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
 from ..format.keyhash import key_hashes
-from .reader import Block, Fields, Sample, ShardReader, ShardSet, sample_indices
+from .block import Block, Fields, Sample
+from .shard import ShardReader
+from .shardset import ShardSet
 from .sources import Source
+from .spanner import sample_indices
 
 __all__ = [
     "thresholds",

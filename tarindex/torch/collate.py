@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
-from ..read.reader import Block, Sample, ShardSet, copy_members
+from ..read import Block, Sample, ShardSet, copy_members
 from .batch import BatchedSamples, field_major
 from .transport import alloc_buffer
 

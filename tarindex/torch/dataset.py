@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from ..codecs.decode import Decoder, DecodeSpec, ExtDecoder, compression_layers, make_decoder
 from ..codecs.select import ToTuple, select_fields
-from ..read.reader import Sample, ShardSet
+from ..read import Sample, ShardSet
 from ..read.sources import Source
 from ..read.split import ShardSubset
 from ..storage.remote import RemoteOptions

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from ..codecs.decode import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..plan import shuffle as plan_mod
-from ..read.reader import Block, Sample, ShardSet
+from ..read import Block, Sample, ShardSet
 from ..read.sources import Source
 from ..read.split import ShardSubset
 from ..storage.remote import RemoteOptions
