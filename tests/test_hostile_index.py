@@ -593,7 +593,10 @@ def test_hostile_index_is_refused(
 COMPILED_PATHS = ["getitem", "getitems", "getitems_batched", "iter_batched"]
 
 
-@pytest.mark.skipif(tarindex.read.kernel.compiled is None, reason="tarindex.read._kernel not built")
+@pytest.mark.skipif(
+    tarindex.read.kernel.compiled is None,
+    reason=f"needs the compiled loops: {tarindex.read.kernel.read_kernel()}",
+)
 @pytest.mark.parametrize("path", COMPILED_PATHS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_hostile_index_is_refused_by_the_python_loops(

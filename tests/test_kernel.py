@@ -398,7 +398,10 @@ def mm_of(f: Any) -> mmap.mmap:
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-@pytest.mark.skipif(tarindex.read.kernel.compiled is None, reason="tarindex.read._kernel not built")
+@pytest.mark.skipif(
+    tarindex.read.kernel.compiled is None,
+    reason=f"needs the compiled loops: {tarindex.read.kernel.read_kernel()}",
+)
 def test_a_shuffle_window_holds_where_its_samples_are_not_their_bytes(tmp_path: Path) -> None:
     """A window of 1024 samples of 20 KB would hold 20 MB of sample bytes; taken out as they
     are yielded (``ShardSet.take``), about 256 KB of them exist at a time."""

@@ -10,6 +10,7 @@ takes and some it does not.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import struct
@@ -53,7 +54,9 @@ def _outcome(fn: Callable[[], Any]) -> Any:
         return ("error", type(e).__name__, str(e))
 
 
-needs_ext = pytest.mark.skipif(COMPILED is None, reason="tarindex.read._kernel not built")
+needs_ext = pytest.mark.skipif(
+    COMPILED is None, reason=f"no compiled loops to compare: {kernel_mod.read_kernel()}"
+)
 
 
 def test_the_extension_is_built() -> None:
@@ -93,10 +96,12 @@ def test_read_kernel_and_version_say_which_loops_run(pure: bool) -> None:
     )
     assert got.returncode == 0 and ver.returncode == 0, got.stderr + ver.stderr
     want = "python (TARINDEX_PURE_PYTHON is set)" if pure else "compiled"
-    if not pure and COMPILED is None:
+    if not pure and importlib.util.find_spec("tarindex.read._kernel") is None:
         want = "python (the extension tarindex.read._kernel is not built"
     assert got.stdout.startswith(want), got.stdout
-    assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), ver.stdout
+    assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), (
+        ver.stdout
+    )
 
 
 # --- varied shards --------------------------------------------------------------------------
@@ -370,3 +375,55 @@ def test_a_reader_closed_while_a_batch_is_packed_stays_readable(make_shards: Mak
     assert got is not None
     assert bytes(got[0].numpy()) == bytes(want.data.numpy())
     assert got[1] == want.keys
+
+
+class _Collides:
+    """Hashes as the extension ``cls`` does; comparing it runs Python code that raises."""
+
+    def __hash__(self) -> int:
+        return hash("cls")
+
+    def __eq__(self, other: object) -> bool:
+        raise ZeroDivisionError("compared")
+
+
+def _items(ss: tarindex.ShardSet, i: int, fields: Any) -> list[tuple[str, Any]]:
+    return sorted(ss.get(i, fields).items())
+
+
+@needs_ext
+@pytest.mark.parametrize(
+    "fields",
+    [
+        frozenset({"cls"}),
+        frozenset(),
+        frozenset({"bin", "nope"}),
+        ("cls",),
+        ["bin"],
+        frozenset({_Collides()}),
+    ],
+    ids=["frozenset", "empty", "unknown", "tuple", "list", "collides"],
+)
+def test_get_with_fields_agrees(
+    make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch, fields: Any
+) -> None:
+    """``ShardSet.get(i, fields)``: the compiled get (a frozenset) and the Python path agree,
+    for every kind of ``fields`` (others are handed back) and a comparison that raises.
+
+    (A bare string, ``fields="bin"``, is left out: the Python loops read it as a collection of
+    extensions and a mapped reader's flags as a set of letters, before and after this change;
+    issue 19, item 18.)"""
+    paths = make_shards([30, 30])
+
+    def read() -> list[Any]:
+        ss = tarindex.ShardSet(paths)
+        out = [_outcome(partial(_items, ss, i, fields)) for i in (0, 31, -1, 59)]
+        ss.close()
+        return out
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    if isinstance(fields, frozenset) and fields and not isinstance(next(iter(fields)), str):
+        assert all(o[:2] == ("error", "ZeroDivisionError") for o in compiled)
+    else:
+        assert all(o[0] == "ok" for o in compiled)

@@ -28,7 +28,10 @@ from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards
 
 pytestmark = [
-    pytest.mark.skipif(kernel_mod.compiled is None, reason="tarindex.read._kernel not built"),
+    pytest.mark.skipif(
+        kernel_mod.compiled is None,
+        reason=f"no compiled loops to attack: {kernel_mod.read_kernel()}",
+    ),
     pytest.mark.timeout(120),
 ]
 

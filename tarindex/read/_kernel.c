@@ -829,6 +829,8 @@ done:
 
 /* ---- get, take: ShardSet.get and ShardSet.take over mappings ------------------------------ */
 
+#define WANT_MAX 64 /* get(..., fields): flags of at most this many extensions, else hand back */
+
 /* Where global sample `iobj` is, found by get_resolve: held references (resolved_clear). */
 typedef struct {
     PyObject *ck;    /* the reader's _ck: (Tables, source, size) */
@@ -852,7 +854,7 @@ static Tables *resolved_tables(Resolved *r) { return (Tables *)PyTuple_GET_ITEM(
  * number `call`. */
 static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
                        PyObject *readers, PyObject *paths, int evicts, uint64_t call,
-                       Resolved *out) {
+                       Resolved *out, PyObject *fields, char *want) {
     if (!PyLong_CheckExact(iobj)) return 0;
     Py_ssize_t i = PyLong_AsSsize_t(iobj);
     if (i == -1 && PyErr_Occurred()) {
@@ -885,6 +887,18 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
         goto done_r;
     }
     Tables *t = (Tables *)PyTuple_GET_ITEM(ck, 0);
+    if (fields != NULL) { /* want[e]: extension e is in the frozenset `fields`; before the
+                           * size check, since a contains may run Python code (an __eq__) */
+        if (t->n_exts > WANT_MAX) {
+            res = 0;
+            goto done_r;
+        }
+        for (Py_ssize_t e = 0; e < t->n_exts; e++) {
+            int c = PySet_Contains(fields, PyTuple_GET_ITEM(t->exts, e));
+            if (c < 0) goto done_r;
+            want[e] = (char)c;
+        }
+    }
     if (call == 0 || t->mark != call) {
         if (evicts) {
             PyObject *x = PyObject_CallMethodOneArg(readers, str_move, key);
@@ -927,11 +941,13 @@ done:
  * Py_None (hand back) or NULL with an exception; the arguments as get_resolve's. */
 static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
                          PyObject *readers, PyObject *paths, int evicts, uint64_t call,
-                         int meta_first) {
+                         int meta_first, PyObject *fields) {
     Resolved r = {NULL, NULL, NULL, 0};
-    int ok = get_resolve(iobj, starts, ns, per, readers, paths, evicts, call, &r);
+    char want[WANT_MAX];
+    int ok = get_resolve(iobj, starts, ns, per, readers, paths, evicts, call, &r, fields, want);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *res = tables_dict(resolved_tables(&r), r.j, NULL, r.path, r.index, meta_first);
+    PyObject *res = tables_dict(resolved_tables(&r), r.j, fields == NULL ? NULL : want, r.path,
+                                r.index, meta_first);
     resolved_clear(&r);
     return res;
 }
@@ -941,9 +957,9 @@ static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, P
 
 /* Parse (starts: int64 bytes, per, readers: dict, paths: list, evicts) at args[1..5]; -1 on
  * error. */
-static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t max_args, const char *usage,
                     const int64_t **starts, Py_ssize_t *ns, Py_ssize_t *per, int *evicts) {
-    if (nargs != 6 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
+    if (nargs < 6 || nargs > max_args || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
         !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, usage);
         return -1;
@@ -956,8 +972,10 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *usage,
     return *evicts < 0 ? -1 : 0;
 }
 
-/* get(i, starts, per, readers, paths, evicts) -> dict | None
- * ShardSet.get(i) with every member: i a global index (an exact int, negatives from the end);
+/* get(i, starts, per, readers, paths, evicts[, fields]) -> dict | None
+ * ShardSet.get(i, fields): i a global index (an exact int, negatives from the end); fields
+ * None (or left out: every member) or a frozenset of the extensions to read (anything else
+ * hands back, as more than WANT_MAX extensions do);
  * starts: ShardSet._starts_bytes (int64, n_shards + 1, as bytes); per, readers, paths as batch();
  * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
  * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
@@ -966,11 +984,13 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
     int evicts;
-    if (get_args(args, nargs,
-                 "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts)", &starts,
-                 &ns, &per, &evicts) < 0)
+    if (get_args(args, nargs, 7,
+                 "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts[, fields])",
+                 &starts, &ns, &per, &evicts) < 0)
         return NULL;
-    return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0);
+    PyObject *fields = nargs == 7 && args[6] != Py_None ? args[6] : NULL;
+    if (fields != NULL && !PyFrozenSet_CheckExact(fields)) Py_RETURN_NONE;
+    return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0, fields);
 }
 
 /* take(indices, starts, per, readers, paths, evicts) -> [dict, ...] | None
@@ -982,7 +1002,7 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     const int64_t *starts;
     Py_ssize_t ns, per;
     int evicts;
-    if (get_args(args, nargs,
+    if (get_args(args, nargs, 6,
                  "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
                  "evicts)",
                  &starts, &ns, &per, &evicts) < 0)
@@ -1008,7 +1028,7 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     /* pass 1: locate, look up, cut check (each mapping once); pass 2: copy, prefetching */
     for (; got < n; got++) {
         int ok = get_resolve(PyTuple_GET_ITEM(seq, got), starts, ns, per, args[3], args[4],
-                             evicts, call, &rs[got]);
+                             evicts, call, &rs[got], NULL, NULL);
         if (ok <= 0) {
             res = ok < 0 ? NULL : Py_NewRef(Py_None);
             goto done;
@@ -1042,8 +1062,8 @@ static PyMethodDef kernel_methods[] = {
      "take(indices, starts, per, readers, paths, evicts): ShardSet.take(indices) as dicts, or "
      "None (take the Python path)."},
     {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
-     "get(i, starts, per, readers, paths, evicts): ShardSet.get(i) as a dict, or None (take "
-     "the Python path)."},
+     "get(i, starts, per, readers, paths, evicts[, fields]): ShardSet.get(i, fields) as a "
+     "dict, or None (take the Python path)."},
     {"gather", (PyCFunction)(void (*)(void))k_gather, METH_FASTCALL,
      "gather(tables, slot, local): keys, counts and member table bytes of a batch, or the "
      "position of the first sample to hand back."},

@@ -311,13 +311,19 @@ class ShardSet:
             StaleIndexError: As :meth:`reader`.
             FormatError: As :meth:`ShardReader.sample`.
         """
-        # the per-sample hot path: the compiled loop for every member of a mapped shard in one
+        # the per-sample hot path: the compiled loop for the members of a mapped shard in one
         # call; None back (not open, not mapped, a chunk unchecked, anything it does not
         # decide): the reader's tables in one compiled call, else the reader's own path
         compiled = kernel.compiled
-        if fields is None and compiled is not None:
+        if compiled is not None:  # fields: None or a frozenset (others are handed back)
             got = compiled.get(
-                i, self._starts_bytes, self._per, self._readers, self.paths, self._pool.evicts
+                i,
+                self._starts_bytes,
+                self._per,
+                self._readers,
+                self.paths,
+                self._pool.evicts,
+                fields,
             )
             if got is not None:
                 return got  # type: ignore[no-any-return]
