@@ -387,7 +387,7 @@ class _Collides:
         raise ZeroDivisionError("compared")
 
 
-def _items(ss: tarindex.ShardSet, i: int, fields: Any) -> list[tuple[str, Any]]:
+def _get_items(ss: tarindex.ShardSet, i: int, fields: Any) -> list[tuple[str, Any]]:
     return sorted(ss.get(i, fields).items())
 
 
@@ -417,7 +417,7 @@ def test_get_with_fields_agrees(
 
     def read() -> list[Any]:
         ss = tarindex.ShardSet(paths)
-        out = [_outcome(partial(_items, ss, i, fields)) for i in (0, 31, -1, 59)]
+        out = [_outcome(partial(_get_items, ss, i, fields)) for i in (0, 31, -1, 59)]
         ss.close()
         return out
 
