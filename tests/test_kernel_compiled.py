@@ -1,4 +1,4 @@
-"""The compiled read-kernel loops (tarindex/_kernel.c) against the Python loops they replace.
+"""The compiled read-kernel loops (tarindex/read/_kernel.c) against the Python loops they replace.
 
 Every read path that has a compiled form is run twice on the same shards, once with the
 extension and once with ``tarindex.read.kernel.compiled`` set to ``None`` (what a machine without a

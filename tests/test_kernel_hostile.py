@@ -1,8 +1,9 @@
-"""Hostile inputs to the compiled read-kernel loops (tarindex/_kernel.c).
+"""Hostile inputs to the compiled read-kernel loops (tarindex/read/_kernel.c).
 
-The extension's contract (docs/READING.md "Compiled loops"): it reads tables reader.py
-validated, bounds every read anyway, and hands anything unexpected back (``None``, an int,
-a ``(what, shard, chunk)`` tuple) so the Python path raises the proper error. These tests
+The extension's contract (docs/READING.md "Compiled loops"): it reads tables the read core
+validated (tarindex/read/checks.py), bounds every read anyway, and hands anything unexpected
+back (``None``, an int, a ``(what, shard, chunk)`` tuple) so the Python path raises the
+proper error. These tests
 attack that contract: direct calls with hostile arguments and callbacks (Python code run in
 the middle of a loop that changes the caller's list, a table, the shard starts, or cuts the
 tar), tars cut while mapped on every compiled path, odd index types through the public API
