@@ -346,11 +346,11 @@ def test_corrupt_chunk_is_refused_by_the_compiled_paths(
 def test_close_releases_the_mappings(make_shards: MakeShards) -> None:
     (path,) = make_shards([20])
     r = tarindex.ShardReader(path)
-    assert r._ck is not None
+    assert r.hot.tables is not None
     mm, imm = r._mm, r._imm
     assert mm is not None and imm is not None
     r.close()
-    assert r._ck is None
+    assert r.hot.tables is None
     assert imm.closed  # close() closes the index mapping: no buffer of it is left held
     mm.close()  # BufferError if a buffer of the tar mapping were still held
 
@@ -427,3 +427,12 @@ def test_get_with_fields_agrees(
         assert all(o[:2] == ("error", "ZeroDivisionError") for o in compiled)
     else:
         assert all(o[0] == "ok" for o in compiled)
+
+
+def test_the_compiled_loops_read_hot_tables_where_they_expect() -> None:
+    """``_kernel.c`` reads a reader's ``hot`` by position (HOT_MM, HOT_SIZE, HOT_TABLES)."""
+    from tarindex.read.hot import HotTables
+
+    fields = HotTables._fields
+    assert (len(fields), fields.index("mm"), fields.index("tar_size")) == (16, 9, 10)
+    assert fields.index("tables") == 15

@@ -178,12 +178,8 @@ class ShardReader:
             scalar,
             tables,
         )
-        """The tables the per-sample loops read (:class:`~tarindex.read.hot.HotTables`)."""
-        # what the compiled get/take/batch loops look up on a reader (_kernel.c):
-        # (Tables, mapping, tar size), or None
-        self._ck: tuple[Any, mmap.mmap, int] | None = (
-            None if tables is None or self._mm is None else (tables, self._mm, self.tar_size)
-        )
+        """The tables the per-sample loops read (:class:`~tarindex.read.hot.HotTables`); the
+        compiled ``get``, ``take`` and ``batch`` look a reader's tables up here."""
         try:
             checks.check_opened(
                 t, self.tar_size, self._read_check, self._guard, tar_path, self.index_path
@@ -726,7 +722,7 @@ class ShardReader:
         # drop our views first so the index mmap has no exports left when it is closed
         if hasattr(self, "hot"):
             self.hot = CLOSED  # holds buffers of the mappings: released before they are closed
-        for attr in ("index", "_mm", "_keytab", "_ck", "checked_np"):
+        for attr in ("index", "_mm", "_keytab", "checked_np"):
             if hasattr(self, attr):
                 setattr(self, attr, None)
         src = getattr(self, "_src", None)
