@@ -25,31 +25,24 @@ from numpy.typing import NDArray
 
 from ..errors import (
     ChecksumError,
-    FormatError,
     SampleIndexError,
-    StaleIndexError,
     TarIndexError,
-    TruncatedError,
 )
-from ..format.index import IndexTables, KeyTable, decode_index, key_table
+from ..format.index import KeyTable, key_table
 from ..format.keys import normalize_name
-from ..format.spec import BLOCK, HEADER
+from ..format.spec import BLOCK
 from ..format.zstd_dict import check_dict, dict_entry
-from ..storage.bytesource import Buffer, ByteSource, open_source
+from ..storage.bytesource import Buffer, ByteSource
 from ..storage.indexfile import index_path_for
 from ..storage.remote import (
     RemoteOptions,
-    RemoteSource,
-    forget_index,
     is_url,
-    load_indexes,
-    local_path,
 )
 from . import checks, kernel
 from .block import Block, Fields, Sample, crc_mismatches, data_error
 from .checks import CHUNK, CHUNK_SHIFT
 from .hot import CLOSED, HotTables, fast_view, raw_view
-from .paths import open_regular_file, read_local_index
+from .opening import ShardOpener
 
 __all__ = ["ShardReader", "read_runs", "is_up_to_date", "COALESCE_GAP"]
 
@@ -68,7 +61,7 @@ def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
     return [blob[ptr[i] : ptr[i + 1]].decode("utf-8", "surrogateescape") for i in range(n)]
 
 
-class ShardReader:
+class ShardReader(ShardOpener):
     """One open shard: its index (mapped) and its tar (a :mod:`~tarindex.bytesource`).
 
     Holds at most :data:`FDS_PER_SHARD` (2) file descriptors: the index mapping and the tar's
@@ -188,102 +181,6 @@ class ShardReader:
             self.close()
             raise
         self._checks = None
-
-    def _open_local(self, use_mmap: bool, full_check: bool, check_crc: bool) -> None:
-        """Map the index, open the tar's source and check the fingerprint (FORMAT.md §3)."""
-        tar_path = self.tar_path
-        try:
-            fi = open(open_regular_file(self.index_path), "rb")
-        except FileNotFoundError:
-            raise checks.missing_index(tar_path, self.index_path) from None
-        with fi:
-            isize = os.fstat(fi.fileno()).st_size
-            if isize < HEADER.size:
-                raise TruncatedError(
-                    f"{self.index_path}: index is {isize} bytes, shorter than its {HEADER.size}-byte "
-                    f"header at byte 0; rebuild it with: tarindex index --force {tar_path}"
-                )
-            self._imm = mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            self._decode(memoryview(self._imm), full_check, check_crc)
-            fd = open_regular_file(tar_path)
-            try:
-                self.tar_size = os.fstat(fd).st_size
-                checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._src = open_source(tar_path, fd, self.tar_size, use_mmap)
-            self._check_fingerprint()
-        except BaseException:
-            self.close()
-            raise
-
-    def _open_remote(self, opts: RemoteOptions, full_check: bool, check_crc: bool) -> None:
-        """The index from memory, the cache or the network; the tar as a :class:`RemoteSource`.
-
-        The open-time checks (FORMAT.md §3) read the tar with ranged reads, fetched together
-        in one batch. An index taken from memory or the cache that does not match the tar is
-        fetched again once (it may have been rebuilt) before the error is raised.
-        """
-        for attempt in (0, 1):
-            fresh = True
-            try:
-                if is_url(self.index_path):
-                    data, fresh = load_indexes([self.index_path], [self.tar_path], opts)[0]
-                else:
-                    data = read_local_index(self.tar_path, self.index_path)
-                self._decode(memoryview(data), full_check, check_crc)
-                if is_url(self.tar_path):
-                    t = self.index
-                    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
-                    self._src = RemoteSource.open(self.tar_path, opts, ident)
-                else:
-                    fd = open_regular_file(local_path(self.tar_path))
-                    self._src = open_source(self.tar_path, fd, os.fstat(fd).st_size, False)
-                self.tar_size = self._src.size
-                checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
-                # one concurrent batch for all the open-time checks
-                starts, ends = checks.open_ranges(self.index, self.tar_size)
-                src = self._src
-                rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
-                if isinstance(src, RemoteSource):  # from the server, never from the cache
-                    got = src.fetch_fresh(rs)
-                else:
-                    buf, bases = src.read_ranges(starts, ends)
-                    got = [buf[o : o + b - a] for (a, b), o in zip(rs, bases.tolist(), strict=True)]
-                self._checks = {(a, b - a): g for (a, b), g in zip(rs, got, strict=True)}
-                self._check_fingerprint()
-                return
-            except StaleIndexError:
-                self.close()
-                if fresh or attempt or not is_url(self.index_path):
-                    raise
-                forget_index(self.index_path, opts)
-            except BaseException:
-                self.close()
-                raise
-
-    def _check_fingerprint(self) -> None:
-        checks.check_fingerprint(
-            self.index, self.tar_size, self._read_check, self.tar_path, self.index_path
-        )
-
-    def _read_check(self, offset: int, size: int) -> bytes:
-        """Bytes for an open-time check: from the batch read ahead (remote), else the source."""
-        got = self._checks.get((offset, size)) if self._checks else None
-        return got if got is not None else self.source.read(offset, size)
-
-    def _decode(self, buf: memoryview, full_check: bool, check_crc: bool) -> None:
-        self.index: IndexTables = decode_index(
-            buf, self.index_path, full_check=full_check, check_crc=check_crc
-        )
-        if self.verify_data and self.index.member_crc is None:
-            raise FormatError(
-                f"{self.index_path}: verify_data=True but the index records no data "
-                f"checksums (FORMAT.md §2.8.2); add them with: tarindex index --force "
-                f"--checksums {self.tar_path}"
-            )
 
     @property
     def source(self) -> ByteSource:
