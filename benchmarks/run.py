@@ -1132,10 +1132,10 @@ def _synthetic_shard(d: str, n: int) -> str:
     with open(tar, "wb") as f:
         f.truncate(size)
         # real ustar headers where opening re-reads them (first, quartiles, last member:
-        # tarindex.read.reader.HEADER_CHECKS of them), so the shard passes the open-time checks
+        # tarindex.format.spec.HEADER_CHECKS of them), so the shard passes the open-time checks
         import tarfile
 
-        from tarindex.read.reader import HEADER_CHECKS
+        from tarindex.format.spec import HEADER_CHECKS
 
         m = 2 * n
         for k in sorted({(m - 1) * q // (HEADER_CHECKS - 1) for q in range(HEADER_CHECKS)}):

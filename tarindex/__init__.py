@@ -43,8 +43,8 @@ from .errors import (
 from .index.build import build_index
 from .index.scan import Members, scan
 from .plan.split import split_keys
+from .read import ShardReader, ShardSet, read_kernel
 from .read.manifest import check_manifest, read_manifest, task_pattern, write_manifest
-from .read.reader import ShardReader, ShardSet, read_kernel
 from .read.sources import expand_source
 from .read.split import split_by_key
 from .read.subset import ShardSubset

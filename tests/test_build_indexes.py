@@ -13,7 +13,7 @@ import pytest
 import tarindex
 from tarindex.format.index import decode_index
 from tarindex.index.build import IndexResult, build_indexes
-from tarindex.read.reader import is_up_to_date
+from tarindex.read import is_up_to_date
 from tests.conftest import MakeShards
 from tests.remote_server import serve
 

@@ -31,7 +31,7 @@ import pytest
 from numpy.typing import NDArray
 
 import tarindex
-import tarindex.read.reader
+import tarindex.read.kernel
 from tarindex.cli.main import main
 from tarindex.errors import FormatError, StaleIndexError
 from tarindex.read.verify import verify
@@ -593,14 +593,17 @@ def test_hostile_index_is_refused(
 COMPILED_PATHS = ["getitem", "getitems", "getitems_batched", "iter_batched"]
 
 
-@pytest.mark.skipif(tarindex.read.reader._kernel is None, reason="tarindex.read._kernel not built")
+@pytest.mark.skipif(
+    tarindex.read.kernel.compiled is None,
+    reason=f"needs the compiled loops: {tarindex.read.kernel.read_kernel()}",
+)
 @pytest.mark.parametrize("path", COMPILED_PATHS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_hostile_index_is_refused_by_the_python_loops(
     case: Case, path: str, corpus: dict[str, Path], base: Base, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As above, as a machine without the compiled loops reads (TARINDEX_PURE_PYTHON=1)."""
-    monkeypatch.setattr(tarindex.read.reader, "_kernel", None)
+    monkeypatch.setattr(tarindex.read.kernel, "compiled", None)
     tar = corpus[case.id]
     size = Path(str(tar) + ".tidx").stat().st_size
     what = f"{case.id} via {path} (Python loops)"

@@ -68,7 +68,7 @@ def test_block_gather_sample_agree(
         _project(ref[int(order[k]) % len(ss)], fields) for k in (3, 1)
     ]
     # joined blocks, and detached ones (bytes copied out of the mappings) read the same
-    two = tarindex.read.reader.Block.concat([ss.read_block(1, 5, 9, fields), g])
+    two = tarindex.read.Block.concat([ss.read_block(1, 5, 9, fields), g])
     assert two.to_samples() == ss.read_block(1, 5, 9, fields).to_samples() + g.to_samples()
     assert two.detach().to_samples() == two.to_samples()
     # tables only
@@ -284,7 +284,7 @@ def test_emfile_closes_readers_and_warns(make_shards: MakeShards) -> None:
     paths = make_shards([2] * 40)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     ss = tarindex.ShardSet(paths, max_open=1000)
-    ss._bound = 1000  # as if the limit had been raised meanwhile
+    ss.pool.set_bound(1000)  # as if the limit had been raised meanwhile
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + 20, hard))
         with pytest.warns(ResourceWarning, match="too many open files"):
@@ -398,7 +398,10 @@ def mm_of(f: Any) -> mmap.mmap:
     return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-@pytest.mark.skipif(tarindex.read.reader._kernel is None, reason="tarindex.read._kernel not built")
+@pytest.mark.skipif(
+    tarindex.read.kernel.compiled is None,
+    reason=f"needs the compiled loops: {tarindex.read.kernel.read_kernel()}",
+)
 def test_a_shuffle_window_holds_where_its_samples_are_not_their_bytes(tmp_path: Path) -> None:
     """A window of 1024 samples of 20 KB would hold 20 MB of sample bytes; taken out as they
     are yielded (``ShardSet.take``), about 256 KB of them exist at a time."""

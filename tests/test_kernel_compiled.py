@@ -1,7 +1,7 @@
-"""The compiled read-kernel loops (tarindex/_kernel.c) against the Python loops they replace.
+"""The compiled read-kernel loops (tarindex/read/_kernel.c) against the Python loops they replace.
 
 Every read path that has a compiled form is run twice on the same shards, once with the
-extension and once with ``tarindex.read.reader._kernel`` set to ``None`` (what a machine without a
+extension and once with ``tarindex.read.kernel.compiled`` set to ``None`` (what a machine without a
 C compiler, or ``TARINDEX_PURE_PYTHON=1``, runs), and must return the same samples, the same
 batches and the same errors. The shards are varied on purpose: GNU tar's member order,
 samples with members missing, non-ASCII keys, integer fields in every spelling ``int()``
@@ -10,6 +10,7 @@ takes and some it does not.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import struct
@@ -26,22 +27,22 @@ import numpy as np
 import pytest
 
 import tarindex
-from tarindex.read import reader as reader_mod
+from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards, have
 
 torch = pytest.importorskip("torch")
 from tarindex.torch.collate import fetch_batched, pack_blocks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-COMPILED = reader_mod._kernel
+COMPILED = kernel_mod.compiled
 
 
 def _both(make: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     """``make()`` with the compiled loops, then again with the Python loops."""
-    assert reader_mod._kernel is not None
+    assert kernel_mod.compiled is not None
     compiled = make()
     with monkeypatch.context() as m:
-        m.setattr(reader_mod, "_kernel", None)
+        m.setattr(kernel_mod, "compiled", None)
         python = make()
     return compiled, python
 
@@ -53,7 +54,9 @@ def _outcome(fn: Callable[[], Any]) -> Any:
         return ("error", type(e).__name__, str(e))
 
 
-needs_ext = pytest.mark.skipif(COMPILED is None, reason="tarindex.read._kernel not built")
+needs_ext = pytest.mark.skipif(
+    COMPILED is None, reason=f"no compiled loops to compare: {kernel_mod.read_kernel()}"
+)
 
 
 def test_the_extension_is_built() -> None:
@@ -69,10 +72,10 @@ def test_the_extension_is_built() -> None:
 def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> None:
     paths = make_shards([30])
     code = (
-        "import sys, tarindex, tarindex.read.reader as r\n"
+        "import sys, tarindex, tarindex.read.kernel as k\n"
         f"ds = tarindex.TarDataset({paths!r})\n"
         "s = ds[3]\n"
-        "print(r._kernel is None, ds.shards.reader(0)._ck is None, s['__key__'])\n"
+        "print(k.compiled is None, ds.shards.reader(0).hot.tables is None, s['__key__'])\n"
     )
     env = dict(os.environ, TARINDEX_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -93,10 +96,12 @@ def test_read_kernel_and_version_say_which_loops_run(pure: bool) -> None:
     )
     assert got.returncode == 0 and ver.returncode == 0, got.stderr + ver.stderr
     want = "python (TARINDEX_PURE_PYTHON is set)" if pure else "compiled"
-    if not pure and COMPILED is None:
+    if not pure and importlib.util.find_spec("tarindex.read._kernel") is None:
         want = "python (the extension tarindex.read._kernel is not built"
     assert got.stdout.startswith(want), got.stdout
-    assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), ver.stdout
+    assert ver.stdout.startswith(f"tarindex {tarindex.__version__} (read kernel: {want}"), (
+        ver.stdout
+    )
 
 
 # --- varied shards --------------------------------------------------------------------------
@@ -341,11 +346,11 @@ def test_corrupt_chunk_is_refused_by_the_compiled_paths(
 def test_close_releases_the_mappings(make_shards: MakeShards) -> None:
     (path,) = make_shards([20])
     r = tarindex.ShardReader(path)
-    assert r._ck is not None
+    assert r.hot.tables is not None
     mm, imm = r._mm, r._imm
     assert mm is not None and imm is not None
     r.close()
-    assert r._ck is None
+    assert r.hot.tables is None
     assert imm.closed  # close() closes the index mapping: no buffer of it is left held
     mm.close()  # BufferError if a buffer of the tar mapping were still held
 
@@ -370,3 +375,64 @@ def test_a_reader_closed_while_a_batch_is_packed_stays_readable(make_shards: Mak
     assert got is not None
     assert bytes(got[0].numpy()) == bytes(want.data.numpy())
     assert got[1] == want.keys
+
+
+class _Collides:
+    """Hashes as the extension ``cls`` does; comparing it runs Python code that raises."""
+
+    def __hash__(self) -> int:
+        return hash("cls")
+
+    def __eq__(self, other: object) -> bool:
+        raise ZeroDivisionError("compared")
+
+
+def _get_items(ss: tarindex.ShardSet, i: int, fields: Any) -> list[tuple[str, Any]]:
+    return sorted(ss.get(i, fields).items())
+
+
+@needs_ext
+@pytest.mark.parametrize(
+    "fields",
+    [
+        frozenset({"cls"}),
+        frozenset(),
+        frozenset({"bin", "nope"}),
+        ("cls",),
+        ["bin"],
+        frozenset({_Collides()}),
+    ],
+    ids=["frozenset", "empty", "unknown", "tuple", "list", "collides"],
+)
+def test_get_with_fields_agrees(
+    make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch, fields: Any
+) -> None:
+    """``ShardSet.get(i, fields)``: the compiled get (a frozenset) and the Python path agree,
+    for every kind of ``fields`` (others are handed back) and a comparison that raises.
+
+    (A bare string, ``fields="bin"``, is left out: the Python loops read it as a collection of
+    extensions and a mapped reader's flags as a set of letters, before and after this change;
+    issue 19, item 18.)"""
+    paths = make_shards([30, 30])
+
+    def read() -> list[Any]:
+        ss = tarindex.ShardSet(paths)
+        out = [_outcome(partial(_get_items, ss, i, fields)) for i in (0, 31, -1, 59)]
+        ss.close()
+        return out
+
+    compiled, python = _both(read, monkeypatch)
+    assert compiled == python
+    if isinstance(fields, frozenset) and fields and not isinstance(next(iter(fields)), str):
+        assert all(o[:2] == ("error", "ZeroDivisionError") for o in compiled)
+    else:
+        assert all(o[0] == "ok" for o in compiled)
+
+
+def test_the_compiled_loops_read_hot_tables_where_they_expect() -> None:
+    """``_kernel.c`` reads a reader's ``hot`` by position (HOT_MM, HOT_SIZE, HOT_TABLES)."""
+    from tarindex.read.hot import HotTables
+
+    fields = HotTables._fields
+    assert (len(fields), fields.index("mm"), fields.index("tar_size")) == (16, 9, 10)
+    assert fields.index("tables") == 15

@@ -1,8 +1,9 @@
-"""Hostile inputs to the compiled read-kernel loops (tarindex/_kernel.c).
+"""Hostile inputs to the compiled read-kernel loops (tarindex/read/_kernel.c).
 
-The extension's contract (docs/READING.md "Compiled loops"): it reads tables reader.py
-validated, bounds every read anyway, and hands anything unexpected back (``None``, an int,
-a ``(what, shard, chunk)`` tuple) so the Python path raises the proper error. These tests
+The extension's contract (docs/READING.md "Compiled loops"): it reads tables the read core
+validated (tarindex/read/checks.py), bounds every read anyway, and hands anything unexpected
+back (``None``, an int, a ``(what, shard, chunk)`` tuple) so the Python path raises the
+proper error. These tests
 attack that contract: direct calls with hostile arguments and callbacks (Python code run in
 the middle of a loop that changes the caller's list, a table, the shard starts, or cuts the
 tar), tars cut while mapped on every compiled path, odd index types through the public API
@@ -24,11 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from tarindex.read import reader as reader_mod
+from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards
 
 pytestmark = [
-    pytest.mark.skipif(reader_mod._kernel is None, reason="tarindex.read._kernel not built"),
+    pytest.mark.skipif(
+        kernel_mod.compiled is None,
+        reason=f"no compiled loops to attack: {kernel_mod.read_kernel()}",
+    ),
     pytest.mark.timeout(120),
 ]
 
@@ -68,6 +72,7 @@ import gc, sys
 from collections import OrderedDict
 import numpy as np
 from tarindex.read import _kernel as K
+from tarindex.read.hot import HotTables
 
 U8 = lambda *v: np.array(v, np.uint64).tobytes()
 U4 = lambda *v: np.array(v, np.uint32).tobytes()
@@ -256,9 +261,14 @@ class MM:
         return self.n
 
 
+def hot_of(t, mm, size):
+    """A reader's HotTables as the compiled loops read it: tables, mapping, tar size."""
+    return HotTables(*[None] * 9, mm, size, None, None, None, True, t)
+
+
 class R:
     def __init__(self, t, mm=None, size=0):
-        self._ck = (t, MM(1 << 30) if mm is None else mm, size)
+        self.hot = hot_of(t, MM(1 << 30) if mm is None else mm, size)
 
 
 ST = I8(0, 2, 4)
@@ -291,15 +301,15 @@ class NoCk:
 
 
 class NoneCk:
-    _ck = None
+    hot = None
 
 
 class BadCk:
-    _ck = ("t", 1, 2)
+    hot = hot_of("t", MM(1 << 30), 0)
 
 
 class ShortCk:
-    _ck = (T,)
+    hot = (T,)
 
 
 class RaiseSize:
@@ -336,10 +346,10 @@ case("batch reader missing", lambda: bt(readers={0: R(T)}), "open")
 case("batch readers a list", lambda: K.batch([0], ST, 2, [R(T)], ["a"], None, (), alloc), "TypeError")
 case("batch paths short", lambda: bt(paths=["a"]), "IndexError")
 case("batch paths a tuple", lambda: K.batch([0], ST, 2, {0: R(T)}, ("a",), None, (), alloc), "TypeError")
-case("batch reader without _ck", lambda: bt(readers={0: NoCk(), 1: R(T2)}), "AttributeError")
-case("batch _ck None", lambda: bt(readers={0: NoneCk(), 1: R(T2)}), "python")
-case("batch _ck not Tables", lambda: bt(readers={0: BadCk(), 1: R(T2)}), "python")
-case("batch _ck short", lambda: bt(readers={0: ShortCk(), 1: R(T2)}), "python")
+case("batch reader without hot", lambda: bt(readers={0: NoCk(), 1: R(T2)}), "AttributeError")
+case("batch hot None", lambda: bt(readers={0: NoneCk(), 1: R(T2)}), "python")
+case("batch hot not Tables", lambda: bt(readers={0: BadCk(), 1: R(T2)}), "python")
+case("batch hot short", lambda: bt(readers={0: ShortCk(), 1: R(T2)}), "python")
 case("batch uninitialised Tables", lambda: bt(readers={0: R(t0), 1: R(T2)}), "python")
 case("batch tar cut", lambda: bt(readers={0: R(T, MM(10), 100), 1: R(T2)}), "python")
 case("batch size() raises", lambda: bt(readers={0: R(T, RaiseSize()), 1: R(T2)}), "OSError")
@@ -400,13 +410,13 @@ st = I8(0, 2, 4)
 
 class Moving:
     @property
-    def _ck(self):
+    def hot(self):
         st[1] = 1 << 40
-        return (T, MM(1 << 30), 0)
+        return hot_of(T, MM(1 << 30), 0)
 
 
 # once: SIGSEGV (the shard's start was read again after Python code ran: a negative sample)
-case("batch _ck moves the starts",
+case("batch hot moves the starts",
      lambda: bt(indices=(3,), starts=st, readers={0: R(T), 1: Moving()}), "batch")
 sizes2 = bytearray(U8(5, 7, 9))
 
@@ -511,10 +521,10 @@ case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"]
      "TypeError")
 case("get readers a list", lambda: gt(readers=[]), "TypeError")
 case("get not open", lambda: gt(readers={}), "none")
-case("get reader without _ck", lambda: gt(readers={0: NoCk()}), "AttributeError")
-case("get _ck None", lambda: gt(readers={0: NoneCk()}), "none")
-case("get _ck not Tables", lambda: gt(readers={0: BadCk()}), "none")
-case("get _ck short", lambda: gt(readers={0: ShortCk()}), "none")
+case("get reader without hot", lambda: gt(readers={0: NoCk()}), "AttributeError")
+case("get hot None", lambda: gt(readers={0: NoneCk()}), "none")
+case("get hot not Tables", lambda: gt(readers={0: BadCk()}), "none")
+case("get hot short", lambda: gt(readers={0: ShortCk()}), "none")
 case("get size() raises", lambda: gt(readers={0: R(T, RaiseSize())}), "OSError")
 case("get cut", lambda: gt(readers={0: R(T, MM(0), 100)}), "none")
 case("get paths short", lambda: gt(paths=["a"], i=3), "none")
@@ -656,7 +666,7 @@ ONCE_CRASHED = [  # each killed the interpreter (SIGSEGV) before the fix; run al
     "sample table changed mid-read",
     "batch alloc changes a table",
     "batch __index__ empties the list",
-    "batch _ck moves the starts",
+    "batch hot moves the starts",
     "batch table changed by a hash",
     "samples list reached through gc",
     "get hash replaces the path",
@@ -773,7 +783,7 @@ def test_tar_cut_while_mapped_on_every_compiled_path(make_shards: MakeShards) ->
 ODD_INDICES = """
 import sys, json
 import numpy as np
-import tarindex, tarindex.read.reader as R
+import tarindex, tarindex.read.kernel as K
 paths = json.loads(sys.argv[1])
 class Raise:
     def __index__(self):
@@ -810,7 +820,7 @@ def run():
             out[f"{fields} {name} item"] = outcome(lambda: items(pl[idx[0]]) if len(idx) else None)
     return out
 compiled = run()
-R._kernel = None
+K.compiled = None
 python = run()
 print(json.dumps([k for k in compiled if repr(compiled[k]) != repr(python[k])]))
 print(sum(v[0] == "ok" for v in compiled.values()), len(compiled))

@@ -6,7 +6,7 @@ import argparse
 import shlex
 
 from ..errors import SampleIndexError
-from ..read.reader import ShardSet
+from ..read import ShardSet
 from ..read.sources import is_manifest
 from .common import EXIT_OK, NotFoundError, expand, stdout_bytes
 

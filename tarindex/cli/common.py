@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
-from ..read.reader import Block, ShardReader, ShardSet, index_for
+from ..read import Block, ShardReader, ShardSet, index_for
 from ..read.sources import expand_source, is_manifest
 
 __all__ = [

@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..index.build import IndexResult, build_indexes
-from ..read.reader import is_up_to_date
+from ..read import is_up_to_date
 from .common import EXIT_FAIL, EXIT_OK, UsageError, expand, progress
 
 __all__ = ["command", "default_jobs"]

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import PackError, TarIndexError
-from ..read.reader import read_kernel
+from ..read import read_kernel
 from ..write.pack import LAYOUTS
 from . import cat, demo, index, info, ls, manifest, pack, verify
 from .common import EXIT_FAIL, EXIT_USAGE, Failure, UsageError, describe

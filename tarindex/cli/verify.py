@@ -8,7 +8,7 @@ import sys
 from ..errors import TarIndexError
 from ..format.url import is_url
 from ..index.build import local_tar
-from ..read.reader import ShardSet, index_for
+from ..read import ShardSet, index_for
 from ..read.sources import is_manifest
 from .common import EXIT_FAIL, EXIT_OK, describe, expand
 

@@ -333,7 +333,7 @@ def build_indexes(
             ``index_dir=out``. Defaults to ``None`` (beside the tars, FORMAT.md §1).
         up_to_date: ``up_to_date(tar, index_path_or_None)``: True if an existing index still
             describes its tar; those tars are skipped (status ``"skipped"``). ``tarindex
-            index`` passes :func:`tarindex.read.reader.is_up_to_date` (the reader's open-time
+            index`` passes :func:`tarindex.read.is_up_to_date` (the reader's open-time
             checks, FORMAT.md §3, a layer above this one). Called in this process, O(1) per
             tar. Defaults to ``None``: every tar is built (``tarindex index --force``).
         require_end: As :func:`build_index`. Defaults to ``True``.

@@ -1,6 +1,6 @@
 /* tarindex.read._kernel: the read kernel's per-sample loops, compiled (optional; see docs/READING.md).
  *
- * Every function here reads tables that tarindex/read/reader.py has already validated chunk by
+ * Every function here reads tables that tarindex/read/ (checks.py) has already validated chunk by
  * chunk (check_samples): the guards live there, once. These loops still bound every read
  * they make (a pointer past its table, a member past the tar, an extension id past the
  * extension list) and, instead of raising, hand the case back: the caller then takes the
@@ -14,7 +14,20 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CHUNK_SHIFT 10 /* reader.CHUNK_SHIFT */
+#define CHUNK_SHIFT 10 /* tarindex.read.checks.CHUNK_SHIFT */
+
+/* A reader's hot tables, tarindex.read.hot.HotTables (a NamedTuple, so a tuple): the one
+ * structure these loops read of a reader (its public attribute `hot`), by field position.
+ * tests/test_kernel_compiled.py checks these positions against HotTables._fields. */
+#define HOT_FIELDS 16
+#define HOT_MM 9      /* the tar's mapping: its size() is the cut check */
+#define HOT_SIZE 10   /* the tar's size when opened */
+#define HOT_TABLES 15 /* a Tables, or None: hand back */
+
+/* `hot` a HotTables whose tables are a Tables (else hand back) */
+#define HOT_OK(hot)                                                                    \
+    (PyTuple_Check(hot) && PyTuple_GET_SIZE(hot) == HOT_FIELDS &&                      \
+     PyObject_TypeCheck(PyTuple_GET_ITEM(hot, HOT_TABLES), &TablesType))
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch((p), 0, 3)
@@ -25,7 +38,7 @@
 /* ---- Tables: one open shard's tables and tar bytes, pinned while the object lives ------ */
 
 static uint64_t kernel_calls = 0; /* numbers the calls that check each mapping's size once */
-static PyObject *str_ck, *str_size, *str_open, *str_check, *str_python, *str_key, *str_shard,
+static PyObject *str_hot, *str_size, *str_open, *str_check, *str_python, *str_key, *str_shard,
     *str_index, *str_move;
 
 typedef struct {
@@ -548,8 +561,8 @@ static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyO
  *        | (what, shard, chunk)
  * ShardSet.gather_packed's loops. indices: global sample indices (ints); starts: int64
  * (n_shards + 1) first global index of each shard; per: samples per shard when all but the
- * last hold that many, else 0; readers: ShardSet._readers (shard -> ShardReader, whose _ck
- * is (Tables, mmap, tar_size) or None); paths: shard paths; fields: None or the extensions
+ * last hold that many, else 0; readers: the pool's readers (shard -> ShardReader, whose `hot`
+ * is a HotTables: its Tables, mapping and tar size); paths: shard paths; fields: None or the extensions
  * to read; int_fields: extensions parsed as decimal integers; alloc(nbytes) -> (keep,
  * writable buffer). Pass 1 bounds every read, checks each shard's mapping still covers its
  * tar (mmap.size()), decodes keys, parses integer members and sizes the field-major layout
@@ -608,7 +621,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (!keys || !bnames || !inames || !pos || !index || !shards) goto done;
-    /* NULL slots until filled, while Python code runs (_ck, size(), hashes, alloc): a
+    /* NULL slots until filled, while Python code runs (hot, size(), hashes, alloc): a
      * tracked list would be reachable through gc.get_objects() (see Tables_samples) */
     PyObject_GC_UnTrack(keys);
     PyObject_GC_UnTrack(shards);
@@ -641,18 +654,17 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             res = PyErr_Occurred() ? NULL : hand_back(str_open, sh, 0);
             goto done;
         }
-        PyObject *ck = PyObject_GetAttr(r, str_ck);
+        PyObject *ck = PyObject_GetAttr(r, str_hot);
         if (ck == NULL) goto done;
-        int ok = PyTuple_Check(ck) && PyTuple_GET_SIZE(ck) == 3 &&
-                 PyObject_TypeCheck(PyTuple_GET_ITEM(ck, 0), &TablesType);
-        Tables *t = ok ? (Tables *)PyTuple_GET_ITEM(ck, 0) : NULL;
+        int ok = HOT_OK(ck);
+        Tables *t = ok ? (Tables *)PyTuple_GET_ITEM(ck, HOT_TABLES) : NULL;
         if (ok && t->mark != call) { /* cut while mapped: SIGBUS otherwise (READING.md) */
-            PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
+            PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, HOT_MM), str_size);
             if (now == NULL) {
                 Py_DECREF(ck);
                 goto done;
             }
-            int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
+            int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, HOT_SIZE), Py_GE);
             Py_DECREF(now);
             if (cmp < 0) {
                 Py_DECREF(ck);
@@ -829,9 +841,11 @@ done:
 
 /* ---- get, take: ShardSet.get and ShardSet.take over mappings ------------------------------ */
 
+#define WANT_MAX 64 /* get(..., fields): flags of at most this many extensions, else hand back */
+
 /* Where global sample `iobj` is, found by get_resolve: held references (resolved_clear). */
 typedef struct {
-    PyObject *ck;    /* the reader's _ck: (Tables, source, size) */
+    PyObject *ck;    /* the reader's hot tables (a HotTables) */
     PyObject *index; /* its "__index__" */
     PyObject *path;  /* its "__shard__" */
     Py_ssize_t j;    /* the sample in its shard */
@@ -843,16 +857,18 @@ static void resolved_clear(Resolved *r) {
     Py_CLEAR(r->path);
 }
 
-static Tables *resolved_tables(Resolved *r) { return (Tables *)PyTuple_GET_ITEM(r->ck, 0); }
+static Tables *resolved_tables(Resolved *r) {
+    return (Tables *)PyTuple_GET_ITEM(r->ck, HOT_TABLES);
+}
 
 /* Locate global sample `iobj`, look its reader up and check the mapping's size: 1 (`out`
- * filled), 0 (hand back) or -1 (an exception). starts: ShardSet._starts_bytes (int64, ns + 1,
+ * filled), 0 (hand back) or -1 (an exception). starts: ShardSet's starts (int64, ns + 1,
  * immutable); readers: the ShardSet's (an OrderedDict when evicts: a shard's entry moves to
  * the end on a hit). call 0: the mapping's size is checked now; else once per Tables in call
  * number `call`. */
 static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
                        PyObject *readers, PyObject *paths, int evicts, uint64_t call,
-                       Resolved *out) {
+                       Resolved *out, PyObject *fields, char *want) {
     if (!PyLong_CheckExact(iobj)) return 0;
     Py_ssize_t i = PyLong_AsSsize_t(iobj);
     if (i == -1 && PyErr_Occurred()) {
@@ -877,14 +893,25 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
         goto done;
     }
     Py_INCREF(r); /* held: the calls below run Python code */
-    ck = PyObject_GetAttr(r, str_ck);
+    ck = PyObject_GetAttr(r, str_hot);
     if (ck == NULL) goto done_r;
-    if (!PyTuple_Check(ck) || PyTuple_GET_SIZE(ck) != 3 ||
-        !PyObject_TypeCheck(PyTuple_GET_ITEM(ck, 0), &TablesType)) {
+    if (!HOT_OK(ck)) {
         res = 0;
         goto done_r;
     }
-    Tables *t = (Tables *)PyTuple_GET_ITEM(ck, 0);
+    Tables *t = (Tables *)PyTuple_GET_ITEM(ck, HOT_TABLES);
+    if (fields != NULL) { /* want[e]: extension e is in the frozenset `fields`; before the
+                           * size check, since a contains may run Python code (an __eq__) */
+        if (t->n_exts > WANT_MAX) {
+            res = 0;
+            goto done_r;
+        }
+        for (Py_ssize_t e = 0; e < t->n_exts; e++) {
+            int c = PySet_Contains(fields, PyTuple_GET_ITEM(t->exts, e));
+            if (c < 0) goto done_r;
+            want[e] = (char)c;
+        }
+    }
     if (call == 0 || t->mark != call) {
         if (evicts) {
             PyObject *x = PyObject_CallMethodOneArg(readers, str_move, key);
@@ -893,9 +920,9 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
         }
         /* cut while mapped: SIGBUS otherwise (READING.md); between this and the read runs only
          * Python code that tables_dict's allocations and hashes run */
-        PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, 1), str_size);
+        PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, HOT_MM), str_size);
         if (now == NULL) goto done_r;
-        int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, 2), Py_GE);
+        int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, HOT_SIZE), Py_GE);
         Py_DECREF(now);
         if (cmp <= 0) {
             res = cmp < 0 ? -1 : 0;
@@ -927,11 +954,13 @@ done:
  * Py_None (hand back) or NULL with an exception; the arguments as get_resolve's. */
 static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
                          PyObject *readers, PyObject *paths, int evicts, uint64_t call,
-                         int meta_first) {
+                         int meta_first, PyObject *fields) {
     Resolved r = {NULL, NULL, NULL, 0};
-    int ok = get_resolve(iobj, starts, ns, per, readers, paths, evicts, call, &r);
+    char want[WANT_MAX];
+    int ok = get_resolve(iobj, starts, ns, per, readers, paths, evicts, call, &r, fields, want);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *res = tables_dict(resolved_tables(&r), r.j, NULL, r.path, r.index, meta_first);
+    PyObject *res = tables_dict(resolved_tables(&r), r.j, fields == NULL ? NULL : want, r.path,
+                                r.index, meta_first);
     resolved_clear(&r);
     return res;
 }
@@ -941,9 +970,9 @@ static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, P
 
 /* Parse (starts: int64 bytes, per, readers: dict, paths: list, evicts) at args[1..5]; -1 on
  * error. */
-static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t max_args, const char *usage,
                     const int64_t **starts, Py_ssize_t *ns, Py_ssize_t *per, int *evicts) {
-    if (nargs != 6 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
+    if (nargs < 6 || nargs > max_args || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
         !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, usage);
         return -1;
@@ -956,9 +985,11 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *usage,
     return *evicts < 0 ? -1 : 0;
 }
 
-/* get(i, starts, per, readers, paths, evicts) -> dict | None
- * ShardSet.get(i) with every member: i a global index (an exact int, negatives from the end);
- * starts: ShardSet._starts_bytes (int64, n_shards + 1, as bytes); per, readers, paths as batch();
+/* get(i, starts, per, readers, paths, evicts[, fields]) -> dict | None
+ * ShardSet.get(i, fields): i a global index (an exact int, negatives from the end); fields
+ * None (or left out: every member) or a frozenset of the extensions to read (anything else
+ * hands back, as more than WANT_MAX extensions do);
+ * starts: ShardSet's starts (int64, n_shards + 1, as bytes); per, readers, paths as batch();
  * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
  * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
  * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
@@ -966,11 +997,13 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
     int evicts;
-    if (get_args(args, nargs,
-                 "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts)", &starts,
-                 &ns, &per, &evicts) < 0)
+    if (get_args(args, nargs, 7,
+                 "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts[, fields])",
+                 &starts, &ns, &per, &evicts) < 0)
         return NULL;
-    return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0);
+    PyObject *fields = nargs == 7 && args[6] != Py_None ? args[6] : NULL;
+    if (fields != NULL && !PyFrozenSet_CheckExact(fields)) Py_RETURN_NONE;
+    return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0, fields);
 }
 
 /* take(indices, starts, per, readers, paths, evicts) -> [dict, ...] | None
@@ -982,7 +1015,7 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     const int64_t *starts;
     Py_ssize_t ns, per;
     int evicts;
-    if (get_args(args, nargs,
+    if (get_args(args, nargs, 6,
                  "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
                  "evicts)",
                  &starts, &ns, &per, &evicts) < 0)
@@ -1008,7 +1041,7 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     /* pass 1: locate, look up, cut check (each mapping once); pass 2: copy, prefetching */
     for (; got < n; got++) {
         int ok = get_resolve(PyTuple_GET_ITEM(seq, got), starts, ns, per, args[3], args[4],
-                             evicts, call, &rs[got]);
+                             evicts, call, &rs[got], NULL, NULL);
         if (ok <= 0) {
             res = ok < 0 ? NULL : Py_NewRef(Py_None);
             goto done;
@@ -1042,8 +1075,8 @@ static PyMethodDef kernel_methods[] = {
      "take(indices, starts, per, readers, paths, evicts): ShardSet.take(indices) as dicts, or "
      "None (take the Python path)."},
     {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
-     "get(i, starts, per, readers, paths, evicts): ShardSet.get(i) as a dict, or None (take "
-     "the Python path)."},
+     "get(i, starts, per, readers, paths, evicts[, fields]): ShardSet.get(i, fields) as a "
+     "dict, or None (take the Python path)."},
     {"gather", (PyCFunction)(void (*)(void))k_gather, METH_FASTCALL,
      "gather(tables, slot, local): keys, counts and member table bytes of a batch, or the "
      "position of the first sample to hand back."},
@@ -1057,12 +1090,12 @@ static PyMethodDef kernel_methods[] = {
 
 static struct PyModuleDef kernel_module = {
     PyModuleDef_HEAD_INIT, "tarindex.read._kernel",
-    "The read kernel's per-sample loops, compiled (tarindex/read/reader.py holds the rules).", -1,
+    "The read kernel's per-sample loops, compiled (tarindex/read/ (checks.py) holds the rules).", -1,
     kernel_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kernel(void) {
     if (PyType_Ready(&TablesType) < 0) return NULL;
-    str_ck = PyUnicode_InternFromString("_ck");
+    str_hot = PyUnicode_InternFromString("hot");
     str_size = PyUnicode_InternFromString("size");
     str_open = PyUnicode_InternFromString("open");
     str_check = PyUnicode_InternFromString("check");
@@ -1071,7 +1104,7 @@ PyMODINIT_FUNC PyInit__kernel(void) {
     str_shard = PyUnicode_InternFromString("__shard__");
     str_index = PyUnicode_InternFromString("__index__");
     str_move = PyUnicode_InternFromString("move_to_end");
-    if (!str_ck || !str_size || !str_open || !str_check || !str_python || !str_key ||
+    if (!str_hot || !str_size || !str_open || !str_check || !str_python || !str_key ||
         !str_shard || !str_index || !str_move)
         return NULL;
     PyObject *m = PyModule_Create(&kernel_module);

@@ -1,4 +1,4 @@
-"""Types of the compiled read-kernel loops (``tarindex/read/_kernel.c``); see ``reader._load_kernel``."""
+"""Types of the compiled read-kernel loops (``tarindex/read/_kernel.c``); see ``tarindex.read.kernel``."""
 
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -30,6 +30,7 @@ def get(
     readers: dict[int, Any],
     paths: list[str],
     evicts: bool,
+    fields: Collection[str] | None = None,
 ) -> dict[str, Any] | None: ...
 def take(
     indices: list[int],

@@ -3,7 +3,7 @@
 ``tarindex manifest SOURCE... -o data.json`` (or :func:`write_manifest`) opens every shard once
 (the open-time checks of FORMAT.md §3: the manifest never records a shard whose index does not
 match its tar) and records its path, sample and member counts, sizes and fingerprint. Every
-dataset, :class:`~tarindex.read.reader.ShardSet` and CLI command takes the manifest as its source;
+dataset, :class:`~tarindex.read.ShardSet` and CLI command takes the manifest as its source;
 the shards are checked against it when each is first opened (:meth:`ShardSet.reader`), and
 :func:`check_manifest` checks them all now.
 
@@ -25,7 +25,8 @@ from ..errors import TarIndexError
 from ..format.manifest import ManifestTable, encode_manifest, relative_path
 from ..storage.indexfile import write_atomic
 from ..storage.remote import is_url
-from .reader import ShardReader, ShardSet
+from .shard import ShardReader
+from .shardset import ShardSet
 from .sources import Source, expand_source, read_manifest
 
 __all__ = [
@@ -77,7 +78,7 @@ def build_manifest(
     Raises:
         FileNotFoundError: Nothing matches ``source``, or a listed shard is missing.
         IndexMissingError, FormatError, StaleIndexError: A shard whose index is missing,
-            corrupt or stale (as :class:`~tarindex.read.reader.ShardReader`); nothing is recorded
+            corrupt or stale (as :class:`~tarindex.read.ShardReader`); nothing is recorded
             for a shard that does not open.
     """
     paths = expand_source(source)

@@ -1,6 +1,6 @@
 """What the datasets, samplers and the streaming code read samples from: :class:`SampleSource`.
 
-Two kinds satisfy it: a :class:`~tarindex.read.reader.ShardSet` (every sample of its shards)
+Two kinds satisfy it: a :class:`~tarindex.read.ShardSet` (every sample of its shards)
 and a :class:`~tarindex.read.subset.ShardSubset` (a view of some of them). The protocol is
 exactly the operations ``tarindex.torch`` calls on either, so a dataset is typed against it
 and never asks which one it holds.
@@ -35,7 +35,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from .reader import Block, Fields, Sample, ShardReader
+    from .block import Block, Fields, Sample
+    from .shard import ShardReader
 
 __all__ = ["SampleSource"]
 
@@ -44,7 +45,7 @@ __all__ = ["SampleSource"]
 class SampleSource(Protocol):
     """Samples of indexed tar shards, by position, by block and by key (module docstring).
 
-    Satisfied by :class:`~tarindex.read.reader.ShardSet` and
+    Satisfied by :class:`~tarindex.read.ShardSet` and
     :class:`~tarindex.read.subset.ShardSubset`.
     """
 

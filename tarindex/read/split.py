@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from ..format.keyhash import key_hashes
 from ..plan.split import part_names, split_parts, thresholds
-from .reader import ShardSet
+from .shardset import ShardSet
 from .sources import Source
 from .subset import ShardSubset
 

@@ -19,8 +19,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
-from .reader import Block, Fields, Sample, ShardReader, ShardSet, sample_indices
+from .block import Block, Fields, Sample
 from .sample_source import SampleSource
+from .shard import ShardReader
+from .shardset import ShardSet
+from .spanner import sample_indices
 
 __all__ = ["ShardSubset", "shard_of_index"]
 

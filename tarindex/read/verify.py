@@ -32,7 +32,8 @@ from ..format.spec import (
 from ..format.tar import checksum_ok, header_checksums, header_name, parse_number
 from ..index.build import find_zstd_dict, index_tables_for
 from ..index.scan import scan_members
-from .reader import ShardReader, crc_mismatches
+from .block import crc_mismatches
+from .shard import ShardReader
 
 __all__ = ["VerifyReport", "verify"]
 

@@ -1,6 +1,6 @@
 """Byte sources: where the read kernel gets a shard's bytes (mmap or ``os.pread``).
 
-The kernel (:meth:`tarindex.read.reader.ShardReader.read_block`) asks a source for whole byte
+The kernel (:meth:`tarindex.read.ShardReader.read_block`) asks a source for whole byte
 ranges and slices members out of what it gets back; nothing above the kernel sees a source.
 A source is one small interface, :class:`ByteSource`: its ``size``, ``read(offset, size)``,
 ``read_ranges(starts, ends)``, ``prefetch``/``prefetch_ranges`` hints and ``close``. The

@@ -24,7 +24,7 @@ from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
 from ..plan.seeds import make_rng
-from ..read.reader import Sample, ShardSet
+from ..read import Sample, ShardSet
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset

@@ -2,9 +2,9 @@
 
 Given a :class:`~tarindex.plan.shuffle.WorkerPlan` (which blocks, in which order, mixed in
 which windows), :class:`Executor` reads each planned block as one sequential byte range
-(:meth:`~tarindex.read.reader.ShardSet.read_samples` / ``read_block``), or over local mapped
+(:meth:`~tarindex.read.ShardSet.read_samples` / ``read_block``), or over local mapped
 shards copies a window's samples out of the mappings a few at a time as they are yielded
-(:meth:`~tarindex.read.reader.ShardSet.take_ready` / ``take``); remote shards read ahead
+(:meth:`~tarindex.read.ShardSet.take_ready` / ``take``); remote shards read ahead
 (:class:`~tarindex.stream.readahead.ReadAhead`); ``on_error="skip"`` warns and marks a block
 that cannot be read. Batched output packs each batch's samples straight from the block reads
 (:func:`~tarindex.stream.pack.pack_blocks`). No epoch, rank or resume state lives here: the
@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from ..plan.blocks import blocks_to_indices, slice_blocks
 from ..plan.epoch import WorkerPlan
-from ..read.reader import Block, Sample
+from ..read import Block, Sample
 from ..read.sample_source import SampleSource
 from .pack import Alloc, Packed, pack_blocks
 from .readahead import ReadAhead

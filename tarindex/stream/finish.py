@@ -13,7 +13,7 @@ from typing import Any
 
 from ..codecs import Decoder, ExtDecoder, compression_layers
 from ..codecs.select import ToTuple
-from ..read.reader import Sample
+from ..read import Sample
 from ..read.sample_source import SampleSource
 from ..read.subset import shard_of_index
 

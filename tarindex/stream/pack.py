@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
-from ..read.reader import Block, Sample, copy_members
+from ..read import Block, Sample, copy_members
 from ..read.sample_source import SampleSource
 
 __all__ = [
@@ -190,9 +190,9 @@ def fetch_packed(
 ) -> Packed:
     """Read samples ``indices`` of ``shards`` straight into one batch.
 
-    One :meth:`~tarindex.read.reader.ShardSet.gather_packed` (the kernel's batch read and
+    One :meth:`~tarindex.read.ShardSet.gather_packed` (the kernel's batch read and
     packing in one compiled pass) or, where that hands back,
-    :meth:`~tarindex.read.reader.ShardSet.gather` then :func:`pack_blocks`: no per-sample dict
+    :meth:`~tarindex.read.ShardSet.gather` then :func:`pack_blocks`: no per-sample dict
     and no per-member ``bytes`` object is made.
 
     Args:

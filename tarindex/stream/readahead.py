@@ -18,7 +18,7 @@ class ReadAhead:
     """The plan's blocks not read yet, queued to the shards' read-ahead (remote shards only).
 
     :meth:`pump` (before each block read) hands the queue's head to
-    :meth:`~tarindex.read.reader.ShardSet.prefetch_blocks` until the per-process budget
+    :meth:`~tarindex.read.ShardSet.prefetch_blocks` until the per-process budget
     (``RemoteOptions.readahead_bytes``) is full; what was fetched ahead and not read is dropped
     by :meth:`close` (the iteration ended or was abandoned).
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..read.reader import ShardSet
+from ..read import ShardSet
 from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions

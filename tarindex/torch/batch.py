@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from ..read.reader import Sample
+from ..read import Sample
 from .transport import open_ref, share_ref
 
 __all__ = ["BatchedSamples"]

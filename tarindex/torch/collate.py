@@ -10,7 +10,7 @@ arrays for the global index and the integer labels (``cls``).
 Every batched path packs with :func:`tarindex.stream.pack.pack_blocks` (torch-free: the
 layout, the copy and the integer parsing) into a buffer from :func:`tensor_alloc`:
 ``TarDataset(batched=True).__getitems__`` (:func:`fetch_batched`, one
-:meth:`~tarindex.read.reader.ShardSet.gather` per batch) and
+:meth:`~tarindex.read.ShardSet.gather` per batch) and
 ``TarIterableDataset(batched=True)`` (its block reads). Use the map-style one with
 :func:`collate_batched` as the ``collate_fn``::
 
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..read.reader import Block, Sample
+from ..read import Block, Sample
 from ..read.sample_source import SampleSource
 from ..stream import pack as core
 from ..stream.pack import INT_FIELDS

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
-from ..read.reader import Sample, ShardSet
+from ..read import Sample, ShardSet
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset

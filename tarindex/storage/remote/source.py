@@ -96,7 +96,7 @@ class _Entry:
 class RemoteSource:
     """The bytes of one remote tar: ranged reads through fsspec, read-ahead, optional cache.
 
-    Made in the process that reads (by :meth:`tarindex.read.reader.ShardReader`); never pickled.
+    Made in the process that reads (by :meth:`tarindex.read.ShardReader`); never pickled.
 
     Args:
         url: The tar's URL.

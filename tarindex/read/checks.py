@@ -1,0 +1,329 @@
+"""Every guard of the read path, each written once in Python (FORMAT.md §2.7, §3, §9).
+
+- the chunk guard: a reader's index tables are checked (:func:`check_chunk`, over
+  :func:`tarindex.format.index.check_samples`) one chunk of :data:`CHUNK` samples at a time,
+  before the first read of that chunk, and flagged in the reader's ``checked`` bytes;
+- the cut check: a tar cut while mapped would kill the process with SIGBUS on the next read
+  of a page past its new end, so every read through a mapping first compares the mapping's
+  size with the tar's (:func:`check_mapped`, :class:`~tarindex.errors.TruncatedError`);
+- the open-time checks (FORMAT.md §3): size, fingerprint, bytes after the archive's end,
+  a few member headers re-read (:func:`check_opened`);
+- a manifest's record of a shard against the shard opened (FORMAT.md §9).
+
+The compiled loops (``_kernel.c``) hold their own copy of the cut check and the chunk flag
+test (the C side of the same rules); see docs/READING.md.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import (
+    IndexMissingError,
+    StaleIndexError,
+    StaleManifestError,
+    TarHeaderError,
+    TruncatedError,
+)
+from ..format.index import IndexTables, check_samples, fingerprint
+from ..format.keys import normalize_name
+from ..format.spec import (
+    BLOCK,
+    END_CHECK_BYTES,
+    FINGERPRINT_BYTES,
+    HEADER_CHECKS,
+    REGULAR_TYPES,
+    TAR_SIZE,
+    TAR_TYPEFLAG,
+    USTAR_MAX_SIZE,
+)
+from ..format.tar import checksum_ok, header_name, parse_number
+from .sources import ShardList
+
+__all__ = [
+    "CHUNK",
+    "CHUNK_SHIFT",
+    "check_chunk",
+    "check_mapped",
+    "cut_error",
+    "check_opened",
+    "check_fingerprint",
+    "check_size",
+    "open_ranges",
+    "missing_index",
+    "stale_count",
+    "check_listed",
+    "unlisted",
+]
+
+CHUNK_SHIFT = 10
+CHUNK = 1 << CHUNK_SHIFT
+"""Samples whose index tables are checked together, once per open reader, before a read."""
+
+Read = Callable[[int, int], bytes]
+"""``read(offset, size)``: bytes of the tar (an open-time check's read)."""
+
+
+# -- the chunk guard -------------------------------------------------------------------------
+def check_chunk(t: IndexTables, checked: bytearray, c: int, index_path: str) -> None:
+    """Check the tables of chunk ``c`` (samples ``c * CHUNK ...``) and flag it in ``checked``.
+
+    Raises:
+        FormatError: If an entry of the chunk is corrupt (FORMAT.md §2.2-2.5).
+    """
+    j0 = c << CHUNK_SHIFT
+    check_samples(t, j0, min(j0 + CHUNK, t.n_samples), index_path)
+    checked[c] = 1
+
+
+# -- the cut check ---------------------------------------------------------------------------
+def cut_error(tar_path: str, now: int, size: int) -> TruncatedError:
+    """The error for a tar of ``size`` bytes found cut to ``now`` bytes while mapped."""
+    return TruncatedError(
+        f"{tar_path}: byte {now}: the tar was cut to {now} bytes while open (it had "
+        f"{size}); reading it mapped would kill the process (SIGBUS): re-open it "
+        f"once it is complete, or copy it again and re-index it (tarindex index --force "
+        f"{tar_path})"
+    )
+
+
+def check_mapped(mm: mmap.mmap | None, size: int, tar_path: str) -> None:
+    """Refuse a read through mapping ``mm`` of a tar of ``size`` bytes that was cut since.
+
+    ``None`` (no mapping: ``pread`` reports a cut itself) passes.
+
+    Raises:
+        TruncatedError: If the mapped file is now shorter than ``size``.
+    """
+    if mm is not None:
+        now = mm.size()
+        if now < size:
+            raise cut_error(tar_path, now, size)
+
+
+# -- the open-time checks (FORMAT.md §3) ------------------------------------------------------
+def header_checks(t: IndexTables) -> list[int]:
+    """Members whose headers are re-read at open: first, quartiles, last (FORMAT.md §3)."""
+    m = t.n_members
+    if not m:
+        return []
+    return sorted({(m - 1) * q // (HEADER_CHECKS - 1) for q in range(HEADER_CHECKS)})
+
+
+def open_ranges(t: IndexTables, size: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The byte ranges ``[start, end)`` the open-time checks read: fingerprint, end, headers."""
+    n = min(FINGERPRINT_BYTES, size)
+    rs = [(0, n), (size - n, size)]
+    if 0 <= t.end < size:
+        rs.append((t.end, t.end + min(END_CHECK_BYTES, size - t.end)))
+    for k in header_checks(t):
+        off = int(t.offset[k])
+        if BLOCK <= off <= size:
+            rs.append((off - BLOCK, off))
+    a = np.asarray(rs, np.int64).reshape(-1, 2)
+    return a[:, 0].copy(), a[:, 1].copy()
+
+
+def check_size(t: IndexTables, size: int, tar_path: str, index_path: str) -> None:
+    """Refuse a tar whose size is not the one its index was made for.
+
+    Raises:
+        StaleIndexError: Naming both sizes and the command that rebuilds the index.
+    """
+    if size != t.tar_size:
+        raise StaleIndexError(
+            f"{tar_path}: tar is {size} bytes, its index {index_path} was "
+            f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); "
+            f"rebuild it with: tarindex index --force {tar_path}"
+        )
+
+
+def check_opened(
+    t: IndexTables,
+    size: int,
+    read: Read,
+    guard: Callable[[int], None],
+    tar_path: str,
+    index_path: str,
+) -> None:
+    """The open-time checks after the fingerprint: end of archive, headers (FORMAT.md §3).
+
+    Args:
+        t: The decoded index.
+        size: The tar's size in bytes (already checked against ``t``).
+        read: Reads the checked bytes of the tar.
+        guard: ``guard(j)`` runs the chunk guard of sample ``j`` (a corrupt index is a
+            ``FormatError`` about the index, not a "rewritten tar").
+        tar_path: The tar, for the messages.
+        index_path: Its index, for the messages.
+
+    Raises:
+        StaleIndexError: The bytes after the archive's end, or a re-read member header,
+            differ from what the index recorded.
+        TarHeaderError: A re-read header's size field is not a number.
+        FormatError: The chunk guard of a sample whose header differs.
+    """
+    _check_end(t, size, read, tar_path, index_path)
+    _check_headers(t, size, read, guard, tar_path, index_path)
+
+
+def check_fingerprint(
+    t: IndexTables, size: int, read: Read, tar_path: str, index_path: str
+) -> None:
+    """Compare the tar's first and last 4 KiB with the index's fingerprint (FORMAT.md §3).
+
+    Raises:
+        StaleIndexError: Naming the bytes that differ and the command that rebuilds the index.
+    """
+    head, tail = fingerprint(read, size)
+    if head != t.head_crc or tail != t.tail_crc:
+        n = min(FINGERPRINT_BYTES, size)
+        where = 0 if head != t.head_crc else size - n
+        raise StaleIndexError(
+            f"{tar_path}: bytes {where}..{where + n} differ from when {index_path} "
+            f"was made (the tar was replaced or rewritten); rebuild it with: tarindex index "
+            f"--force {tar_path}"
+        )
+
+
+def _check_end(t: IndexTables, size: int, read: Read, tar_path: str, index_path: str) -> None:
+    """The bytes after the archive's data must still be zeros.
+
+    Catches ``tar -r`` and concatenation even when the size did not change.
+    """
+    end = t.end
+    if end < 0 or end >= size:
+        return
+    n = min(END_CHECK_BYTES, size - end)
+    data = read(end, n)
+    tail = data.lstrip(b"\0")
+    if tail or len(data) != n:
+        at = end + len(data) - len(tail)
+        raise StaleIndexError(
+            f"{tar_path}: byte {at}: data after the end of the archive ({end}) that "
+            f"{index_path} recorded: members were appended (tar -r, concatenation) or "
+            f"the tar was rewritten; rebuild it with: tarindex index --force {tar_path}"
+        )
+
+
+def _check_headers(
+    t: IndexTables,
+    size: int,
+    read: Read,
+    guard: Callable[[int], None],
+    tar_path: str,
+    index_path: str,
+) -> None:
+    """Re-read a few member headers: their checksum, type, size and name must still match."""
+    for k in header_checks(t):
+        off, msize = int(t.offset[k]), int(t.size[k])
+        if off < BLOCK or off % BLOCK or off + msize > size or t.ext_id[k] >= len(t.exts):
+            continue  # a corrupt entry: the table guards refuse it before any read
+        j = int(np.searchsorted(t.sample_ptr, np.uint64(k), side="right")) - 1
+        j = min(max(j, 0), t.n_samples - 1)
+        block = read(off - BLOCK, BLOCK)
+        what = None
+        try:
+            stored = parse_number(block[TAR_SIZE]) if block[TAR_SIZE].strip(b" \0") else msize
+        except ValueError:
+            guard(j)
+            raise TarHeaderError(
+                f"{tar_path}: byte {off - BLOCK + TAR_SIZE.start}: the size field of "
+                f"member {k}'s header ({bytes(block[TAR_SIZE])!r}) is not a number; the tar "
+                f"is damaged: copy it again, or re-index it (tarindex index --force "
+                f"{tar_path})"
+            ) from None
+        if len(block) < BLOCK or not checksum_ok(block):
+            what = "is no longer a valid tar header (checksum)"
+        elif block[TAR_TYPEFLAG] not in REGULAR_TYPES:
+            what = f"has type {bytes([block[TAR_TYPEFLAG]])!r}, not a regular file"
+        elif msize <= USTAR_MAX_SIZE and stored != msize:
+            what = f"says size {stored}, the index {msize}"
+        else:
+            what = _name_mismatch(t, block, j, int(t.ext_id[k]))
+        if what is not None:
+            # a corrupt index is a FormatError about the index, not a "rewritten tar":
+            # the guards of this sample's chunk decide (they run only on a mismatch)
+            guard(j)
+            raise StaleIndexError(
+                f"{tar_path}: byte {off - BLOCK}: the header of member {k} {what}: the "
+                f"tar and {index_path} do not match (the tar was rewritten since it "
+                f"was indexed, or the index was damaged); rebuild it with: tarindex index "
+                f"--force {tar_path}"
+            )
+
+
+def _name_mismatch(t: IndexTables, block: bytes, j: int, ext: int) -> str | None:
+    """How the header's name differs from sample ``j``'s key and extension, or None.
+
+    ASCII names only (a pax ``path`` may hold a non-ASCII name the ustar field cannot);
+    a name field cut at 100 bytes (GNU LongName, pax ``path``) need only be a prefix.
+    """
+    kp = t.key_ptr
+    want = bytes(t.key_blob[int(kp[j]) : int(kp[j + 1])]) + b"." + t.exts[ext]
+    raw = header_name(block)
+    got = normalize_name(raw)
+    if got == want or not (got.isascii() and want.isascii()):
+        return None
+    if len(raw) >= 99 and want.startswith(got):
+        return None
+    return f"names {got[:120]!r}, the index {want[:120]!r}"
+
+
+# -- errors of the shard set -----------------------------------------------------------------
+def missing_index(tar_path: str, index_path: str) -> IndexMissingError:
+    """The error for a shard without an index, with the command that builds it."""
+    return IndexMissingError(
+        f"{index_path}: no index for shard {tar_path}; build it with: tarindex index {tar_path}"
+    )
+
+
+def stale_count(index_path: str, now: int, counted: int) -> StaleIndexError:
+    """The error for an index rebuilt with another sample count after the ShardSet was made."""
+    return StaleIndexError(
+        f"{index_path}: now holds {now} samples, this ShardSet counted "
+        f"{counted} when it was made (the index was "
+        f"rebuilt meanwhile); make a new ShardSet"
+    )
+
+
+def unlisted(
+    listing: ShardList, paths: list[str], s: int, what: str, missing: bool = False
+) -> StaleManifestError:
+    """The error for shard ``s`` of a manifest that is missing or differs from its row."""
+    m = listing.origin[s]
+    if missing:  # the manifest cannot be made again from itself: name the shards
+        return StaleManifestError(
+            f"{paths[s]}: shard {s} of manifest {m} is missing ({what}); restore it, "
+            f"or make the manifest again from the shards there are: tarindex manifest "
+            f"SHARDS... -o {m}"
+        )
+    return StaleManifestError(
+        f"{paths[s]}: shard {s} of manifest {m} changed since the manifest was made "
+        f"({what}); if the new shard is the one you want, rebuild the manifest over the same "
+        f"shards: tarindex manifest {m} -o {m}; otherwise restore the shard"
+    )
+
+
+def check_listed(listing: ShardList, paths: list[str], s: int, t: IndexTables) -> None:
+    """Compare shard ``s``'s index with what its manifest recorded (FORMAT.md §9).
+
+    Raises:
+        StaleManifestError: Naming the first field that differs.
+    """
+    for name, want, got in (
+        ("samples", int(listing.samples[s]), t.n_samples),
+        ("members", int(listing.members[s]), t.n_members),
+        ("tar bytes", int(listing.tar_bytes[s]), t.tar_size),
+        ("head crc32", int(listing.head_crc[s]), t.head_crc),
+        ("tail crc32", int(listing.tail_crc[s]), t.tail_crc),
+        ("shard id", listing.shard_id[s], t.shard_id.hex()),
+    ):
+        if want != got and (name != "shard id" or (want and got)):  # `index` records none
+            if "crc32" in name:
+                got, want = f"0x{got:08x}", f"0x{want:08x}"
+            raise unlisted(listing, paths, s, f"{name} now {got}, the manifest says {want}")

@@ -1,0 +1,46 @@
+"""Which per-sample loops run: the compiled ones (``_kernel.c``) or Python, chosen once.
+
+The choice is made at import: :data:`compiled` is the extension module
+``tarindex.read._kernel``, or ``None`` when it was not built (no C compiler at install), on a
+big-endian host (the tables are little-endian, FORMAT.md §2), or with
+``TARINDEX_PURE_PYTHON=1`` in the environment. Every caller reads ``kernel.compiled`` at call
+time (never a copy of it), so the Python loops can also be asked for in one place (the
+equivalence tests set it to ``None``). See docs/READING.md, "Compiled loops".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+__all__ = ["compiled", "read_kernel"]
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    """The compiled loops or ``None``, and what :func:`read_kernel` says."""
+    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
+        return None, "python (TARINDEX_PURE_PYTHON is set)"
+    if sys.byteorder != "little":
+        return None, "python (big-endian host)"
+    if importlib.util.find_spec(f"{__package__}._kernel") is None:  # no C compiler at install
+        return None, "python (the extension tarindex.read._kernel is not built: reinstall with gcc)"
+    try:
+        from . import _kernel
+    except ImportError as e:  # built for another Python, or damaged
+        return None, f"python (tarindex.read._kernel failed to load: {e}; reinstall it)"
+    return _kernel, "compiled"
+
+
+compiled, _WHY = _load()
+"""The extension module ``tarindex.read._kernel`` (see ``_kernel.pyi``), or ``None``."""
+
+
+def read_kernel() -> str:
+    """Which per-sample loops this process runs: ``"compiled"`` or ``"python (<why>)"``.
+
+    Both give the same samples, batches and errors; the compiled ones are faster
+    (docs/READING.md, "Compiled loops"). ``tarindex --version`` prints it too.
+    """
+    return _WHY

@@ -1,0 +1,150 @@
+"""How a shard is opened: its index (mapped, read, fetched or cached) and its tar's source.
+
+:class:`ShardOpener` is the opening half of :class:`~tarindex.read.shard.ShardReader`: a local
+index is mapped, a remote one (or one kept apart from a remote tar) comes from memory, the
+cache or the network; the tar is a mapping, a ``pread`` descriptor or a
+:class:`~tarindex.storage.remote.RemoteSource`; then its size and fingerprint are checked
+against the index (FORMAT.md §3, :mod:`tarindex.read.checks`). A remote tar's open-time
+checks are read in one concurrent batch, and an index from memory or the cache that does not
+match its tar is fetched again once before the error is raised.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from ..errors import FormatError, StaleIndexError, TruncatedError
+from ..format.index import IndexTables, decode_index
+from ..format.spec import HEADER
+from ..storage.bytesource import ByteSource, open_source
+from ..storage.remote import (
+    RemoteOptions,
+    RemoteSource,
+    forget_index,
+    is_url,
+    load_indexes,
+    local_path,
+)
+from . import checks
+from .paths import open_regular_file, read_local_index
+
+__all__ = ["ShardOpener"]
+
+
+class ShardOpener:
+    """Opens a shard's index and tar source into ``self`` (the base of ``ShardReader``)."""
+
+    tar_path: str
+    index_path: str
+    verify_data: bool
+    index: IndexTables
+    tar_size: int
+    _imm: mmap.mmap | None
+    _src: ByteSource | None
+    _checks: dict[tuple[int, int], bytes] | None
+
+    def close(self) -> None:
+        """Release what was opened: defined by ``ShardReader.close``."""
+        raise NotImplementedError
+
+    @property
+    def source(self) -> ByteSource:
+        """The tar's byte source: defined by ``ShardReader.source``."""
+        raise NotImplementedError
+
+    def _open_local(self, use_mmap: bool, full_check: bool, check_crc: bool) -> None:
+        """Map the index, open the tar's source and check the fingerprint (FORMAT.md §3)."""
+        tar_path = self.tar_path
+        try:
+            fi = open(open_regular_file(self.index_path), "rb")
+        except FileNotFoundError:
+            raise checks.missing_index(tar_path, self.index_path) from None
+        with fi:
+            isize = os.fstat(fi.fileno()).st_size
+            if isize < HEADER.size:
+                raise TruncatedError(
+                    f"{self.index_path}: index is {isize} bytes, shorter than its {HEADER.size}-byte "
+                    f"header at byte 0; rebuild it with: tarindex index --force {tar_path}"
+                )
+            self._imm = mmap.mmap(fi.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._decode(memoryview(self._imm), full_check, check_crc)
+            fd = open_regular_file(tar_path)
+            try:
+                self.tar_size = os.fstat(fd).st_size
+                checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._src = open_source(tar_path, fd, self.tar_size, use_mmap)
+            self._check_fingerprint()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_remote(self, opts: RemoteOptions, full_check: bool, check_crc: bool) -> None:
+        """The index from memory, the cache or the network; the tar as a :class:`RemoteSource`.
+
+        The open-time checks (FORMAT.md §3) read the tar with ranged reads, fetched together
+        in one batch. An index taken from memory or the cache that does not match the tar is
+        fetched again once (it may have been rebuilt) before the error is raised.
+        """
+        for attempt in (0, 1):
+            fresh = True
+            try:
+                if is_url(self.index_path):
+                    data, fresh = load_indexes([self.index_path], [self.tar_path], opts)[0]
+                else:
+                    data = read_local_index(self.tar_path, self.index_path)
+                self._decode(memoryview(data), full_check, check_crc)
+                if is_url(self.tar_path):
+                    t = self.index
+                    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+                    self._src = RemoteSource.open(self.tar_path, opts, ident)
+                else:
+                    fd = open_regular_file(local_path(self.tar_path))
+                    self._src = open_source(self.tar_path, fd, os.fstat(fd).st_size, False)
+                self.tar_size = self._src.size
+                checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
+                # one concurrent batch for all the open-time checks
+                starts, ends = checks.open_ranges(self.index, self.tar_size)
+                src = self._src
+                rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
+                if isinstance(src, RemoteSource):  # from the server, never from the cache
+                    got = src.fetch_fresh(rs)
+                else:
+                    buf, bases = src.read_ranges(starts, ends)
+                    got = [buf[o : o + b - a] for (a, b), o in zip(rs, bases.tolist(), strict=True)]
+                self._checks = {(a, b - a): g for (a, b), g in zip(rs, got, strict=True)}
+                self._check_fingerprint()
+                return
+            except StaleIndexError:
+                self.close()
+                if fresh or attempt or not is_url(self.index_path):
+                    raise
+                forget_index(self.index_path, opts)
+            except BaseException:
+                self.close()
+                raise
+
+    def _check_fingerprint(self) -> None:
+        checks.check_fingerprint(
+            self.index, self.tar_size, self._read_check, self.tar_path, self.index_path
+        )
+
+    def _read_check(self, offset: int, size: int) -> bytes:
+        """Bytes for an open-time check: from the batch read ahead (remote), else the source."""
+        got = self._checks.get((offset, size)) if self._checks else None
+        return got if got is not None else self.source.read(offset, size)
+
+    def _decode(self, buf: memoryview, full_check: bool, check_crc: bool) -> None:
+        self.index: IndexTables = decode_index(
+            buf, self.index_path, full_check=full_check, check_crc=check_crc
+        )
+        if self.verify_data and self.index.member_crc is None:
+            raise FormatError(
+                f"{self.index_path}: verify_data=True but the index records no data "
+                f"checksums (FORMAT.md §2.8.2); add them with: tarindex index --force "
+                f"--checksums {self.tar_path}"
+            )

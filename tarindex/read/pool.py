@@ -1,0 +1,290 @@
+"""The open readers of a set of shards: a bounded LRU per process, safe under fork.
+
+A :class:`ReaderPool` opens a shard's :class:`~tarindex.read.shard.ShardReader` on first use
+in the process that reads, keeps at most :attr:`ReaderPool.open_bound` open (least recently
+used closed first), sized from the process's descriptor limit (:func:`open_shard_bound`);
+if opening still fails with ``EMFILE``, half the open readers are closed, the bound is
+lowered and a ``ResourceWarning`` says so. A forked child closes the readers it inherited at
+once (their descriptors count against its limit). Readers are never pickled.
+
+The LRU order is this module's alone: the compiled loops read :attr:`ReaderPool.readers` as
+a plain mapping of shard -> reader and keep the order only through its ``move_to_end``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from ..storage.remote import RemoteOptions, is_url
+from .checks import check_listed, stale_count, unlisted
+from .shard import ShardReader
+from .sources import ShardList
+
+__all__ = ["ReaderPool", "open_shard_bound", "DEFAULT_MAX_OPEN", "FDS_PER_SHARD"]
+
+DEFAULT_MAX_OPEN = 48
+"""Default bound on open shards per :class:`~tarindex.read.shardset.ShardSet` and process."""
+
+FDS_PER_SHARD = 2
+"""Descriptors an open :class:`ShardReader` holds: the index mapping and the tar source."""
+
+_FD_RESERVE = 16
+"""Descriptors left free for everything else when the bound is sized from the limit."""
+
+
+def open_shard_bound(requested: int | None = None) -> int:
+    """Return how many shards this process may keep open at once (at least 1).
+
+    ``requested`` (default :data:`DEFAULT_MAX_OPEN`), lowered so that
+    :data:`FDS_PER_SHARD` descriptors per shard fit under the soft ``RLIMIT_NOFILE`` with the
+    descriptors already open and a reserve of 16 left free.
+    """
+    want = DEFAULT_MAX_OPEN if requested is None else max(1, int(requested))
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return want
+    if soft < 0 or soft == getattr(resource, "RLIM_INFINITY", -1):
+        return want
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = _FD_RESERVE
+    return max(1, min(want, (soft - in_use - _FD_RESERVE) // FDS_PER_SHARD))
+
+
+# -- fork registry ---------------------------------------------------------------------------
+_fork_generation = [0]
+"""Bumped in the child after every ``os.fork``: a pool whose generation differs was
+inherited from the parent and must drop the parent's readers (cheaper than ``os.getpid()``
+on every read)."""
+
+_live_pools: weakref.WeakSet[ReaderPool] = weakref.WeakSet()
+"""Every pool of this process: a forked child closes their inherited readers at once."""
+
+
+def _bump_fork_generation() -> None:
+    _fork_generation[0] += 1
+    # The child's copies of the parent's descriptors and mappings count against the child's
+    # descriptor limit even if it never reads those shards (a DataLoader worker forked while
+    # the parent holds open shards): release them now; the parent's stay open.
+    for pool in list(_live_pools):
+        pool.drop_inherited()
+
+
+os.register_at_fork(after_in_child=_bump_fork_generation)
+
+
+class ReaderPool:
+    """The open readers of shards ``paths`` in this process (see the module docstring).
+
+    Args:
+        paths: Tar paths (or URLs), by shard number.
+        index_paths: Their index paths.
+        counts: Samples per shard, as counted when the set was made (a reader whose index
+            now says otherwise is refused).
+        listing: The manifest rows the shards were listed with, or ``None``.
+        max_open: Bound on open shards (before the descriptor limit lowers it).
+        use_mmap, check_crc, verify_data, remote: As :class:`ShardReader`.
+    """
+
+    def __init__(
+        self,
+        paths: list[str],
+        index_paths: list[str],
+        counts: list[int],
+        listing: ShardList | None,
+        max_open: int,
+        *,
+        use_mmap: bool,
+        check_crc: bool,
+        verify_data: bool,
+        remote: RemoteOptions,
+    ) -> None:
+        self.paths = paths
+        self.index_paths = index_paths
+        self.counts = counts
+        self.listing = listing
+        self.max_open = max_open
+        self.use_mmap = use_mmap
+        self.check_crc = check_crc
+        self.verify_data = verify_data
+        self.remote = remote
+        self.readers: OrderedDict[int, ShardReader] = OrderedDict()
+        """Shard -> open reader, least recently used first (never rebound: cleared in place)."""
+        self.evicts = True
+        """More shards than the bound: a hit must keep the LRU order (``move_to_end``)."""
+        self._gen = _fork_generation[0]
+        self._bound = 0  # this process's bound, sized on first open
+        _live_pools.add(self)
+
+    def fresh(self) -> ReaderPool:
+        """A pool of the same shards and options with nothing open (for a copy or a pickle)."""
+        return ReaderPool(
+            self.paths,
+            self.index_paths,
+            self.counts,
+            self.listing,
+            self.max_open,
+            use_mmap=self.use_mmap,
+            check_crc=self.check_crc,
+            verify_data=self.verify_data,
+            remote=self.remote,
+        )
+
+    @property
+    def open_bound(self) -> int:
+        """Open shards this process keeps at most (``max_open`` within the descriptor limit)."""
+        if not self._bound:
+            self.set_bound(open_shard_bound(self.max_open))
+        return self._bound
+
+    def set_bound(self, bound: int) -> None:
+        """Keep at most ``bound`` readers open (``0``: size it again on the next open)."""
+        self._bound = bound
+        self.evicts = not bound or len(self.paths) > bound
+
+    @property
+    def inherited(self) -> bool:
+        """Whether this pool's readers were opened before a fork (by another process)."""
+        return self._gen != _fork_generation[0]
+
+    def drop_inherited(self) -> None:
+        """Close the readers a forked child inherited (its copies of the descriptors)."""
+        readers = list(self.readers.values())
+        self.readers.clear()
+        self._gen = _fork_generation[0]
+        self.set_bound(0)
+        for r in readers:
+            try:
+                r.close()
+            except Exception:
+                pass
+
+    def _open(self, s: int) -> ShardReader:
+        readers = self.readers
+        while True:
+            try:
+                return ShardReader(
+                    self.paths[s],
+                    self.index_paths[s],
+                    use_mmap=self.use_mmap,
+                    check_crc=self.check_crc,
+                    verify_data=self.verify_data,
+                    remote=self.remote,
+                )
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE) or not readers:
+                    raise
+                n = max(1, len(readers) // 2)
+                self.set_bound(max(1, len(readers) - n))
+                warnings.warn(
+                    f"{self.paths[s]}: too many open files ({e.strerror}) with "
+                    f"{len(readers)} shards open; closing {n} and keeping at most "
+                    f"{self._bound} open in this process (raise `ulimit -n` or pass a smaller "
+                    f"max_open)",
+                    ResourceWarning,
+                    stacklevel=5,
+                )
+                for _ in range(n):
+                    readers.popitem(last=False)[1].close()
+
+    def reader(self, s: int) -> ShardReader:
+        """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed.
+
+        Raises:
+            StaleIndexError: If the shard's index changed since the set was made, or no
+                longer matches its tar.
+            StaleManifestError: If the shard was listed by a manifest and is missing or
+                differs from its row (FORMAT.md §9).
+            FormatError: If the index is corrupt (see :class:`ShardReader`).
+        """
+        if self._gen != _fork_generation[0]:  # forked: the parent's mmaps and fds are not ours
+            self.drop_inherited()
+        readers = self.readers
+        r = readers.get(s)
+        if r is not None:
+            readers.move_to_end(s)
+            return r
+        bound = self.open_bound
+        while len(readers) >= bound:
+            readers.popitem(last=False)[1].close()
+        listing = self.listing
+        listed = listing is not None and listing.samples[s] >= 0
+        try:
+            r = self._open(s)
+        except FileNotFoundError as e:
+            if listing is None or not listed:
+                raise
+            raise unlisted(listing, self.paths, s, str(e.strerror or e), missing=True) from e
+        if listing is not None and listed:
+            try:
+                check_listed(listing, self.paths, s, r.index)
+            except BaseException:
+                r.close()
+                raise
+        if r.n_samples != self.counts[s]:
+            r.close()
+            raise stale_count(r.index_path, r.n_samples, self.counts[s])
+        readers[s] = r
+        return r
+
+    def open_many(self, shards: Sequence[int]) -> None:
+        """Open the remote shards of ``shards`` that are not open, concurrently.
+
+        Each open waits on a few network round trips (index, size, the open-time checks);
+        threads overlap them. Within :attr:`open_bound`; a shard that fails to open here is
+        left for :meth:`reader` to open (and raise) in order.
+        """
+        if self._gen != _fork_generation[0] or len(shards) < 2:
+            return  # reader() drops what a fork inherited first
+        readers = self.readers
+        room = self.open_bound - len(readers)
+        todo = [s for s in dict.fromkeys(shards) if s not in readers]
+        todo = [s for s in todo if is_url(self.paths[s])][: max(0, room)]
+        if len(todo) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(todo)), thread_name_prefix="tarindex-open") as ex:
+            futs = [(s, ex.submit(self._open, s)) for s in todo]
+        for s, f in futs:
+            try:
+                r = f.result()
+            except Exception:
+                continue
+            if r.n_samples != self.counts[s] or s in readers:
+                r.close()
+                continue
+            readers[s] = r
+
+    def open_readers(self) -> list[ShardReader]:
+        """The readers open in this process (none if they were inherited through a fork)."""
+        return [] if self._gen != _fork_generation[0] else list(self.readers.values())
+
+    def close(self) -> None:
+        """Close every open reader of this process."""
+        readers = list(self.readers.values())
+        self.readers.clear()
+        for r in readers:
+            r.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["readers"] = OrderedDict()  # handles are reopened lazily, never pickled
+        state["_bound"] = 0  # sized again from the receiving process's descriptor limit
+        state["evicts"] = True
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._gen = _fork_generation[0]
+        _live_pools.add(self)

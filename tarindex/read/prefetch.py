@@ -1,0 +1,85 @@
+"""Read-ahead for remote shards: the members of a batch, or of the next blocks, fetched early.
+
+Local shards need none (the page cache and ``MADV_WILLNEED`` do it). For remote shards the
+selected members' byte ranges, coalesced, go into each source's read-ahead store
+(:class:`~tarindex.storage.remote.RemoteSource`), so the kernel's reads that follow take them
+from memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..storage.remote import RemoteSource, prefetch_many
+from .block import Fields
+from .pool import ReaderPool
+from .spanner import shards_of
+
+__all__ = ["prefetch", "prefetch_blocks", "drop_prefetched"]
+
+
+def prefetch(
+    pool: ReaderPool,
+    starts: NDArray[np.int64],
+    per: int,
+    indices: Sequence[int] | NDArray[np.integer[Any]],
+    fields: Fields,
+    wait: bool,
+) -> None:
+    """Fetch the members of global samples ``indices`` ahead (see ``ShardSet.prefetch``).
+
+    Out-of-range indices are left for the read to refuse.
+    """
+    idx = np.asarray(indices).reshape(-1)
+    if not idx.size or idx.dtype.kind not in "iu":
+        return
+    total = int(starts[-1])
+    idx = idx.astype(np.int64, copy=False)
+    idx = np.where(idx < 0, idx + total, idx)
+    idx = idx[(idx >= 0) & (idx < total)]
+    sid = shards_of(starts, per, idx)
+    items = []
+    shards = np.unique(sid).tolist()
+    pool.open_many(shards)
+    for s in shards:
+        r = pool.reader(s)
+        src = r.source
+        if isinstance(src, RemoteSource):
+            b = r.gather(idx[sid == s] - starts[s], fields, data=False)
+            items.append((src, b.tar_offset, b.tar_offset + b.size))
+    if wait:
+        prefetch_many([(src, a.tolist(), e.tolist()) for src, a, e in items])
+    else:
+        for src, a, e in items:
+            src.prefetch_ranges(a, e)
+
+
+def prefetch_blocks(pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: Fields) -> int:
+    """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order.
+
+    Returns how many of ``pieces`` were queued (see ``ShardSet.prefetch_blocks``).
+    """
+    pool.open_many([p[0] for p in pieces])
+    for n, (s, j0, j1) in enumerate(pieces):
+        r = pool.reader(s)
+        src = r.source
+        if not isinstance(src, RemoteSource) or j1 <= j0:
+            continue
+        b = r.read_block(j0, j1, fields, data=False)
+        if not len(b.size):
+            continue
+        if not src.queue_ahead(b.tar_offset, b.tar_offset + b.size):
+            return n
+    return len(pieces)
+
+
+def drop_prefetched(pool: ReaderPool) -> None:
+    """Drop the bytes fetched ahead and not read yet, in the pool's open remote shards."""
+    for r in pool.open_readers():
+        src = r.source
+        if isinstance(src, RemoteSource):
+            src.drop_ahead()

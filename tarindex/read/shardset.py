@@ -1,0 +1,536 @@
+"""Many shards as one sequence of samples: :class:`ShardSet`.
+
+Global index ``i`` -> ``(shard, j)`` by :mod:`tarindex.read.spanner` from the per-shard
+counts in the index headers (or a manifest); readers from a per-process
+:class:`~tarindex.read.pool.ReaderPool`; one sample (``ds[i]``) and a streaming block through
+the compiled loops where they apply (:mod:`tarindex.read.kernel`), else the reader's own
+path; batches in :mod:`tarindex.read.batch`, key lookups in :mod:`tarindex.read.keys`,
+read-ahead in :mod:`tarindex.read.prefetch`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import AmbiguousKeyError, KeyNotFoundError
+from ..format.index import KeyTable, read_header
+from ..format.spec import HEADER, INDEX_SUFFIX
+from ..storage.bytesource import MmapSource, cold_cache
+from ..storage.remote import RemoteOptions, is_url, load_indexes
+from . import batch, kernel, prefetch
+from . import keys as keylookup
+from .block import Block, Fields, Sample
+from .checks import check_mapped
+from .paths import index_for, read_sample_count
+from .pool import DEFAULT_MAX_OPEN, ReaderPool
+from .shard import ShardReader
+from .sources import Source, expand_shards
+from .spanner import equal_count, locate
+
+__all__ = ["ShardSet"]
+
+
+class ShardSet:
+    """Many shards as one sequence of samples; global index ``i`` -> ``(shard, j)``.
+
+    Construction reads only the 80-byte header of every index (no tar scan, no per-sample
+    objects), or from a dataset manifest (FORMAT.md §9) nothing but the manifest: one read
+    whatever the shard count. Each shard a manifest lists is checked against it when first
+    opened in a process (samples, members, tar size, fingerprint, shard id): a missing or
+    changed shard raises :class:`~tarindex.errors.StaleManifestError` naming it. Readers open
+    lazily in the process that reads, and are never pickled. At most
+    ``max_open`` are open at a time per process (least recently used closed first), lowered
+    to what the descriptor limit allows (:func:`open_shard_bound`, computed in each process);
+    if opening still fails with ``EMFILE``, half the open readers are closed, the bound is
+    lowered and a ``ResourceWarning`` says so.
+
+    Args:
+        source: Shards: a path, list, brace pattern, glob, directory or manifest (``.json``)
+            (see :func:`tarindex.sources.expand_source`).
+        max_open: Bound on simultaneously open shards per process (each holds 2 file
+            descriptors). Defaults to :data:`DEFAULT_MAX_OPEN` (48).
+        use_mmap: See :class:`ShardReader`. Defaults to ``True``.
+        check_crc: See :class:`ShardReader`. Defaults to ``True``.
+        verify_data: See :class:`ShardReader`. Defaults to ``False``.
+        index_dir: A directory (or URL) holding the indexes as ``<tar name>.tidx``, for tars
+            whose index is not beside them (``tarindex index URL --out DIR``). Defaults to
+            ``None`` (beside each tar).
+        remote: How remote shards (URLs) are read: storage options, retries, read-ahead,
+            cache (:class:`tarindex.remote.RemoteOptions`). Defaults to ``RemoteOptions()``.
+
+    Raises:
+        FileNotFoundError: No shard matches ``source``.
+        IndexMissingError: A shard has no index (the message gives the command).
+        FormatError: An index header is bad or its counts do not match its size (FORMAT.md
+            §2.1), or a manifest is not valid (FORMAT.md §9).
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        max_open: int | None = None,
+        use_mmap: bool = True,
+        check_crc: bool = True,
+        verify_data: bool = False,
+        index_dir: str | None = None,
+        remote: RemoteOptions | None = None,
+    ) -> None:
+        self.remote_options = remote or RemoteOptions()
+        listing = expand_shards(source, self.remote_options)
+        self.paths = listing.paths
+        self.index_dir = index_dir
+        self.index_paths = (  # (the common case without index_dir, ~3x faster at 100k shards)
+            [p + INDEX_SUFFIX for p in self.paths]
+            if index_dir is None
+            else [index_for(p, index_dir) for p in self.paths]
+        )
+        self.check_crc = check_crc
+        self.verify_data = verify_data
+        self.remote = any(is_url(p) for p in self.paths if "://" in p)
+        """``True`` if some shards are remote URLs (reads then go through fsspec)."""
+        counts = self._counts(listing.samples)  # from manifests: no index read at all
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=self.starts[1:])
+        self._starts_list: list[int] = self.starts.tolist()
+        self._starts_bytes = self.starts.tobytes()  # the compiled get's (immutable) copy
+        self._per = equal_count(counts)
+        self.max_open = DEFAULT_MAX_OPEN if max_open is None else max(1, int(max_open))
+        self.use_mmap = use_mmap
+        self._pool = ReaderPool(
+            self.paths,
+            self.index_paths,
+            counts,
+            listing if listing.listed else None,
+            self.max_open,
+            use_mmap=use_mmap,
+            check_crc=check_crc,
+            verify_data=verify_data,
+            remote=self.remote_options,
+        )
+        self._readers: OrderedDict[int, ShardReader] = self._pool.readers
+
+    def _counts(self, known: NDArray[np.int64]) -> list[int]:
+        """Sample counts from the index headers; remote indexes fetched together, once.
+
+        ``known[k] >= 0`` (from a manifest) is taken as it is: that index is not read.
+        """
+        ips = self.index_paths
+        counts: list[int] = [int(c) for c in known.tolist()]
+        todo = [k for k, c in enumerate(counts) if c < 0]
+        far = [k for k in todo if is_url(ips[k])]
+        for k in todo:
+            if not is_url(ips[k]):
+                counts[k] = read_sample_count(self.paths[k], ips[k])
+        if far:
+            got = load_indexes(
+                [ips[k] for k in far], [self.paths[k] for k in far], self.remote_options
+            )
+            for k, (data, _) in zip(far, got, strict=True):
+                counts[k] = read_header(data[: HEADER.size], ips[k], file_size=len(data)).n_samples
+        return counts
+
+    def prefetch(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields = None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Fetch the members of global samples ``indices`` ahead, for remote shards.
+
+        Local shards: nothing. Remote: the selected members' byte ranges, coalesced, go into
+        each source's read-ahead store, so the kernel's reads that follow take them from
+        memory. ``wait=True`` fetches the whole batch now in one concurrent round trip across
+        shards (``ds[i]``: one ranged read per sample; ``__getitems__``: one batch);
+        ``False`` queues them to background threads within the read-ahead budget.
+        Out-of-range indices are left for the read to refuse.
+
+        Raises:
+            RemoteError: As :func:`tarindex.remote.fetch` (``wait=True``).
+            FormatError, StaleIndexError: As :meth:`reader` for a shard opened here.
+        """
+        if self.remote:
+            prefetch.prefetch(self._pool, self.starts, self._per, indices, fields, wait)
+
+    def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
+        """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order (remote only).
+
+        Stops at the first block the per-process budget
+        (:attr:`tarindex.remote.RemoteOptions.readahead_bytes`) has no room for.
+
+        Returns:
+            How many of ``pieces`` were queued (all of them for local shards: nothing to do).
+        """
+        if not self.remote:
+            return len(pieces)
+        return prefetch.prefetch_blocks(self._pool, pieces, fields)
+
+    def drop_prefetched(self) -> None:
+        """Drop the bytes fetched ahead and not read yet, in this process's open remote shards."""
+        if self.remote:
+            prefetch.drop_prefetched(self._pool)
+
+    @property
+    def pool(self) -> ReaderPool:
+        """This process's open readers of these shards (:class:`~tarindex.read.pool.ReaderPool`)."""
+        return self._pool
+
+    def __len__(self) -> int:
+        return self._starts_list[-1]
+
+    @property
+    def n_shards(self) -> int:
+        """Number of shards."""
+        return len(self.paths)
+
+    @property
+    def open_bound(self) -> int:
+        """Open shards this process keeps at most (``max_open`` within the descriptor limit)."""
+        return self._pool.open_bound
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Map global sample index ``i`` (negative counts from the end) to ``(shard, j)``.
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+            TypeError: If ``i`` is not an integer.
+        """
+        return locate(self._starts_list, self._per, i)
+
+    def reader(self, s: int) -> ShardReader:
+        """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed.
+
+        Raises:
+            StaleIndexError: If the shard's index changed since this ShardSet was made, or
+                no longer matches its tar.
+            StaleManifestError: If the ShardSet was made from a manifest and the shard is
+                missing or differs from its row (FORMAT.md §9).
+            FormatError: If the index is corrupt (see :class:`ShardReader`).
+        """
+        return self._pool.reader(s)
+
+    _keyidx: KeyTable | None = None
+
+    def _key_index(self) -> KeyTable:
+        """Every shard's key table in one: hashes ascending, global indices (made once)."""
+        ki = self._keyidx
+        if ki is None:
+            ki = self._keyidx = keylookup.joined_table(self.reader, self._starts_list)
+        return ki
+
+    def indices_of(self, key: str) -> list[int]:
+        """Return the global index of every sample whose key is ``key``, ascending.
+
+        Keys are unique within a shard (FORMAT.md §4), not across shards. One shard: its
+        key table (:meth:`ShardReader.find_key`). Several: on first call the shards' key
+        tables are joined into one (each shard opened once; 12 bytes per sample, per
+        process, not pickled), then each lookup is a binary search, O(log n), and each
+        candidate's key bytes are compared.
+
+        Raises:
+            FormatError, StaleIndexError: As :meth:`reader`.
+        """
+        kb = keylookup.normalized(key)
+        if not kb:
+            return []
+        if self.n_shards == 1:
+            j = self.reader(0).find_normalized(kb)
+            return [] if j is None else [j]
+        return keylookup.find_all(self.reader, self._key_index(), self._starts_list, self._per, kb)
+
+    def index_of(self, key: str) -> int:
+        """Return the global index of the sample whose key is ``key``.
+
+        See :meth:`indices_of` for the cost.
+
+        Raises:
+            KeyNotFoundError: (a ``KeyError``) If no sample has this key.
+            AmbiguousKeyError: (a ``LookupError``) If several shards hold the key; the message
+                names each place; :meth:`indices_of` returns them all.
+            FormatError, StaleIndexError: As :meth:`reader`.
+        """
+        hits = self.indices_of(key)
+        if len(hits) == 1:
+            return hits[0]
+        if not hits:
+            raise KeyNotFoundError(
+                f"no sample with key {key!r} in {self.n_shards} shard(s) ({self.paths[0]}"
+                f"{', ...' if self.n_shards > 1 else ''})"
+            )
+        where = []
+        for i in hits[:5]:
+            s, j = self.locate(i)
+            where.append(f"{i} ({self.paths[s]}, sample {j})")
+        raise AmbiguousKeyError(
+            f"key {key!r} is in {len(hits)} samples: {', '.join(where)}"
+            f"{', ...' if len(hits) > 5 else ''}; keys are unique only within a shard: use "
+            f"indices_of(key) for every one, or a source of fewer shards"
+        )
+
+    def index_of_many(self, keys: Sequence[str]) -> NDArray[np.int64]:
+        """Return the global index of each key's sample, ``-1`` for a key no sample has.
+
+        The batch form of :meth:`index_of`, for joins with metadata: the keys are hashed
+        together (vectorised, FORMAT.md §8), looked up with one ``searchsorted`` in the key
+        table, and the candidates' key bytes compared shard by shard (their chunks of the
+        tables pass the guards first).
+
+        Args:
+            keys: The keys (FORMAT.md §4 normalisation, as :meth:`index_of`).
+
+        Returns:
+            ``int64 (len(keys),)``.
+
+        Raises:
+            AmbiguousKeyError: If a key is held by samples of several shards (the first such
+                key, with every place); :meth:`indices_of` returns them all.
+            FormatError, StaleIndexError: As :meth:`reader`.
+        """
+        kt = self._key_index() if self.n_shards > 1 else self.reader(0).key_table()
+        out, dup = keylookup.find_many(self.reader, kt, self.starts, self._per, keys)
+        if dup.any():
+            self.index_of(keys[int(np.argmax(dup))])  # raises, naming every place
+        return out
+
+    def get(self, i: int, fields: Fields = None) -> Sample:
+        """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes.
+
+        Args:
+            i: Global sample index (negative counts from the end).
+            fields: Extensions to return, see :meth:`ShardReader.sample`. Defaults to all.
+
+        Raises:
+            SampleIndexError: If ``i`` is out of range.
+            StaleIndexError: As :meth:`reader`.
+            FormatError: As :meth:`ShardReader.sample`.
+        """
+        # the per-sample hot path: the compiled loop for the members of a mapped shard in one
+        # call; None back (not open, not mapped, a chunk unchecked, anything it does not
+        # decide): the reader's tables in one compiled call, else the reader's own path
+        compiled = kernel.compiled
+        if compiled is not None:  # fields: None or a frozenset (others are handed back)
+            got = compiled.get(
+                i,
+                self._starts_bytes,
+                self._per,
+                self._readers,
+                self.paths,
+                self._pool.evicts,
+                fields,
+            )
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        starts = self._starts_list
+        s, j = locate(starts, self._per, i)
+        i = starts[s] + j
+        r = self._readers.get(s)  # a forked child dropped its parent's (pool._bump_fork_generation)
+        if r is None:
+            r = self.reader(s)
+        elif self._pool.evicts:
+            self._readers.move_to_end(s)
+        h = r.hot
+        tabs = h.tables
+        if tabs is not None:  # the compiled loop; None back: the reader's path decides
+            # the flags first: hashing `fields` runs Python code, which must not come between
+            # the cut check and the read
+            want = None if fields is None else r.want_flags(fields)
+            check_mapped(h.mm, h.tar_size, r.tar_path)  # cut while mapped: SIGBUS otherwise
+            got = tabs.sample(j, want, self.paths[s], i)
+            if got is not None:
+                return got
+        out = r.sample(j, fields)
+        out["__shard__"] = self.paths[s]
+        out["__index__"] = i
+        return out
+
+    def read_block(
+        self,
+        s: int,
+        j0: int,
+        j1: int,
+        fields: Fields = None,
+        *,
+        data: bool = True,
+        prefetch: bool = False,
+    ) -> Block:
+        """:meth:`ShardReader.read_block` on shard ``s``, with global indices in the block.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
+                :meth:`ShardReader.read_block` and :meth:`reader`.
+        """
+        b = self.reader(s).read_block(j0, j1, fields, data=data, prefetch=prefetch)
+        b.paths = [self.paths[s]]
+        b.index = b.samples + self._starts_list[s]
+        return b
+
+    def read_samples(
+        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
+    ) -> list[Sample]:
+        """Samples ``j0 <= j < j1`` of shard ``s`` as dicts: ``read_block(...).to_samples()``.
+
+        The streaming read of a block. Over a mapping one compiled call builds the dicts from
+        the validated tables (``tarindex/read/_kernel.c``); otherwise (pread, remote, ``verify_data``,
+        no compiled loops, anything it hands back) the block is read and unpacked.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
+                :meth:`read_block`.
+        """
+        r = self.reader(s)
+        tabs = r.hot.tables
+        if tabs is not None and 0 <= j0 < j1 <= r.n_samples:
+            a, b = r.ready(j0, j1)
+            want = None if fields is None else r.want_flags(fields)
+            r.check_mapped()  # cut while mapped: SIGBUS otherwise (READING.md)
+            if prefetch and fields is None and b > a:  # projected: no left-out members' pages
+                r.source.prefetch(a, b)
+            got = tabs.samples(j0, j1, want, self.paths[s], self._starts_list[s] + j0)
+            if got is not None:
+                return got
+        return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
+
+    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
+        """Prepare blocks ``(shard, j0, j1)`` for :meth:`take`: open them and check their tables.
+
+        A streaming window then holds where its samples are, not their bytes, and copies each
+        out as it is yielded. An ``int`` (the bytes the blocks span in their tars, headers
+        included) when :meth:`take` reads these samples through the compiled loops from
+        mappings: every member (``fields`` ``None``), local mapped shards, no more of them than
+        may stay open. The blocks also get the ``MADV_WILLNEED`` hint while reads fault
+        (:func:`tarindex.bytesource.cold_cache`), since the window reads them in its shuffled
+        order. ``None``: read the blocks with :meth:`read_samples`.
+
+        Raises:
+            FormatError, StaleIndexError: As :meth:`read_block` (a corrupt chunk of tables).
+        """
+        if kernel.compiled is None or fields is not None or self.remote:
+            return None
+        shards = {int(p[0]) for p in pieces}
+        if len(shards) > self.open_bound:
+            return None
+        mapped: dict[int, tuple[ShardReader, MmapSource]] = {}
+        for s in shards:
+            r = self.reader(s)
+            src = r.source
+            if r.hot.tables is None or not isinstance(src, MmapSource):
+                return None
+            mapped[s] = (r, src)
+        hint = cold_cache()
+        span = 0
+        for s, j0, j1 in pieces:
+            r, src = mapped[s]
+            if not 0 <= j0 < j1 <= r.n_samples:
+                return None  # read_samples says what is wrong
+            a, b = r.ready(j0, j1)
+            span += b - a
+            if hint and b > a:
+                src.willneed(a, b)
+        return span
+
+    def take(self, indices: list[int]) -> list[Sample]:
+        """Global samples ``indices`` as :meth:`read_samples` gives them (a window's, in order).
+
+        One compiled call over mappings, after :meth:`take_ready`; otherwise each sample is
+        read with :meth:`read_samples`. Each tar's size is checked once per call, before its
+        first byte is copied, so a tar cut since (while the consumer held earlier samples)
+        raises :class:`TruncatedError`, not ``SIGBUS``.
+
+        Raises:
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
+        """
+        compiled = kernel.compiled
+        if compiled is not None:
+            got = compiled.take(
+                indices, self._starts_bytes, self._per, self._readers, self.paths, self._pool.evicts
+            )
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        out: list[Sample] = []
+        for i in indices:
+            s, j = self.locate(i)
+            out.extend(self.read_samples(s, j, j + 1))
+        return out
+
+    def gather(
+        self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
+    ) -> Block:
+        """Read global samples ``indices`` (a batch, any order, repeats allowed) as one block.
+
+        One pass over the batch with scalar reads of each shard's tables (the per-sample cost
+        of ``ds[i]``, without its dict): every sample's chunk of the tables passes the guards
+        first, as in :meth:`ShardReader.read_block`. With mmap the block's buffers are the
+        mappings; with ``pread`` each shard's selected members are read in runs. When the
+        batch spans more shards than may stay open (:attr:`open_bound`) the members' bytes
+        are copied out at once, so descriptors stay within the bound.
+
+        Args:
+            indices: Global sample indices; negative ones count from the end.
+            fields: Extensions to read (others are not read). Defaults to ``None`` (all).
+
+        Returns:
+            A :class:`Block` of ``len(indices)`` samples in the order of ``indices``.
+
+        Raises:
+            SampleIndexError: If an index is out of range.
+            TypeError: If an index is not an integer.
+            FormatError, StaleIndexError: As :meth:`ShardReader.read_block` and :meth:`reader`.
+        """
+        return batch.gather(self._pool, self.starts, self._per, indices, fields)
+
+    def gather_packed(
+        self,
+        indices: Sequence[int] | NDArray[np.integer[Any]],
+        fields: Fields,
+        int_fields: Collection[str],
+        alloc: Any,
+    ) -> tuple[Any, ...] | None:
+        """:meth:`gather` and the batch packing in one compiled pass, or ``None``.
+
+        The layout is ``tarindex.torch.batch.field_major``'s: byte fields (in order of first
+        appearance in batch order) one after the other, each sample's member in batch order;
+        ``int_fields`` members parsed as decimal integers instead. ``None`` means: use
+        :meth:`gather` and pack its block (no compiled loops, ``pread``, ``verify_data``,
+        more shards than may stay open, or a sample they hand back: the Python path then
+        raises the error that names it).
+
+        Args:
+            indices: Global sample indices; negative ones count from the end.
+            fields: Extensions to read. ``None``: all.
+            int_fields: Extensions parsed as decimal integers.
+            alloc: ``alloc(nbytes) -> (keep, writable buffer)``: the batch buffer.
+
+        Returns:
+            ``(keep, keys, byte_fields, int_fields, offsets, present, ints, index, shards)``:
+            ``offsets`` ``int64 (nf, n + 1)``, ``present`` ``bool (nf, n)``, ``ints`` ``int64
+            (ni, n)`` (``-1`` where missing), ``index`` ``int64 (n,)``, ``shards`` paths.
+
+        Raises:
+            SampleIndexError, TypeError: As :meth:`gather`.
+            FormatError, StaleIndexError, TruncatedError: As :meth:`gather`.
+        """
+        return batch.gather_packed(
+            self._pool, self.starts, self._per, indices, fields, int_fields, alloc
+        )
+
+    def close(self) -> None:
+        """Close every open reader of this process."""
+        self._pool.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = self._pool.fresh()  # handles are reopened lazily, never pickled
+        del state["_readers"]
+        state.pop("_keyidx", None)  # per process, made again on first lookup
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._readers = self._pool.readers
