@@ -1,12 +1,21 @@
 """tarindex: random access and deterministic streaming over standard tar shards.
 
-Public API (torch is imported only by the torch layer, on first use of its names)::
+The public API is these names; everything else lives in the subpackages (docs/ARCHITECTURE.md):
+every exception in :mod:`tarindex.errors`, manifests in :mod:`tarindex.read.manifest`, the
+header walk in :mod:`tarindex.index.scan`, the torch layer in :mod:`tarindex.torch`.
 
-    ShardWriter, TarWriter, write_shards, build_index, scan, ShardReader, ShardSet,
-    read_kernel, write_manifest, read_manifest, check_manifest, task_pattern,
-    split_by_key, split_keys, ShardSubset,
-    TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
-    MixedDataset, MixSampler (need torch)
+- write: :class:`ShardWriter`, :class:`TarWriter`, :func:`write_shards`
+- index existing tars, check them: :func:`build_index`, :func:`verify`
+- read: :class:`ShardSet` (many shards as one sequence of samples), :class:`ShardReader`
+  (one shard), :class:`RemoteOptions`, :func:`read_kernel`
+- datasets (need torch, imported on first use): :class:`TarDataset`,
+  :class:`TarIterableDataset`, :class:`BlockSampler`, :class:`MixedDataset`,
+  :class:`MixSampler`, :func:`collate_batched`
+- many shards: :func:`write_manifest`, :func:`split_by_key`; webdataset's
+  ``.to_tuple``: :func:`to_tuple`
+- the exceptions people catch: :class:`TarIndexError` (the base of all),
+  :class:`FormatError` (bytes that break the tar or index spec), :class:`StaleIndexError`
+  (an index that no longer describes its tar), :class:`DecodeError`
 """
 
 from __future__ import annotations
@@ -14,50 +23,21 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
-from .codecs.select import ToTuple, to_tuple
-from .errors import (
-    AmbiguousKeyError,
-    BadMagicError,
-    ChecksumError,
-    CompressedTarError,
-    DecodeError,
-    FormatError,
-    IndexMissingError,
-    KeyNotFoundError,
-    MissingFieldError,
-    NotATarError,
-    PackError,
-    ParallelWriteError,
-    RangeNotSupportedError,
-    RemoteError,
-    SampleIndexError,
-    StaleIndexError,
-    StaleManifestError,
-    TarHeaderError,
-    TarIndexError,
-    TrailingGarbageError,
-    TruncatedError,
-    UnsupportedVersionError,
-    WriterError,
-)
+from .codecs.select import to_tuple
+from .errors import DecodeError, FormatError, StaleIndexError, TarIndexError
 from .index.build import build_index
-from .index.scan import Members, scan
-from .plan.split import split_keys
 from .read import ShardReader, ShardSet, read_kernel
-from .read.manifest import check_manifest, read_manifest, task_pattern, write_manifest
-from .read.sources import expand_source
+from .read.manifest import write_manifest
 from .read.split import split_by_key
-from .read.subset import ShardSubset
-from .storage.indexfile import index_path_for
+from .read.verify import verify
 from .storage.remote import RemoteOptions
-from .write.parallel import WriteResult, write_shards
+from .write.parallel import write_shards
 from .write.shards import ShardWriter, TarWriter
 
 _TORCH_NAMES = {
     "TarDataset": "dataset",
     "TarIterableDataset": "iterable",
     "BlockSampler": "sampler",
-    "BatchedSamples": "batch",
     "collate_batched": "collate",
     "MixedDataset": "mix",
     "MixSampler": "mix",
@@ -68,48 +48,19 @@ __all__ = [
     "ShardWriter",
     "TarWriter",
     "write_shards",
-    "WriteResult",
     "build_index",
-    "index_path_for",
-    "scan",
-    "Members",
+    "verify",
     "ShardReader",
     "ShardSet",
-    "read_kernel",
     "RemoteOptions",
-    "expand_source",
+    "read_kernel",
     "write_manifest",
-    "read_manifest",
-    "check_manifest",
-    "task_pattern",
     "split_by_key",
-    "split_keys",
-    "ShardSubset",
+    "to_tuple",
     "TarIndexError",
     "FormatError",
-    "BadMagicError",
-    "UnsupportedVersionError",
-    "ChecksumError",
-    "TruncatedError",
-    "TarHeaderError",
-    "NotATarError",
-    "CompressedTarError",
-    "TrailingGarbageError",
-    "IndexMissingError",
     "StaleIndexError",
-    "StaleManifestError",
-    "KeyNotFoundError",
-    "AmbiguousKeyError",
-    "SampleIndexError",
-    "WriterError",
-    "PackError",
-    "ParallelWriteError",
     "DecodeError",
-    "RemoteError",
-    "RangeNotSupportedError",
-    "MissingFieldError",
-    "ToTuple",
-    "to_tuple",
     *_TORCH_NAMES,
 ]
 

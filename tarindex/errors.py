@@ -164,7 +164,7 @@ class RangeNotSupportedError(RemoteError):
 class MissingFieldError(TarIndexError, KeyError):
     """A sample has none of the alternatives of a field that a selection asks for.
 
-    Raised by :class:`tarindex.ToTuple` (the datasets' ``select=``); the message names the
+    Raised by :class:`tarindex.codecs.select.ToTuple` (the datasets' ``select=``); the message names the
     shard, the sample key, the field and the extensions the sample has.
     """
 

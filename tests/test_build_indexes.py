@@ -19,9 +19,9 @@ from tests.remote_server import serve
 
 
 def _drop_indexes(paths: list[str]) -> list[bytes]:
-    written = [Path(tarindex.index_path_for(p)).read_bytes() for p in paths]
+    written = [Path(tarindex.storage.indexfile.index_path_for(p)).read_bytes() for p in paths]
     for p in paths:
-        os.unlink(tarindex.index_path_for(p))
+        os.unlink(tarindex.storage.indexfile.index_path_for(p))
     return written
 
 
@@ -36,9 +36,9 @@ def test_builds_every_tar_and_skips_the_up_to_date(make_shards: MakeShards, jobs
     ]
     assert sorted(r.path for r in seen) == sorted(paths)  # each reported once, as it finished
     for p, w in zip(paths, written, strict=True):  # the tables equal the writer's
-        got = decode_index(Path(tarindex.index_path_for(p)).read_bytes())
+        got = decode_index(Path(tarindex.storage.indexfile.index_path_for(p)).read_bytes())
         assert got.tables_bytes() == decode_index(w).tables_bytes()
-    os.unlink(tarindex.index_path_for(paths[1]))
+    os.unlink(tarindex.storage.indexfile.index_path_for(paths[1]))
     res = build_indexes(paths, jobs=jobs, up_to_date=is_up_to_date)
     assert [r.status for r in res] == ["skipped", "built", "skipped"]
     res = build_indexes(paths + paths[:1], jobs=jobs)  # no check: all rebuilt; a repeat once

@@ -81,7 +81,7 @@ def test_missing_path_is_usage_error(tmp_path: Path, capsys: Cap) -> None:
 
 
 def test_missing_index_is_a_clear_error(shards: list[str], capsys: Cap) -> None:
-    os.unlink(tarindex.index_path_for(shards[1]))
+    os.unlink(tarindex.storage.indexfile.index_path_for(shards[1]))
     for argv in (["info", *shards], ["ls", *shards], ["cat", shards[1], "0", "cls"]):
         code, _, err = run(argv, capsys)
         assert code == 1, argv
@@ -102,7 +102,7 @@ def test_info(shards: list[str], capsys: Cap) -> None:
     assert info["tar_bytes"] == sum(os.path.getsize(p) for p in shards)
     data = 0
     for p in shards:
-        m = tarindex.scan(p)
+        m = tarindex.index.scan.scan(p)
         data += int(m.size.sum())
     assert info["data_bytes"] == data
 
@@ -173,7 +173,7 @@ def test_cat_missing_sample_or_extension(shards: list[str], capsys: Cap) -> None
 
 # -- index ------------------------------------------------------------------------------------
 def test_index_builds_skips_and_forces(shards: list[str], capsys: Cap) -> None:
-    idx = [tarindex.index_path_for(p) for p in shards]
+    idx = [tarindex.storage.indexfile.index_path_for(p) for p in shards]
     written = [Path(p).read_bytes() for p in idx]
     for p in idx:
         os.unlink(p)
@@ -199,7 +199,7 @@ def test_index_goes_on_after_a_corrupt_tar(
     shards: list[str], tmp_path: Path, jobs: str, capsys: Cap
 ) -> None:
     for p in shards:
-        os.unlink(tarindex.index_path_for(p))
+        os.unlink(tarindex.storage.indexfile.index_path_for(p))
     cut = tmp_path / "cut.tar"
     cut.write_bytes(Path(shards[0]).read_bytes()[:3000])
     junk = tmp_path / "junk.tar"
@@ -212,8 +212,8 @@ def test_index_goes_on_after_a_corrupt_tar(
     assert "Traceback" not in err
     for p in shards:
         assert tarindex.ShardReader(p).n_samples > 0
-    assert not os.path.exists(tarindex.index_path_for(str(cut)))
-    assert not os.path.exists(tarindex.index_path_for(str(junk)))
+    assert not os.path.exists(tarindex.storage.indexfile.index_path_for(str(cut)))
+    assert not os.path.exists(tarindex.storage.indexfile.index_path_for(str(junk)))
     assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
 
 
@@ -240,7 +240,7 @@ def test_verify_calls_tarindex_verify(
 
 
 def test_verify_detects_a_corrupt_index(shards: list[str], capsys: Cap) -> None:
-    ip = tarindex.index_path_for(shards[1])
+    ip = tarindex.storage.indexfile.index_path_for(shards[1])
     buf = bytearray(Path(ip).read_bytes())
     buf[100] ^= 0x01  # inside the sample/member tables: the cheap open checks do not see it
     Path(ip).write_bytes(bytes(buf))
@@ -262,7 +262,7 @@ def test_verify_detects_a_rewritten_tar_the_open_check_misses(tmp_path: Path, ca
         for i in range(40):
             w.write({"__key__": f"{i:04d}", "bin": bytes(1000), "cls": i})
     # rename a member in the middle, beyond the 4 KiB head/tail fingerprint, same size
-    m = tarindex.scan(p)
+    m = tarindex.index.scan.scan(p)
     k = m.names.index("0020.cls")
     hdr = int(m.offset[k]) - 512
     buf = bytearray(Path(p).read_bytes())
@@ -275,7 +275,7 @@ def test_verify_detects_a_rewritten_tar_the_open_check_misses(tmp_path: Path, ca
 
 
 def test_verify_missing_index_fails(shards: list[str], capsys: Cap) -> None:
-    os.unlink(tarindex.index_path_for(shards[2]))
+    os.unlink(tarindex.storage.indexfile.index_path_for(shards[2]))
     code, out, err = run(["verify", *shards], capsys)
     assert code == 1 and "no index" in err and "Traceback" not in err
 
@@ -632,7 +632,7 @@ def test_ls_members_lists_a_shadowed_member_and_marks_it(tmp_path: Path, capsys:
     assert code == 0
     rows = [ln.split("\t") for ln in out.splitlines()]
     assert [r[0] for r in rows] == names  # 11 lines for 11 members, in archive order
-    later = tarindex.scan(p).offset.tolist()[7]
+    later = tarindex.index.scan.scan(p).offset.tolist()[7]
     assert rows[3][3:] == [f"shadowed by the later dup.bin at byte {later}"], rows[3]
     assert all(len(r) == 3 for i, r in enumerate(rows) if i != 3), rows
     assert run(["index", str(p)], capsys)[0] == 0  # the index holds the later copy

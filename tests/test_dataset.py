@@ -107,7 +107,7 @@ def test_truncated_tar_refused_by_build_index(make_shards: MakeShards, tmp_path:
     data = Path(p).read_bytes()
     cut = tmp_path / "cut.tar"
     cut.write_bytes(data[: len(data) // 2 + 100])
-    with pytest.raises(tarindex.TruncatedError, match=rf"{cut}: byte \d+"):
+    with pytest.raises(tarindex.errors.TruncatedError, match=rf"{cut}: byte \d+"):
         tarindex.build_index(cut)
     assert not Path(str(cut) + ".tidx").exists()
 

@@ -121,7 +121,7 @@ def test_missing_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for pkg, ext in (("msgpack", "msgpack"), ("cbor2", "cbor"), ("torch", "pth")):
         monkeypatch.setitem(sys.modules, pkg, None)
         with tarindex.TarWriter(str(tmp_path / f"{pkg}.tar"), mtime=0) as w:
-            with pytest.raises(tarindex.WriterError, match=rf"{pkg}.*pip install {pkg}"):
+            with pytest.raises(tarindex.errors.WriterError, match=rf"{pkg}.*pip install {pkg}"):
                 w.write({"__key__": "a", "txt": "kept out too", ext: {"x": 1}})
             w.write({"__key__": "b", "txt": "fine"})
         got = tarindex.ShardSet(str(tmp_path / f"{pkg}.tar")).read_block(0, 0, 1).to_samples()
@@ -197,7 +197,7 @@ def test_unencodable_value_is_refused_and_nothing_written(
 ) -> None:
     path = tmp_path / "bad.tar"
     with tarindex.TarWriter(str(path), mtime=0) as w:
-        with pytest.raises(tarindex.WriterError, match=match) as ei:
+        with pytest.raises(tarindex.errors.WriterError, match=match) as ei:
             w.write({"__key__": "bad", "txt": "first member", ext: value})
         assert "'bad'" in str(ei.value) and ei.value.__cause__ is not None
         w.write({"__key__": "good", "txt": "ok"})
@@ -259,7 +259,7 @@ def test_tutorial_tarwriter_with_pyd(tmp_path: Path) -> None:
 def test_encoder_true_and_false_as_webdataset(tmp_path: Path) -> None:
     with tarindex.TarWriter(str(tmp_path / "f.tar"), encoder=False) as w:
         w.write({"__key__": "a", "txt": "é", "bin": b"\x00"})
-        with pytest.raises(tarindex.WriterError, match="encoder=False takes bytes or str"):
+        with pytest.raises(tarindex.errors.WriterError, match="encoder=False takes bytes or str"):
             w.write({"__key__": "b", "cls": 3})
     assert tarindex.ShardSet(str(tmp_path / "f.tar")).get(0)["txt"] == "é".encode()
     with tarindex.TarWriter(str(tmp_path / "t.tar"), encoder=True) as w:

@@ -196,7 +196,7 @@ def test_stale_index(tmp_path: Path) -> None:
 def test_missing_index_says_how(tmp_path: Path) -> None:
     tar, idx = _golden_copy(tmp_path)
     os.unlink(idx)
-    with pytest.raises(tarindex.IndexMissingError, match=f"tarindex index {tar}"):
+    with pytest.raises(tarindex.errors.IndexMissingError, match=f"tarindex index {tar}"):
         tarindex.ShardSet(str(tar))
     with pytest.raises(FileNotFoundError):
         tarindex.ShardReader(str(tar))

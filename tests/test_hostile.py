@@ -402,7 +402,7 @@ def test_index_path_is_a_directory_or_symlink_loop(tmp_path: Path) -> None:
     assert e.value.errno == errno.ELOOP
     os.unlink(idx)
     os.symlink(tmp_path / "nowhere", idx)  # dangling: the index is missing
-    with pytest.raises(tarindex.IndexMissingError, match="tarindex index"):
+    with pytest.raises(tarindex.errors.IndexMissingError, match="tarindex index"):
         tarindex.ShardReader(str(tar))
     os.unlink(idx)
     shutil.copy(GOLDEN / "tiny.tar.tidx", idx)

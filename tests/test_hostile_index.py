@@ -346,7 +346,7 @@ def _torch() -> None:
 
 
 def _batch_samples(batch: Any) -> Iterator[tuple[int, Sample]]:
-    assert isinstance(batch, tarindex.BatchedSamples), type(batch)
+    assert isinstance(batch, tarindex.torch.batch.BatchedSamples), type(batch)
     for b in range(len(batch)):
         s = batch.sample(b)
         yield int(s.get("__index__", -1)), s

@@ -346,7 +346,7 @@ def test_a_dataloader_worker_reading_a_cut_shard_names_it(tmp_path: Path) -> Non
     next(it)  # both workers have the shard open (mapped) by now
     time.sleep(1.0)  # and are idle, their prefetched batches done: the cut falls between reads
     os.truncate(tar, 4096)
-    with pytest.raises((tarindex.TruncatedError, StaleIndexError), match=str(tar)):
+    with pytest.raises((tarindex.errors.TruncatedError, StaleIndexError), match=str(tar)):
         for _ in it:
             pass
 
@@ -409,7 +409,7 @@ def test_verify_a_tar_indexed_without_end_blocks(tmp_path: Path) -> None:
     end = decode_index(Path(str(tar) + ".tidx").read_bytes()).end
     cut = tmp_path / "cut.tar"
     cut.write_bytes(tar.read_bytes()[:end])  # a tool that omits the end-of-archive blocks
-    with pytest.raises(tarindex.TruncatedError):
+    with pytest.raises(tarindex.errors.TruncatedError):
         tarindex.build_index(str(cut))
     with pytest.warns(UserWarning):
         tarindex.build_index(str(cut), require_end=False)

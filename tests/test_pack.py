@@ -51,7 +51,7 @@ def test_plan_and_write_classes_layout(tmp_path: Path) -> None:
 def test_plan_pack_raises_pack_error(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
     _classes(tmp_path)
     src = str(tmp_path / kwargs.get("src", "src"))
-    with pytest.raises(tarindex.PackError, match=match) as ei:
+    with pytest.raises(tarindex.errors.PackError, match=match) as ei:
         plan_pack(
             src,
             kwargs.get("layout", "auto"),
@@ -73,7 +73,7 @@ def test_check_pattern_accepts(pattern: str, has_field: bool) -> None:
     "pattern", ["x-%d%d.tar", "100%.tar", "x-%(n)d.tar", "x-%.0s.tar", "x-%z.tar", "x-%%.tar"]
 )
 def test_check_pattern_refuses(pattern: str) -> None:
-    with pytest.raises(tarindex.WriterError, match="pattern"):
+    with pytest.raises(tarindex.errors.WriterError, match="pattern"):
         check_pattern(pattern)
 
 
@@ -102,5 +102,5 @@ def test_build_index_opens_the_tar_once(
         zlib.crc32(data[:4096]),
         zlib.crc32(data[-4096:]),
     )
-    members = tarindex.scan(tar)
+    members = tarindex.index.scan.scan(tar)
     assert (members.head_crc, members.tail_crc) == (tables.head_crc, tables.tail_crc)

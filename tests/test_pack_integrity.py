@@ -131,7 +131,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_refused_source_library(tmp_path: Path, case: str) -> None:
     src = _refused_src(tmp_path, case)
-    with pytest.raises(tarindex.PackError, match=REFUSED[case]):
+    with pytest.raises(tarindex.errors.PackError, match=REFUSED[case]):
         plan_pack(str(src))
 
 
@@ -187,10 +187,10 @@ def test_out_pattern_resolving_into_src_is_refused(tmp_path: Path) -> None:
     (src / "shards").mkdir()
     (tmp_path / "out").symlink_to(src / "shards", target_is_directory=True)
     pattern = str(tmp_path / "out" / "s-%d.tar")
-    with pytest.raises(tarindex.PackError, match="inside SRC_DIR"):
+    with pytest.raises(tarindex.errors.PackError, match="inside SRC_DIR"):
         plan_pack(str(src), out_pattern=pattern)
     plan = plan_pack(str(src))
-    with pytest.raises(tarindex.PackError, match="inside SRC_DIR"):
+    with pytest.raises(tarindex.errors.PackError, match="inside SRC_DIR"):
         write_pack(plan, pattern)  # the library function checks too
     r = pack_cli(str(src), pattern)
     assert r.returncode == 2
@@ -245,9 +245,9 @@ def test_overwrite_library(tmp_path: Path) -> None:
         "s-000001.tar",
         "s-000002.tar",
     ]
-    with pytest.raises(tarindex.PackError, match="overwrite=True"):
+    with pytest.raises(tarindex.errors.PackError, match="overwrite=True"):
         plan_pack(str(src), out_pattern=pattern)
-    with pytest.raises(tarindex.PackError, match="already exist"):
+    with pytest.raises(tarindex.errors.PackError, match="already exist"):
         write_pack(plan_pack(str(src)), pattern)
     res = write_pack(
         plan_pack(str(src), out_pattern=pattern, overwrite=True), pattern, overwrite=True

@@ -117,21 +117,21 @@ def test_progress_and_explicit_shard_sizes(
     assert [Path(p).name for p in res.paths] == ["s-004.tar", "s-005.tar", "s-006.tar"]
     assert res.counts == [10, 60, 30] and sum(seen) == 100
     assert "writing shards" in capsys.readouterr().err  # the tqdm bar
-    with pytest.raises(tarindex.WriterError, match="add up to 100, the source holds 99"):
+    with pytest.raises(tarindex.errors.WriterError, match="add up to 100, the source holds 99"):
         write_shards(
             Items(99), tmp_path / "t-%03d.tar", shard_sizes=[10, 60, 30], to_sample=to_sample
         )
-    with pytest.raises(tarindex.WriterError, match="no integer field"):
+    with pytest.raises(tarindex.errors.WriterError, match="no integer field"):
         write_shards(Items(3), tmp_path / "one.tar", to_sample=to_sample)
-    with pytest.raises(tarindex.WriterError, match="not maxsize="):
+    with pytest.raises(tarindex.errors.WriterError, match="not maxsize="):
         write_shards(Items(3), tmp_path / "u-%d.tar", maxsize=1e6)
-    with pytest.raises(tarindex.WriterError, match="with encoder=False"):  # here, not in workers
+    with pytest.raises(tarindex.errors.WriterError, match="with encoder=False"):  # here, not in workers
         write_shards(Items(3), tmp_path / "v-%d.tar", jobs=2, encoder=False, compress=True)
     assert not list(tmp_path.glob("v-*")) and not list(tmp_path.glob(".v-*"))
 
 
 def test_a_worker_that_raises(tmp_path: Path) -> None:
-    with pytest.raises(tarindex.ParallelWriteError) as ei:
+    with pytest.raises(tarindex.errors.ParallelWriteError) as ei:
         write_shards(
             Items(400, poison=250),
             tmp_path / "s-%02d.tar",
@@ -163,7 +163,7 @@ def test_a_worker_killed_with_sigkill(tmp_path: Path, source: str) -> None:
     else:  # the worker writing the shard of sample 120 dies inside the encoder
         src = ({**s, "bin": _Bomb()} if i == 120 else s for i, s in enumerate(samples(400)))
         kw = {"encoder": _bomb_encoder}
-    with pytest.raises(tarindex.ParallelWriteError) as ei:
+    with pytest.raises(tarindex.errors.ParallelWriteError) as ei:
         write_shards(
             src, tmp_path / "s-%02d.tar", jobs=2, maxcount=50, progress=False, durable=False, **kw
         )
@@ -390,7 +390,7 @@ def test_caller_killed_with_sigkill_leaves_no_worker_and_no_mixed_run(
     assert len(old) >= 4 and all(p.endswith((".tar", ".tar.tidx")) for p in old)
 
     pattern = str(out / "s-%05d.tar")
-    with pytest.raises(tarindex.WriterError, match="of an earlier run already exist"):
+    with pytest.raises(tarindex.errors.WriterError, match="of an earlier run already exist"):
         write_shards(Items(30), pattern, jobs=2, maxcount=10, to_sample=to_sample, progress=False)
     assert sorted(p.name for p in out.glob("s-*")) == old  # refused: nothing deleted
     res = write_shards(

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from tarindex import MixedDataset, ShardSet, ShardSubset, TarDataset, TarIterableDataset  # noqa: E402
+from tarindex import MixedDataset, ShardSet, TarDataset, TarIterableDataset  # noqa: E402
+from tarindex.read.subset import ShardSubset  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

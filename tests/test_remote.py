@@ -127,7 +127,7 @@ def test_batched_fetch_and_block_read(served: tuple[RangeServer, list[str]]) -> 
 def test_subset_drops_what_the_base_fetched_ahead(served: tuple[RangeServer, list[str]]) -> None:
     srv, _ = served
     _fresh()
-    sub = tarindex.ShardSubset(tarindex.ShardSet(f"{srv.url}/{PAT}"), list(range(30, 50)))
+    sub = tarindex.read.subset.ShardSubset(tarindex.ShardSet(f"{srv.url}/{PAT}"), list(range(30, 50)))
     for drop, fetched in ((False, 0), (True, 1)):
         sub.prefetch(range(20), wait=True)  # into the base's readers' read-ahead stores
         if drop:

@@ -107,7 +107,7 @@ def test_s3_directory_source_and_missing_object(s3: tuple[RemoteOptions, list[st
     opts, _ = s3
     ss = tarindex.ShardSet(f"s3://{BUCKET}/data/", remote=opts)
     assert ss.n_shards == len(SIZES)
-    with pytest.raises(tarindex.IndexMissingError, match="no index for remote shard"):
+    with pytest.raises(tarindex.errors.IndexMissingError, match="no index for remote shard"):
         tarindex.ShardSet(f"s3://{BUCKET}/data/nope.tar", remote=opts)
 
 

@@ -138,7 +138,7 @@ def test_writer_index_equals_rebuilt_index(tmp_path: Path) -> None:
         assert rebuilt.tables_bytes() == written.tables_bytes()
         assert (
             written.meta["producer"] == "tarindex.writer"
-            and rebuilt.meta["producer"] == "tarindex.scan"
+            and rebuilt.meta["producer"] == "tarindex.index.scan.scan"
         )
 
 
@@ -197,18 +197,18 @@ def test_maxsize_rolls_over(tmp_path: Path) -> None:
     ],
 )
 def test_writer_refuses_bad_keys(tmp_path: Path, key: str, match: str) -> None:
-    with pytest.raises(tarindex.WriterError, match=match):
+    with pytest.raises(tarindex.errors.WriterError, match=match):
         with tarindex.ShardWriter(str(tmp_path / "k.tar")) as w:
             w.write({"__key__": key, "txt": "x"})
     assert not os.listdir(tmp_path)  # nothing that looks like a shard
 
 
 def test_writer_refuses_repeated_key_and_bad_value(tmp_path: Path) -> None:
-    with pytest.raises(tarindex.WriterError, match="written twice"):
+    with pytest.raises(tarindex.errors.WriterError, match="written twice"):
         with tarindex.ShardWriter(str(tmp_path / "k.tar")) as w:
             w.write({"__key__": "a", "txt": "x"})
             w.write({"__key__": "a", "txt": "y"})
-    with pytest.raises(tarindex.WriterError, match="cannot encode a object"):
+    with pytest.raises(tarindex.errors.WriterError, match="cannot encode a object"):
         with tarindex.ShardWriter(str(tmp_path / "k.tar")) as w:
             w.write({"__key__": "a", "bin": object()})
     assert not os.listdir(tmp_path)
@@ -292,13 +292,13 @@ def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> N
     )
     framed = tarindex.ShardSet(dsrc).get(0)
     with tarindex.ShardWriter(str(tmp_path / "dcopy-%d.tar"), encoder=False) as w:
-        with pytest.raises(tarindex.WriterError, match="compressed with dictionary .* never be"):
+        with pytest.raises(tarindex.errors.WriterError, match="compressed with dictionary .* never be"):
             w.write(framed)
         w.write({"__key__": "ok", "bin.zst": b"not a frame: stored as given"})
 
     # compressing and "as they are" contradict each other: refused before anything is written
     kws: list[dict[str, Any]] = [{"compress": ("json",)}, {"compress": True}, {"zstd_dict": True}]
     for kw in kws:
-        with pytest.raises(tarindex.WriterError, match="with encoder=False"):
+        with pytest.raises(tarindex.errors.WriterError, match="with encoder=False"):
             tarindex.ShardWriter(str(tmp_path / "no-%d.tar"), encoder=False, **kw)
     assert not list(tmp_path.glob("no-*"))

@@ -15,7 +15,7 @@ from tarindex.format.tar import build_member_header
 
 
 def _members_agree(path: Path) -> None:
-    got = tarindex.scan(path)
+    got = tarindex.index.scan.scan(path)
     with tarfile.open(path) as tf:
         regs = [m for m in tf.getmembers() if m.isreg()]
     assert got.names == [m.name for m in regs]
@@ -75,7 +75,7 @@ def test_pax_records_variants(tmp_path: Path, records: bytes, name: bytes, size:
     body = b"hello" + bytes(507)
     p = tmp_path / "v.tar"
     p.write_bytes(_pax_block(records) + member + body + bytes(1024))
-    got = tarindex.scan(p)
+    got = tarindex.index.scan.scan(p)
     assert got.raw_names == [name] and got.size.tolist() == [size]
     assert got.offset.tolist() == [len(_pax_block(records)) + 512]
 
@@ -85,13 +85,13 @@ def test_empty_pax_header_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "v.tar"
     member = build_member_header(b"plain.bin", 5, 0)
     p.write_bytes(_pax_block(b"") + member + b"hello" + bytes(507) + bytes(1024))
-    with pytest.raises(tarindex.TarHeaderError, match=rf"{p}: byte 0: empty pax"):
-        tarindex.scan(p)
+    with pytest.raises(tarindex.errors.TarHeaderError, match=rf"{p}: byte 0: empty pax"):
+        tarindex.index.scan.scan(p)
 
 
 def test_bad_pax_record_still_reported(tmp_path: Path) -> None:
     member = build_member_header(b"plain.bin", 5, 0)
     p = tmp_path / "bad.tar"
     p.write_bytes(_pax_block(b"99 path=x\n") + member + b"hello" + bytes(507) + bytes(1024))
-    with pytest.raises(tarindex.TarHeaderError, match=rf"{p}: byte 512: malformed pax"):
-        tarindex.scan(p)
+    with pytest.raises(tarindex.errors.TarHeaderError, match=rf"{p}: byte 512: malformed pax"):
+        tarindex.index.scan.scan(p)

@@ -49,16 +49,16 @@ def test_to_tuple_picks_the_first_alternative_present() -> None:
     assert sel(s) == (b"J", b"{}")
     assert tarindex.to_tuple("png;jpg", "__key__")(s) == (b"P", "k")
     assert tarindex.to_tuple("jpg;png json").alternatives == sel.alternatives  # wds' spaces
-    with pytest.raises(tarindex.MissingFieldError) as ei:
+    with pytest.raises(tarindex.errors.MissingFieldError) as ei:
         tarindex.to_tuple("jpg", "txt;caption")(s)
     msg = str(ei.value)
     assert msg.startswith("s.tar: sample 'k' has no 'txt' or 'caption' (it has jpg, json, png)")
     assert isinstance(ei.value, KeyError) and isinstance(ei.value, tarindex.TarIndexError)
     projected = {"__key__": "k", "__shard__": "s.tar", "jpg": b"J"}  # as a dataset reads it
-    with pytest.raises(tarindex.MissingFieldError, match=r"\(of the selected members it has "
+    with pytest.raises(tarindex.errors.MissingFieldError, match=r"\(of the selected members it has "
                        r"jpg; `tarindex ls s.tar` lists every member\)"):
         tarindex.to_tuple("jpg", "txt")(projected)
-    with pytest.raises(tarindex.MissingFieldError, match="of the selected members it has none"):
+    with pytest.raises(tarindex.errors.MissingFieldError, match="of the selected members it has none"):
         tarindex.to_tuple("txt")({"__key__": "k", "__shard__": "s.tar"})
     lax = tarindex.to_tuple("jpg", "txt", missing_is_error=False)
     assert lax(s) == (b"J", None)
@@ -80,7 +80,7 @@ def test_both_datasets_select_decode_and_read_only_the_selected_members(shards: 
     for i in ok:
         img, meta = ds[i]
         assert meta == {"id": i} and img.shape == (6, 8, 3) and img.dtype == np.uint8
-    with pytest.raises(tarindex.MissingFieldError, match=r"t-000001.tar: sample '007' has no 'jpg"):
+    with pytest.raises(tarindex.errors.MissingFieldError, match=r"t-000001.tar: sample '007' has no 'jpg"):
         ds[7]
     bin_bytes = 12 * 40_000
     read = sum(cast(PreadSource, ds.shards.reader(s).source).bytes_read for s in (0, 1))

@@ -81,7 +81,7 @@ def _refused(tar: Path, *needles: str, seconds: float = 5.0) -> str:
     for n in needles:
         assert n in msg, msg
     assert took < seconds, f"{took:.1f} s"
-    assert not Path(tarindex.index_path_for(tar)).exists()
+    assert not Path(tarindex.storage.indexfile.index_path_for(tar)).exists()
     return msg
 
 
@@ -135,7 +135,7 @@ def test_an_8_MB_pax_attribute_still_indexes(tmp_path: Path) -> None:
     rec = _pax_record(b"comment", b"c" * 7_999_000) + _pax_record(b"path", b"big.bin")
     tar = _pax_tar(tmp_path / "8m.tar", rec)
     assert tarindex.build_index(tar).n_samples == 1
-    assert tarindex.scan(tar).names == ["big.bin"]
+    assert tarindex.index.scan.scan(tar).names == ["big.bin"]
 
 
 def test_gnu_long_name_over_the_bound_is_refused(tmp_path: Path) -> None:
@@ -159,7 +159,7 @@ def test_long_names_under_the_bound_index(tmp_path: Path) -> None:
         ("gnu", _gnu_tar(tmp_path / "okL.tar", b"q" * 300_000 + b".bin")),
     ):
         assert tarindex.build_index(tar).n_samples == 1, kind
-        (name,) = tarindex.scan(tar).names
+        (name,) = tarindex.index.scan.scan(tar).names
         assert len(name) == 300_004 and name.endswith(".bin"), kind
 
 
@@ -185,7 +185,7 @@ def test_gnu_tar_long_names_index(tmp_path: Path, fmt: str) -> None:
         check=True,
     )
     assert tarindex.build_index(tar).n_samples == 1
-    assert tarindex.scan(tar).names == [long + ".bin"]
+    assert tarindex.index.scan.scan(tar).names == [long + ".bin"]
     assert tarindex.ShardReader(str(tar)).sample(0)["bin"] == DATA
 
 

@@ -89,7 +89,7 @@ def make_tree(
         os.mkfifo(root / "pipe.fifo")
 
 
-def check_archive(tar: Path, root: Path, *, tarfile_agrees: bool = True) -> tarindex.Members:
+def check_archive(tar: Path, root: Path, *, tarfile_agrees: bool = True) -> tarindex.index.members.Members:
     """Index ``tar``, then check every sample byte-exact against the files under ``root``."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # none of these archives deserves a warning, except
@@ -302,7 +302,7 @@ def test_pax_global_size_and_path_apply_to_later_members(tmp_path: Path) -> None
     assert m.names == ["0.txt", "1.txt", "2.txt"]
 
 
-def check_members_match_tarfile(tar: Path) -> tarindex.Members:
+def check_members_match_tarfile(tar: Path) -> tarindex.index.members.Members:
     m = scan_members(tar)
     with tarfile.open(tar) as tf:
         ref = [(m_.name, m_.offset_data, m_.size) for m_ in tf.getmembers() if m_.isreg()]

@@ -100,7 +100,7 @@ def gnu_list(tar: Path) -> list[str]:
     return r.stdout.decode("utf-8", "surrogateescape").splitlines()
 
 
-def scan_quiet(p: Path, **kw: bool) -> tarindex.Members:
+def scan_quiet(p: Path, **kw: bool) -> tarindex.index.members.Members:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return scan_members(p, **kw)

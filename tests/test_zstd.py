@@ -203,7 +203,7 @@ def test_dictionary_bytes_changed_in_place_are_refused(tmp_path: Path) -> None:
         f.seek(at)
         f.write(bytes([b[0] ^ 0xFF]))
     r = tarindex.ShardReader(shard)  # opens: the fingerprint does not cover it
-    with pytest.raises(tarindex.ChecksumError, match=rf"byte {entry['offset']}: zstd dictionary"):
+    with pytest.raises(tarindex.errors.ChecksumError, match=rf"byte {entry['offset']}: zstd dictionary"):
         r.zstd_dict()
     with pytest.raises(tarindex.StaleIndexError, match="records the zstd dictionary"):
         verify(shard)
@@ -244,7 +244,7 @@ def test_held_samples_keep_the_writer_rules(tmp_path: Path) -> None:
     w = tarindex.ShardWriter(str(pattern), mtime=0, compress=("json",), zstd_dict=True)
     w.write(samples(1)[0])
     assert w.total == 0 and not list(tmp_path.glob("*.tar"))  # held for training
-    with pytest.raises(tarindex.WriterError, match="written twice"):
+    with pytest.raises(tarindex.errors.WriterError, match="written twice"):
         w.write(samples(1)[0])
     w.close()
     assert w.total == 1 and len(tarindex.ShardSet(str(tmp_path / "d-00.tar"))) == 1
@@ -292,13 +292,13 @@ def test_iterable_dataset_in_workers_decodes_dictionary_members(tmp_path: Path) 
     ],
 )
 def test_bad_options(tmp_path: Path, kw: dict[str, Any], match: str) -> None:
-    with pytest.raises(tarindex.WriterError, match=match):
+    with pytest.raises(tarindex.errors.WriterError, match=match):
         tarindex.ShardWriter(str(tmp_path / "x-%02d.tar"), **kw)
 
 
 def test_ext_and_compressed_ext_in_one_sample(tmp_path: Path) -> None:
     with tarindex.ShardWriter(str(tmp_path / "x-%02d.tar"), compress=("json",)) as w:
-        with pytest.raises(tarindex.WriterError, match="'json.zst' twice"):
+        with pytest.raises(tarindex.errors.WriterError, match="'json.zst' twice"):
             w.write({"__key__": "a", "json": [1], "json.zst": [2]})
     (p,) = write(tmp_path / "y-%02d.tar", [{"__key__": "a", "txt": "x", "txt.zst": "y"}])
     with pytest.raises(tarindex.DecodeError, match="both decode to 'txt'"):

@@ -11,7 +11,7 @@ Subcommands::
     tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES] [--overwrite] [--jobs N]
     tarindex demo [--workdir DIR] [--epochs N]            the main job on real data
 
-A ``SOURCE`` is anything :func:`tarindex.expand_source` takes: a path, a directory of ``*.tar``,
+A ``SOURCE`` is anything :func:`tarindex.read.sources.expand_source` takes: a path, a directory of ``*.tar``,
 a glob (quote it), a brace pattern (``'train-{000000..000009}.tar'``) or a manifest
 (``data.json``), local or a URL (``https://...``, ``s3://...``; docs/REMOTE.md).
 ``--index-dir DIR`` reads indexes kept apart from their tars (``tarindex index URL --out DIR``).

@@ -80,7 +80,7 @@ COMPRESSION_SUFFIXES = (ZST_SUFFIX, GZ_SUFFIX)
 
 The one table of both sides: readers decompress them (:func:`tarindex.codecs.compression_layers`),
 decoded samples name the entry without them (:func:`tarindex.codecs.strip_compression`),
-selection finds ``EXT`` stored as ``EXT.zst`` or ``EXT.gz`` (:class:`tarindex.ToTuple`), and
+selection finds ``EXT`` stored as ``EXT.zst`` or ``EXT.gz`` (:class:`tarindex.codecs.select.ToTuple`), and
 the encoder compresses with them (:data:`tarindex.codecs.compress.COMPRESSORS`). Case-sensitive,
 as webdataset's ``.gz`` rule; layers may nest (``npy.gz.zst``); an extension that is only the
 suffix (a member ``x.gz``) is not a compressed member (it stays bytes).

@@ -32,7 +32,7 @@ class ToTuple:
             starting with ``__`` (``"__key__"``, ``"__index__"``, ``"__shard__"``) are the
             sample's own entries, not members.
         missing_is_error: A sample with none of a field's alternatives raises
-            :class:`tarindex.MissingFieldError`; ``False`` gives ``None`` for that entry.
+            :class:`tarindex.errors.MissingFieldError`; ``False`` gives ``None`` for that entry.
             Defaults to ``True``.
 
     Raises:

@@ -1,6 +1,6 @@
 """Build the sidecar index of an existing tar: one header walk, one mapping of the tar.
 
-:func:`tarindex.scan.scan_members` walks the headers and takes the fingerprint (FORMAT.md §3)
+:func:`tarindex.index.scan.scan_members` walks the headers and takes the fingerprint (FORMAT.md §3)
 from the same mapping; :func:`index_tables_for` groups the members into samples (FORMAT.md
 §2, §4); :func:`build_index` writes the result atomically beside the tar (FORMAT.md §1).
 :func:`build_indexes` does it for many tars (``tarindex index``): in parallel processes, local
@@ -146,7 +146,7 @@ def build_index(
     """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
 
     The tar is opened and mapped once: the header walk also takes the fingerprint. Warnings
-    as :func:`index_tables_for` and :func:`tarindex.scan.scan_members`.
+    as :func:`index_tables_for` and :func:`tarindex.index.scan.scan_members`.
 
     Args:
         tar_path: A plain tar made by any common tool (GNU tar, bsdtar, Python tarfile,
@@ -164,7 +164,7 @@ def build_index(
         The tables written (FORMAT.md §2).
 
     Raises:
-        FormatError: Any of the scan errors of :func:`tarindex.scan.scan_members` (truncated,
+        FormatError: Any of the scan errors of :func:`tarindex.index.scan.scan_members` (truncated,
             corrupt, compressed, not a tar); each names the file and the byte offset. No
             index file is written then.
         OSError: The tar cannot be read or the index cannot be written.
@@ -325,7 +325,7 @@ def build_indexes(
 
     Args:
         paths: Tars: local paths or URLs (expand globs and braces first, e.g. with
-            :func:`tarindex.expand_source`).
+            :func:`tarindex.read.sources.expand_source`).
         jobs: Worker processes, ``>= 1`` (``fork`` where the platform has it, else
             ``spawn``). ``1`` builds in this process. Defaults to ``1``.
         out: Write each index into this directory as ``<tar's base name>.tidx`` (created if

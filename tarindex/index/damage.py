@@ -32,7 +32,7 @@ __all__ = [
 
 
 def fail_head(path: str, head: bytes) -> None:
-    """Raise :class:`~tarindex.CompressedTarError` if ``head`` starts a compressed stream.
+    """Raise :class:`~tarindex.errors.CompressedTarError` if ``head`` starts a compressed stream.
 
     Raises:
         CompressedTarError: gzip, bzip2, xz, zstd or lz4 data (the message names the command
@@ -50,8 +50,8 @@ def fail_head(path: str, head: bytes) -> None:
 def checksum_error(path: str, block: bytes, pos: int) -> TarIndexError:
     """The error for the header ``block`` at ``pos`` whose checksum is wrong.
 
-    At byte 0 the file is not a tar at all (:class:`~tarindex.NotATarError`, or a compressed
-    tar: raised at once), elsewhere a :class:`~tarindex.ChecksumError`.
+    At byte 0 the file is not a tar at all (:class:`~tarindex.errors.NotATarError`, or a compressed
+    tar: raised at once), elsewhere a :class:`~tarindex.errors.ChecksumError`.
     """
     if pos == 0:
         fail_head(path, block)
@@ -74,7 +74,7 @@ def eof_error(
     """The error for a walk that reached ``pos >= size - 511`` without an end-of-archive marker.
 
     Returns:
-        A :class:`~tarindex.TruncatedError`; None when ``require_end`` is False and the file
+        A :class:`~tarindex.errors.TruncatedError`; None when ``require_end`` is False and the file
         ends right after a member's data or inside its padding (then indexed, with
         :func:`eof_warning`). A pax or GNU long-name record at ``pending_at`` (>= 0) still
         waiting for its member is an error either way.
@@ -135,7 +135,7 @@ def after_zeros(path: str, mm: mmap.mmap, pos: int, size: int) -> int | Trailing
     Returns:
         Where the next archive starts (concatenated archives, as GNU ``--ignore-zeros`` reads
         them), ``size`` at the end of the file, or the
-        :class:`~tarindex.TrailingGarbageError` for non-zero bytes that are not a header.
+        :class:`~tarindex.errors.TrailingGarbageError` for non-zero bytes that are not a header.
     """
     while pos + BLOCK <= size and mm[pos : pos + BLOCK] == ZERO_BLOCK:
         pos += BLOCK

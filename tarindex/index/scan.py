@@ -674,9 +674,9 @@ def scan(path: str | os.PathLike[str], *, require_end: bool = True) -> Members:
     Same as :func:`scan_members` (``require_end`` as there).
 
     Raises:
-        FormatError: As :func:`scan_members` (:class:`~tarindex.NotATarError`,
-            :class:`~tarindex.CompressedTarError`, :class:`~tarindex.ChecksumError`,
-            :class:`~tarindex.TarHeaderError`, :class:`~tarindex.TruncatedError`,
-            :class:`~tarindex.TrailingGarbageError`).
+        FormatError: As :func:`scan_members` (:class:`~tarindex.errors.NotATarError`,
+            :class:`~tarindex.errors.CompressedTarError`, :class:`~tarindex.errors.ChecksumError`,
+            :class:`~tarindex.errors.TarHeaderError`, :class:`~tarindex.errors.TruncatedError`,
+            :class:`~tarindex.errors.TrailingGarbageError`).
     """
     return scan_members(path, require_end=require_end)

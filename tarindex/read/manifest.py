@@ -69,7 +69,7 @@ def build_manifest(
     """Open every shard of ``source`` once and return its manifest table (FORMAT.md §9).
 
     Args:
-        source: Shards (anything :func:`tarindex.expand_source` takes, manifests included).
+        source: Shards (anything :func:`tarindex.read.sources.expand_source` takes, manifests included).
         location: Where the manifest will be written: paths are made relative to its
             directory.
         absolute: Record absolute paths instead. Defaults to ``False``.

@@ -106,7 +106,7 @@ def verify(
     Raises:
         IndexMissingError: There is no index.
         FormatError: The index is corrupt (checksum, bad tables), or the tar is (scan errors:
-            truncated, bad header checksum, ...). :class:`tarindex.TarHeaderError` when the
+            truncated, bad header checksum, ...). :class:`tarindex.errors.TarHeaderError` when the
             header before an indexed member has a valid checksum but a size field that is not
             a number.
         StaleIndexError: The index does not describe this tar: fingerprint mismatch, an

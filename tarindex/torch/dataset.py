@@ -62,7 +62,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             ``tarindex.to_tuple("jpg;png", "json")`` or just ``("jpg;png", "json")`` (``;``
             separates alternatives, the first present wins). Only the members it names are
             read (it sets ``fields``) and only those it picks are decoded; ``transform`` then
-            gets the tuple. A missing field raises :class:`tarindex.MissingFieldError`
+            gets the tuple. A missing field raises :class:`tarindex.errors.MissingFieldError`
             (``to_tuple(..., missing_is_error=False)``: ``None``). Defaults to ``None``.
         allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members when decoding. Defaults to
             ``False``.
@@ -77,7 +77,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             with checksums (the writer's, or ``tarindex index --checksums``). Defaults to
             ``False``.
         batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
-            :class:`tarindex.BatchedSamples` per batch, read straight into one buffer, instead
+            :class:`tarindex.torch.batch.BatchedSamples` per batch, read straight into one buffer, instead
             of a list of dicts; use it with ``collate_fn=tarindex.collate_batched``. Raw bytes only: not with
             ``decode`` or ``transform``. ``ds[i]`` is unchanged. Defaults to ``False``.
         index_dir: Where the indexes are, if not beside the tars (``<index_dir>/<tar
@@ -102,7 +102,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         DecodeError: A member that cannot be decoded or exceeds a decode bound (names the
             shard, key and extension; see :class:`tarindex.codecs.ExtDecoder` for the bounds).
         IndexError: ``ds[i]`` with ``i`` outside ``[-len(ds), len(ds))``
-            (:class:`tarindex.SampleIndexError`).
+            (:class:`tarindex.errors.SampleIndexError`).
         MissingFieldError: A sample without a field ``select`` asks for (a ``KeyError``).
         ValueError: ``batched=True`` together with ``decode``, ``transform`` or ``select``;
             ``select`` together with ``fields``; an unknown ``decode`` mode; open options

@@ -104,7 +104,7 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
             Defaults to ``None`` (all).
         select: Yield tuples, webdataset's ``to_tuple``: ``tarindex.to_tuple("jpg;png",
             "json")`` or ``("jpg;png", "json")``, as for :class:`TarDataset` (reads only the
-            members it names; a missing field raises :class:`tarindex.MissingFieldError`,
+            members it names; a missing field raises :class:`tarindex.errors.MissingFieldError`,
             which ``on_error="skip"`` warns about and skips). Defaults to ``None``.
         rank: This process's rank (with ``world_size``). Defaults to ``torch.distributed``'s.
         world_size: Number of ranks. Defaults to ``torch.distributed``'s, else ``1``.
