@@ -105,6 +105,17 @@ def test_count_arguments_refuse_non_integers(
             MixedDataset([TarIterableDataset(shards)], counts=[3], **kw)
 
 
+def test_split_keys_seed_must_be_an_integer() -> None:
+    from tarindex.plan.split import split_keys
+
+    keys = [f"{i:08d}" for i in range(50)]
+    with pytest.raises(ValueError, match=r"seed=1\.5"):
+        split_keys(keys, [0.5, 0.5], seed=1.5)
+    assert split_keys(keys, [0.5, 0.5], seed=np.int64(1)).tolist() == (
+        split_keys(keys, [0.5, 0.5], seed=1).tolist()
+    )
+
+
 def test_batch_size_and_epoch_refuse_non_integers(shards: list[str]) -> None:
     with pytest.raises(ValueError, match=r"batch_size=2\.5"):
         TarIterableDataset(shards, batched=True, batch_size=2.5)
