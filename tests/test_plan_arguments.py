@@ -110,8 +110,9 @@ def test_split_keys_seed_must_be_an_integer() -> None:
 
     keys = [f"{i:08d}" for i in range(50)]
     with pytest.raises(ValueError, match=r"seed=1\.5"):
-        split_keys(keys, [0.5, 0.5], seed=1.5)
-    assert split_keys(keys, [0.5, 0.5], seed=np.int64(1)).tolist() == (
+        split_keys(keys, [0.5, 0.5], seed=1.5)  # type: ignore[arg-type]
+    seed: Any = np.int64(1)  # a numpy integer is an integer
+    assert split_keys(keys, [0.5, 0.5], seed=seed).tolist() == (
         split_keys(keys, [0.5, 0.5], seed=1).tolist()
     )
 
