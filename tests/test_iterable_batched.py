@@ -228,8 +228,17 @@ def test_arguments_and_state_mismatch(shards: list[str]) -> None:
         batched.load_state_dict(plain.state_dict())
     with pytest.raises(ValueError, match="batch_size"):
         TarIterableDataset(shards, batch_size=8, **KW).load_state_dict(batched.state_dict())
-    old = {k: v for k, v in plain.state_dict().items() if k != "batch_size"}
-    plain.load_state_dict(old)  # a state saved before batch_size existed still loads
+    # a state saved before batch_size existed (version 1: no layout either) still loads where
+    # the shard layout cannot matter (shuffle=False); shuffled, it is refused (issue 19, 14)
+    def old(ds: TarIterableDataset) -> dict[str, Any]:
+        st = ds.state_dict()
+        return {**{k: v for k, v in st.items() if k not in ("batch_size", "layout")}, "version": 1}
+
+    with pytest.raises(ValueError, match="version 1 does not record the shard layout"):
+        plain.load_state_dict(old(plain))
+    flat = TarIterableDataset(shards, block_size=4, buffer_size=8, shuffle=False)
+    flat.load_state_dict(old(flat))
+    assert flat.state_dict()["batch_size"] is None
     # the default collate refuses a BatchedSamples list: DataLoader(batch_size=...) by mistake
     with pytest.raises(TypeError):
         next(iter(DataLoader(batched, batch_size=2)))

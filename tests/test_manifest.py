@@ -187,6 +187,33 @@ def test_bad_manifests_are_refused_with_the_field(tmp_path: Path) -> None:
     assert t.meta["extra_field"] == {"later": 1} and t.n_samples == 10
 
 
+def test_counts_that_wrap_int64_are_refused_naming_the_shard(tmp_path: Path) -> None:
+    """Row counts summing past int64 (to 0) were accepted: each is bounded as in its index."""
+    paths = write(tmp_path / "ds", 20, 5)
+    m = tmp_path / "ds" / "data.json"
+    write_manifest(paths, str(m))
+    doc = json.loads(m.read_text())
+    huge = dict(doc, n_samples=0)  # 4 * 2**62 == 2**64: 0 in int64
+    huge["shards"] = dict(doc["shards"], samples=[2**62] * 4, members=[2**62] * 4)
+    m.write_text(json.dumps(huge))
+    with pytest.raises(FormatError, match=r"data\.json: column 'samples': shard 0 has "):
+        tarindex.ShardSet(str(m))
+    with pytest.raises(FormatError, match=r"data\.json: column 'samples'"):
+        tarindex.TarDataset(str(m))
+    cases = {  # one count past its index's bound (FORMAT.md §2.1), the rest fine
+        "samples": ([5, 5, 2**40 + 1, 5], "shard 2 has 1099511627777 samples"),
+        "members": ([10, 2**42 + 1, 10, 10], "shard 1 has 4398046511105 members"),
+    }
+    for col, (values, match) in cases.items():
+        d = json.loads(json.dumps(doc))
+        d["shards"][col] = values
+        if col == "samples":
+            d["shards"]["members"] = [2**41] * 4
+            d["n_samples"] = sum(values)
+        with pytest.raises(FormatError, match=match):
+            decode_manifest(json.dumps(d).encode(), "x.json")
+
+
 @pytest.mark.parametrize("change", ["rewritten", "deleted"])
 def test_cli_info_ls_verify_check_shards_against_the_manifest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str

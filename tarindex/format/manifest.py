@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import FormatError
+from .spec import MAX_MEMBERS, MAX_SAMPLES
 from .url import url_scheme
 
 __all__ = [
@@ -132,7 +133,9 @@ def decode_manifest(buf: bytes | memoryview, where: str = "<manifest>") -> Manif
     """Decode and check a manifest (FORMAT.md §9); O(n_shards), vectorised.
 
     Checks the format name and version, that every column has ``n_shards`` entries of the
-    right type, counts and sizes non-negative, ``members >= samples``, crc32s in
+    right type, counts and sizes non-negative, per-shard ``samples`` and ``members`` within
+    what an index holds (``MAX_SAMPLES``, ``MAX_MEMBERS``, FORMAT.md §2.1; so the totals
+    never wrap int64), ``members >= samples``, crc32s in
     ``[0, 2**32)``, shard ids of 32 hex digits (or empty), paths non-empty, and the totals.
 
     Args:
@@ -179,6 +182,14 @@ def decode_manifest(buf: bytes | memoryview, where: str = "<manifest>") -> Manif
         if n and int(a.min()) < 0:
             raise _bad(where, f"column {c!r}: shard {int(np.argmin(a))} has a negative value")
         ints[c] = a
+    for c, what, lim in (("samples", "samples", MAX_SAMPLES), ("members", "members", MAX_MEMBERS)):
+        if n and int(ints[c].max()) > lim:  # an index holds at most this many (§2.1)
+            k = int(np.argmax(ints[c]))
+            raise _bad(
+                where,
+                f"column {c!r}: shard {k} has {int(ints[c][k])} {what}, more than an index "
+                f"holds ({lim}, FORMAT.md §2.1)",
+            )
     for c in ("head_crc", "tail_crc"):
         if n and int(ints[c].max()) >= 1 << 32:
             raise _bad(where, f"column {c!r}: shard {int(np.argmax(ints[c]))} is not a crc32")
@@ -199,9 +210,9 @@ def decode_manifest(buf: bytes | memoryview, where: str = "<manifest>") -> Manif
             (k, x) for k, x in enumerate(sids) if not isinstance(x, str) or not _HEX32.match(x)
         )
         raise _bad(where, f"column 'shard_id': shard {k} is {x!r}, expected 32 hex digits")
-    total = doc.get("n_samples")
-    if total != int(ints["samples"].sum()):
-        raise _bad(where, f"'n_samples' is {total!r}, the shards hold {int(ints['samples'].sum())}")
+    total, held = doc.get("n_samples"), sum(ints["samples"].tolist())  # exact: no int64 wrap
+    if type(total) is not int or total != held:
+        raise _bad(where, f"'n_samples' is {total!r}, the shards hold {held}")
     meta = {
         k: v
         for k, v in doc.items()

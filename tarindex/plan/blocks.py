@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .checks import check_int
+
 __all__ = ["BLOCK_DTYPE", "Blocks", "IntArray", "cut_blocks", "slice_blocks", "blocks_to_indices"]
 
 BLOCK_DTYPE = np.dtype(np.int64)
@@ -48,9 +50,7 @@ def cut_blocks(
     Raises:
         ValueError: If ``block_size < 1`` or a count is negative.
     """
-    if int(block_size) < 1:
-        raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
-    bs = int(block_size)
+    bs = check_int("block_size", block_size, 1)
     cnt = np.asarray(counts, dtype=np.int64)
     if cnt.size and int(cnt.min()) < 0:
         raise ValueError("counts: sample counts must be >= 0")

@@ -47,6 +47,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .blocks import BLOCK_DTYPE, Blocks, IntArray, blocks_to_indices, cut_blocks, slice_blocks
+from .checks import check_int
 from .seeds import MASK32, TAG_BLOCKS, TAG_CUTS, TAG_SHARDS, TAG_WINDOW, make_rng
 
 __all__ = [
@@ -129,13 +130,10 @@ def rank_share(n_samples: int, world_size: int, drop_last: bool = False) -> int:
     ``n_samples // world_size`` (dropping the remainder). ``0`` when ``n_samples == 0``.
 
     Raises:
-        ValueError: If ``world_size < 1`` or ``n_samples < 0``.
+        ValueError: If ``world_size < 1`` or ``n_samples < 0``, or either is not an integer.
     """
-    if int(world_size) < 1:
-        raise ValueError(f"world_size={world_size!r}: expected >= 1")
-    if int(n_samples) < 0:
-        raise ValueError(f"n_samples={n_samples!r}: expected >= 0")
-    n, w = int(n_samples), int(world_size)
+    w = check_int("world_size", world_size, 1)
+    n = check_int("n_samples", n_samples, 0)
     return n // w if drop_last else -(-n // w)
 
 
@@ -149,12 +147,11 @@ def worker_shares(per_rank: int, num_workers: int) -> NDArray[np.int64]:
         same count on every rank, so every rank yields the same number of batches.
 
     Raises:
-        ValueError: If ``num_workers < 1``.
+        ValueError: If ``num_workers`` is not an integer ``>= 1``.
     """
-    if int(num_workers) < 1:
-        raise ValueError(f"num_workers={num_workers!r}: expected >= 1")
-    q, r = divmod(int(per_rank), int(num_workers))
-    return q + (np.arange(int(num_workers), dtype=np.int64) < r).astype(np.int64)
+    nw = check_int("num_workers", num_workers, 1)
+    q, r = divmod(int(per_rank), nw)
+    return q + (np.arange(nw, dtype=np.int64) < r).astype(np.int64)
 
 
 def slot_span(
@@ -203,11 +200,11 @@ def batch_span(
     same number of batches whatever ``num_workers``. Positions wrap as in :func:`slot_span`.
 
     Raises:
-        ValueError: If ``rank``/``worker`` is out of range, ``batch_size < 1``, or as
+        ValueError: If ``rank``/``worker`` is out of range, ``batch_size`` not an integer
+            ``>= 1``, or as
             :func:`slot_span`.
     """
-    if int(batch_size) < 1:
-        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+    check_int("batch_size", batch_size, 1)
     base, stop = slot_span(n_samples, rank, world_size, 0, 1, drop_last)  # validates rank
     if not 0 <= int(worker) < int(num_workers):
         raise ValueError(f"worker={worker!r}: expected 0 <= worker < num_workers={num_workers}")

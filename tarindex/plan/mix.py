@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .blocks import IntArray
+from .checks import check_int
 from .seeds import TAG_MIX, TAG_MIX_SOURCE, make_rng
 
 __all__ = [
@@ -163,8 +164,10 @@ def mix_counts(
         weights: Relative weights (exclusive with ``counts``): ``total`` (default
             :func:`mix_total`) samples are split by :func:`apportion`, capped at the sizes of
             sources sampled without replacement.
-        counts: Samples per epoch from each source (exclusive with ``weights``).
-        total: Samples per epoch, only with ``weights``.
+        counts: Samples per epoch from each source (exclusive with ``weights``): Python or
+            numpy integers ``>= 0`` (``5.5`` is refused, not truncated).
+        total: Samples per epoch, only with ``weights``; an integer (the datasets'
+            ``samples_per_epoch``).
         replacement: One flag for all sources or one per source; see :func:`mix_spans`.
             Defaults to ``False``.
 
@@ -173,7 +176,8 @@ def mix_counts(
 
     Raises:
         ValueError: Neither or both of ``weights``/``counts``, lengths that differ from
-            ``sizes``, ``total`` with ``counts``, a count above its source's size without
+            ``sizes``, ``total`` with ``counts``, a count or ``total`` that is not an integer
+            (the message names it, e.g. ``counts[0]=5.5``), a count above its source's size without
             replacement, a positive count from an empty source, or no sample at all.
     """
     m = len(sizes)
@@ -187,16 +191,21 @@ def mix_counts(
     if counts is not None:
         if total is not None:
             raise ValueError("samples_per_epoch/total goes with weights=, not counts=")
-        c = np.asarray([int(x) for x in counts], dtype=np.int64)
+        c = np.asarray(
+            [check_int(f"counts[{i}]", x, 0, _MIX_LIMIT) for i, x in enumerate(counts)],
+            dtype=np.int64,
+        )
         if len(c) != m:
             raise ValueError(f"counts: {len(c)} values for {m} sources")
-        if c.size and int(c.min()) < 0:
-            raise ValueError(f"counts={c.tolist()}: expected integers >= 0")
     else:
         weights = list(weights or ())
         if len(weights) != m:
             raise ValueError(f"weights: {len(weights)} values for {m} sources")
-        t = mix_total(weights, sizes, rep) if total is None else int(total)
+        t = (
+            mix_total(weights, sizes, rep)
+            if total is None
+            else check_int("samples_per_epoch", total, 0, _MIX_LIMIT)
+        )
         c = apportion(weights, t, [None if r else int(n) for r, n in zip(rep, sizes, strict=True)])
     for s, (cs, n, r) in enumerate(zip(c.tolist(), sizes, rep, strict=True)):
         if cs > 0 and int(n) == 0:

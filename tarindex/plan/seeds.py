@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import check_int, check_u64
+
 __all__ = [
     "MASK32",
     "TAG_SHARDS",
@@ -26,7 +28,6 @@ __all__ = [
 
 MASK32 = (1 << 32) - 1
 """The low 32-bit word of an integer (seeds, epochs and keys are fed in such words)."""
-_LIMIT = 1 << 64
 TAG_SHARDS = 1
 """Tag of the epoch's shard order (:func:`tarindex.plan.epoch.shard_order`)."""
 TAG_CUTS = 2
@@ -39,13 +40,6 @@ TAG_MIX = 5
 """Tag of a mixed epoch's rotation and tie order (:mod:`tarindex.plan.mix`)."""
 TAG_MIX_SOURCE = 6
 """Tag of a mixed source's own seed (:func:`tarindex.plan.mix.source_seed`)."""
-
-
-def _check_nonneg(name: str, value: int, limit: int = _LIMIT) -> int:
-    v = int(value)
-    if not 0 <= v < limit:
-        raise ValueError(f"{name}={value!r}: expected an integer in [0, {limit})")
-    return v
 
 
 def make_rng(seed: int, epoch: int, tag: int, *keys: int) -> np.random.Generator:
@@ -63,10 +57,11 @@ def make_rng(seed: int, epoch: int, tag: int, *keys: int) -> np.random.Generator
         *keys])``; the entropy list has a fixed length per tag, so no two inputs collide.
 
     Raises:
-        ValueError: If ``seed``, ``epoch`` or a key is negative or too large.
+        ValueError: If ``seed``, ``epoch`` or a key is not an integer (a Python or numpy
+            one: :func:`tarindex.plan.checks.check_int`), or negative or too large.
     """
-    s = _check_nonneg("seed", seed)
-    e = _check_nonneg("epoch", epoch)
+    s = check_u64("seed", seed)
+    e = check_u64("epoch", epoch)
     words = [s & MASK32, s >> 32, e & MASK32, e >> 32, int(tag)]
-    words += [_check_nonneg("key", k, 1 << 32) for k in keys]
+    words += [check_int("key", k, 0, 1 << 32) for k in keys]
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))

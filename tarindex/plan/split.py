@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..format.keyhash import key_hashes
+from .checks import check_u64
 
 __all__ = ["thresholds", "split_parts", "part_names", "split_keys"]
 
@@ -72,8 +73,9 @@ def split_keys(
     ``k`` is the ``k``-th entry of ``fractions``.
 
     Raises:
-        ValueError: As :func:`thresholds`, or a seed outside ``[0, 2**64)``.
+        ValueError: As :func:`thresholds`, or a seed that is not an integer in ``[0, 2**64)``.
     """
+    seed = check_u64("seed", seed)
     raw = [k.encode("utf-8", "surrogateescape") for k in keys]
     ptr = np.zeros(len(raw) + 1, np.int64)
     np.cumsum([len(k) for k in raw], out=ptr[1:])

@@ -22,35 +22,21 @@ from numpy.typing import NDArray
 
 from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
-from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
-from ..plan.seeds import make_rng
+from ..plan.checks import check_int, check_sizes, check_u64
+from ..plan.epoch import WorkerPlan, batch_span, epoch_blocks, plan_worker, rank_share, slot_span
+from ..plan.state import shard_layout
 from ..read import Sample, ShardSet
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
-from .epochs import Env, StreamEpochOwner
+from .epochs import Env, Layouts, StreamEpochOwner
 from .executor import Executor
 from .finish import SKIP, Finisher, check_on_error
 from .pack import INT_FIELDS, Packed, numpy_alloc
-from .shards import open_shards
+from .shards import check_fields, open_shards
 
-__all__ = ["StreamDataset", "STATE_VERSION"]
-
-STATE_VERSION = 1
-"""Version of :meth:`StreamDataset.state_dict`."""
-
-_PLAN_KEYS = (
-    "block_size",
-    "buffer_size",
-    "shuffle",
-    "drop_last",
-    "n_samples",
-    "world_size",
-    "rank",
-    "batch_size",
-    "subset",
-)
+__all__ = ["StreamDataset"]
 
 
 class StreamDataset(StreamEpochOwner):
@@ -98,10 +84,11 @@ class StreamDataset(StreamEpochOwner):
         subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
         env: Env | None = None,
     ) -> None:
-        if int(block_size) < 1:
-            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
+        block_size, buffer_size = check_sizes(block_size, buffer_size)
         check_on_error(on_error)
-        make_rng(seed, 0, 0)  # validates seed
+        seed = check_u64("seed", seed)
+        fields = check_fields(fields)
+        int_fields = check_fields(int_fields, "int_fields")
         opened = open_shards(
             source,
             max_open=max_open,
@@ -118,9 +105,9 @@ class StreamDataset(StreamEpochOwner):
             self.shards = view
             self._subset_crc = zlib.crc32(view.indices.tobytes())
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.block_size = int(block_size)
-        self.buffer_size = max(int(buffer_size), 0)
+        self.seed = seed
+        self.block_size = block_size
+        self.buffer_size = buffer_size
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
         self.select, fields = select_fields(select, fields)
@@ -131,18 +118,17 @@ class StreamDataset(StreamEpochOwner):
                     "decode/transform/select (decode the BatchedSamples in the training loop; "
                     "fields= projects the read)"
                 )
-            if batch_size is None or int(batch_size) < 1:
-                raise ValueError(
-                    f"batch_size={batch_size!r}: batched=True needs an integer batch_size >= 1"
-                )
+            if batch_size is None:
+                raise ValueError("batch_size=None: batched=True needs an integer batch_size >= 1")
+            batch_size = check_int("batch_size", batch_size, 1)
         elif batch_size is not None:
             raise ValueError(
                 f"batch_size={batch_size!r} without batched=True: pass batched=True for "
                 f"BatchedSamples, or batch per-sample dicts with DataLoader(batch_size=...)"
             )
         self.batched = bool(batched)
-        self.batch_size: int | None = int(batch_size) if batched else None  # type: ignore[arg-type]
-        self.int_fields = tuple(int_fields)
+        self.batch_size: int | None = batch_size if batched else None
+        self.int_fields: tuple[str, ...] = int_fields
         self.fields = None if fields is None else tuple(fields)
         self.drop_last = bool(drop_last)
         self.on_error = on_error
@@ -254,56 +240,53 @@ class StreamDataset(StreamEpochOwner):
             "subset": self._subset_crc,
         }
 
+    def _layouts(self) -> Layouts:
+        return [shard_layout(self.shards.counts)], [self.shuffle], [len(self.shards)], False
+
+    def _share(self, worker: int, num_workers: int) -> int:
+        rank, ws = self._rank()
+        n = len(self.shards)
+        if self.batch_size is None:
+            a, b = slot_span(n, rank, ws, worker, num_workers, self.drop_last)
+        else:
+            a, b = batch_span(n, rank, ws, worker, num_workers, self.batch_size, self.drop_last)
+        return b - a
+
     def state_dict(self) -> dict[str, Any]:
         """Return where this process is in the epoch, in ``O(1)`` (a few ints).
 
         Returns:
             ``{"version", "seed", "epoch", "consumed", "worker", "num_workers", "block_size",
             "buffer_size", "shuffle", "drop_last", "n_samples", "world_size", "rank",
-            "batch_size"}``: ``consumed`` is the number of plan positions (samples, also with
-            ``batched=True``) this worker has passed in ``epoch`` (yielded or skipped);
-            ``batch_size`` is ``None`` unless batched. Before any iteration it describes the
-            next epoch at 0; a loaded but not yet consumed state is returned as loaded.
+            "batch_size", "subset", "layout"}``: ``consumed`` is the number of plan positions
+            (samples, also with ``batched=True``) this worker has passed in ``epoch``
+            (yielded or skipped); ``batch_size`` is ``None`` unless batched; ``subset`` the
+            crc32 of the subset's indices or ``None``; ``layout`` the shards' ``[n_shards,
+            crc32 of the per-shard counts]`` (:func:`tarindex.plan.state.shard_layout`).
+            Before any iteration it describes the next epoch at 0; a loaded but not yet
+            consumed state is returned as loaded. docs/STREAMING.md, "Resume".
         """
-        return self._worker_state(STATE_VERSION)
+        return self._worker_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
 
         The seed is taken from the state; later epochs follow from it (the ``__iter__`` after
-        the resumed one plays ``epoch + 1``).
+        the resumed one plays ``epoch + 1``). Checked by
+        :func:`tarindex.plan.state.check_state`; a version 1 state (saved before ``layout``
+        existed) loads only with ``shuffle=False``, and one without ``batch_size`` or
+        ``subset`` counts as unbatched over all samples.
 
         Raises:
-            ValueError: If the state has an unknown version or was taken with different plan
-                parameters (block or buffer size, shuffle, drop_last, sample count, rank or
-                world size, batch size): resuming would not be exact. The message names the
-                field. A state without ``batch_size`` (saved before it existed) counts as
-                unbatched.
+            ValueError: Naming the field: not a state of this version (1 or 2) or missing
+                keys (all named, with the keys expected); a field that is not an integer in
+                range (``seed``, ``epoch``, ``consumed``, ``worker``, ...); another world size
+                or rank; different plan parameters (block or buffer size, shuffle, drop_last,
+                sample count, batch size, subset); with ``shuffle=True``, another shard layout
+                (the same samples re-sharded: resuming would repeat some and skip others) or
+                a version 1 state; ``consumed`` past what the saved worker plays this epoch.
         """
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"state version {state.get('version')!r}: this tarindex reads version "
-                f"{STATE_VERSION}; save the state again with this version"
-            )
-        mine = self._plan_params()
-        if state.get("world_size") != mine["world_size"]:
-            raise ValueError(
-                f"state saved with world_size={state.get('world_size')!r}, this run has "
-                f"world_size={mine['world_size']!r}: a streaming state resumes only on the same "
-                "rank of the same world size (each worker's state covers its own part of the "
-                "plan). Resume on the old world size, start the next epoch "
-                "(set_epoch(state['epoch'] + 1)) on the new one, or use the map-style "
-                "TarDataset with BlockSampler, which deals what is left over a new world size"
-            )
-        for k in _PLAN_KEYS:
-            if state.get(k) != mine[k]:
-                raise ValueError(
-                    f"state {k}={state.get(k)!r} but this dataset has {k}={mine[k]!r}: resuming "
-                    f"would not replay the same plan; construct the dataset with the same "
-                    f"{k} (and shards) as the one that saved the state"
-                )
-        self._loaded = dict(state)
-        self.seed = int(state["seed"])
+        self._load_worker_state(state, {"batch_size": None, "subset": None})
         self._blocks_cache = None
 
     # -- iteration ----------------------------------------------------------------------------
@@ -318,7 +301,7 @@ class StreamDataset(StreamEpochOwner):
         self._loaded = None  # a loaded state is consumed by one __iter__
         p = self.plan(epoch, worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
-        self._consumed = min(start, p.n_samples)
+        self._consumed = start  # load_state_dict checked it against the plan
         if self.batch_size is not None:
             return self._generate_batched(p, self._consumed)
         return self._generate(p, self._consumed)

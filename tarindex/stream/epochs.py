@@ -12,7 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from ..plan.seeds import make_rng
+from ..plan.checks import check_int, check_u64
+from ..plan.state import STATE_VERSION, check_consumed, check_state
+
+Layouts = tuple[list[list[int]], list[bool], list[int], bool]
+"""What a streaming owner's ``_layouts`` returns: per source its shard layout, whether its plan
+shuffles, its samples; and whether its state nests the layouts (a mix)."""
 
 __all__ = [
     "Env",
@@ -42,11 +47,8 @@ class Env:
     """
 
     def __init__(self, worker: int = 0, num_workers: int = 1) -> None:
-        if not 0 <= int(worker) < int(num_workers):
-            raise ValueError(
-                f"worker={worker!r}, num_workers={num_workers!r}: need 0 <= worker < num_workers"
-            )
-        self._worker = (int(worker), int(num_workers))
+        nw = check_int("num_workers", num_workers, 1)
+        self._worker = (check_int("worker", worker, 0, nw), nw)
 
     def dist(self) -> tuple[int, int] | None:
         """``(rank, world_size)`` of an initialised process group, else ``None``."""
@@ -85,8 +87,9 @@ def resolve_rank(
                 f"rank={rank!r}, world_size={world_size!r}: pass both or neither "
                 "(neither: taken from torch.distributed)"
             )
-        r, w = int(rank), int(world_size)
-        if not 0 <= r < w:
+        w = check_int("world_size", world_size, 1)
+        r = check_int("rank", rank, 0)
+        if r >= w:
             raise ValueError(
                 f"rank={rank!r}, world_size={world_size!r}: need 0 <= rank < world_size"
             )
@@ -181,8 +184,7 @@ class RankEpoch:
         Raises:
             ValueError: If ``epoch`` is negative or ``>= 2**64``.
         """
-        make_rng(0, epoch, 0)  # validates
-        self.epoch = int(epoch)
+        self.epoch = check_u64("epoch", epoch)
         self.since_set = 0
 
     def peek(self) -> int:
@@ -276,7 +278,9 @@ class EpochOwner:
 class StreamEpochOwner(EpochOwner):
     """Base of the streaming datasets: one plan per worker, resumed per worker.
 
-    A subclass implements :meth:`_plan_params` (what a saved state must match).
+    A subclass implements :meth:`_plan_params` (what a saved state must match),
+    :meth:`_layouts` (its sources' shard layouts) and :meth:`_share` (positions a worker
+    plays); saving and loading a state (:func:`tarindex.plan.state.check_state`) are here.
     """
 
     seed: int
@@ -285,12 +289,28 @@ class StreamEpochOwner(EpochOwner):
     def _plan_params(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _layouts(self) -> Layouts:
+        """Return the sources' shard layouts (:data:`Layouts`).
+
+        Per source its :func:`~tarindex.plan.state.shard_layout`, whether its plan shuffles
+        (then it depends on the layout) and its samples; and whether the state nests them.
+        """
+        raise NotImplementedError
+
+    def _share(self, worker: int, num_workers: int) -> int:
+        """Positions worker ``worker`` of ``num_workers`` of this rank plays per epoch."""
+        raise NotImplementedError
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
         return state
 
-    def _worker_state(self, version: int) -> dict[str, Any]:
+    def _layout_state(self) -> list[int] | list[list[int]]:
+        layouts, _, _, nested = self._layouts()
+        return [list(x) for x in layouts] if nested else list(layouts[0])
+
+    def _worker_state(self) -> dict[str, Any]:
         """A streaming dataset's ``state_dict``: this process's worker's place in the epoch.
 
         A loaded but not yet consumed state is returned as loaded; before any iteration the
@@ -305,12 +325,41 @@ class StreamEpochOwner(EpochOwner):
             worker, nw = self._re.env.layout()
             epoch, consumed = self._re.peek(), 0
         return {
-            "version": version,
+            "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
             "consumed": consumed,
             "worker": worker,
             "num_workers": nw,
             **self._plan_params(),
+            "layout": self._layout_state(),
         }
 
+    def _load_worker_state(
+        self, state: Any, v1_defaults: dict[str, Any] | None = None, same: str = "shards"
+    ) -> None:
+        """A streaming dataset's ``load_state_dict``: check ``state``, arm the next ``__iter__``.
+
+        Raises:
+            ValueError: As :func:`tarindex.plan.state.check_state`, or a ``consumed`` past
+                the saved worker's share of the epoch.
+        """
+        layouts, shuffled, sizes, nested = self._layouts()
+        what = type(self).__name__
+        st = check_state(
+            state,
+            what=what,
+            mine=self._plan_params(),
+            extra=("worker", "num_workers"),
+            layouts=layouts,
+            shuffled=shuffled,
+            sizes=sizes,
+            nested=nested,
+            v1_defaults=v1_defaults,
+            same=same,
+        )
+        w, nw = st["worker"], st["num_workers"]
+        who = f"worker {w} of {nw} of rank {st['rank']} of {st['world_size']}"
+        check_consumed(st["consumed"], self._share(w, nw), who, st["epoch"])
+        self._loaded = st
+        self.seed = st["seed"]

@@ -17,16 +17,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..plan.checks import check_u64
 from ..plan.epoch import WorkerPlan, plan_span, rank_share, slot_span
 from ..plan.mix import mix_counts, mix_offsets, mix_schedule, mix_sources, mix_spans, source_seed
-from ..plan.seeds import make_rng
+from ..plan.state import shard_layout
 from .dataset import StreamDataset
-from .epochs import Env, StreamEpochOwner
+from .epochs import Env, Layouts, StreamEpochOwner
 
-__all__ = ["MixedStream", "source_spans", "STATE_VERSION"]
-
-STATE_VERSION = 1
-"""Version of :meth:`MixedStream.state_dict`."""
+__all__ = ["MixedStream", "source_spans"]
 _CHUNK = 1 << 16  # schedule positions computed at a time
 
 
@@ -108,7 +106,7 @@ class MixedStream(StreamEpochOwner):
                     f"sources[{i}] is batched: mix per-sample sources (batched=False) and "
                     "batch the mix with the DataLoader"
                 )
-        make_rng(seed, 0, 0)  # validates seed
+        seed = check_u64("seed", seed)
         self.sources = srcs
         self.sizes = [len(s.shards) for s in srcs]
         self.counts, self.replacement = mix_counts(
@@ -116,7 +114,7 @@ class MixedStream(StreamEpochOwner):
         )
         self.n_plan = int(self.counts.sum())
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = seed
         self.drop_last = bool(drop_last)
         self.source_key = source_key
         self._init_epochs(rank, world_size, type(self).__name__, env)
@@ -192,41 +190,42 @@ class MixedStream(StreamEpochOwner):
             "rank": rank,
         }
 
+    def _layouts(self) -> Layouts:
+        layouts = [shard_layout(s.shards.counts) for s in self.sources]
+        return layouts, [s.shuffle for s in self.sources], list(self.sizes), True
+
+    def _share(self, worker: int, num_workers: int) -> int:
+        a, b = self.span(worker, num_workers)
+        return b - a
+
     def state_dict(self) -> dict[str, Any]:
         """Return where this process (worker) is in the epoch: a few ints per source.
 
         Returns:
             ``{"version", "seed", "epoch", "consumed", "worker", "num_workers", "n_samples",
             "counts", "sizes", "replacement", "sources", "shuffle", "drop_last",
-            "world_size", "rank"}``; ``consumed`` is the number of mixed positions this
-            worker has passed in ``epoch``. Before any iteration it describes the next epoch
-            at 0; a loaded but not yet consumed state is returned as loaded.
+            "world_size", "rank", "layout"}``; ``consumed`` is the number of mixed positions
+            this worker has passed in ``epoch``; ``layout`` one ``[n_shards, crc32]`` per
+            source (:func:`tarindex.plan.state.shard_layout`). Before any iteration it
+            describes the next epoch at 0; a loaded but not yet consumed state is returned
+            as loaded.
         """
-        return self._worker_state(STATE_VERSION)
+        return self._worker_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``__iter__`` continues that epoch once.
 
+        Checked by :func:`tarindex.plan.state.check_state`: a source that shuffles must
+        have the shard layout it had when the state was saved; a version 1 state (no
+        ``layout``) loads only when no source shuffles.
+
         Raises:
-            ValueError: Unknown version, or a state saved with other plan parameters (counts,
-                sources, world size, ...): the message names the field.
+            ValueError: Naming the field: missing keys, a field that is not an integer in
+                range, another world size or rank, other plan parameters (counts, sources,
+                ...), another shard layout of a shuffled source, a version 1 state of a
+                shuffled source, or ``consumed`` past the saved worker's share.
         """
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"state version {state.get('version')!r}: this tarindex reads {type(self).__name__} "
-                f"state version {STATE_VERSION}"
-            )
-        mine = self._plan_params()
-        for k, v in mine.items():
-            if state.get(k) != v:
-                raise ValueError(
-                    f"state {k}={state.get(k)!r} but this {type(self).__name__} has {k}={v!r}: resuming "
-                    f"would not replay the same mix; construct it with the same sources, "
-                    f"weights/counts and {k} (a streaming state resumes only on the same rank "
-                    "of the same world size)"
-                )
-        self._loaded = dict(state)
-        self.seed = int(state["seed"])
+        self._load_worker_state(state, same="sources, weights/counts")
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -240,7 +239,7 @@ class MixedStream(StreamEpochOwner):
         self._loaded = None  # a loaded state is consumed by one __iter__
         a, b = self.span(worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
-        self._consumed = min(start, b - a)
+        self._consumed = start  # load_state_dict checked it against the span
         return self._generate(epoch, a, b)
 
     def _source_stream(self, s: int, rows: list[tuple[int, int, int]], skip: int) -> Iterator[Any]:

@@ -14,16 +14,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..plan.checks import check_int, check_sizes, check_u64
 from ..plan.epoch import plan_worker, rank_share, slot_span
 from ..plan.mix import mix_counts, mix_schedule, source_seed
 from ..plan.resume import resume_segments
-from ..plan.seeds import make_rng
-from .epochs import EpochOwner
+from ..plan.state import STATE_VERSION, check_consumed, check_state, shard_layout
+from .epochs import EpochOwner, Layouts
 from .mix import source_spans
 
 __all__ = ["PlanSampler", "BlockPlanSampler", "MixPlanSampler", "shard_counts"]
-
-_STATE_VERSION = 1
 
 
 class PlanSampler(EpochOwner):
@@ -52,6 +51,8 @@ class PlanSampler(EpochOwner):
 
     n_plan: int
     """Positions in one epoch's plan over all ranks (the ``n`` of the remainder policy)."""
+    same_args = "dataset"
+    """What else a state's sampler must have been built with (named when parameters differ)."""
     drop_last: bool
     """Remainder policy."""
     seed: int
@@ -71,6 +72,14 @@ class PlanSampler(EpochOwner):
 
     def plan_params(self) -> dict[str, Any]:
         """Return the parameters a saved state must match (besides seed and world size)."""
+        raise NotImplementedError
+
+    def layouts(self) -> Layouts:
+        """Return the sources' shard layouts, as :data:`tarindex.stream.epochs.Layouts`.
+
+        Per source its :func:`~tarindex.plan.state.shard_layout`, whether its plan shuffles
+        and its samples; and whether the state nests the layouts (one per source).
+        """
         raise NotImplementedError
 
     # -- epochs and ranks (rank, epoch, set_epoch: EpochOwner) ------------------------------
@@ -125,7 +134,7 @@ class PlanSampler(EpochOwner):
         else:
             epoch, legs, consumed = self._re.peek(), [], 0
         return {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
             "consumed": consumed,
@@ -134,40 +143,47 @@ class PlanSampler(EpochOwner):
             "legs": [list(x) for x in legs],
             "n_samples": self.n_plan,
             **self.plan_params(),
+            "layout": self._layout_state(),
         }
+
+    def _layout_state(self) -> list[int] | list[list[int]]:
+        layouts, _, _, nested = self.layouts()
+        return [list(x) for x in layouts] if nested else list(layouts[0])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``__iter__`` yields the rest of that epoch.
 
         The state may come from any rank, and from another world size (see the class
-        docstring). The seed is taken from the state.
+        docstring). The seed is taken from the state. Checked by
+        :func:`tarindex.plan.state.check_state`: with ``shuffle=True`` the datasets must have
+        the shard layout they had when the state was saved, and a version 1 state (no
+        ``layout``) loads only with ``shuffle=False``.
 
         Raises:
-            ValueError: If the state has an unknown version, was saved by another kind of
-                sampler or with other plan parameters (the message names the field), or its
-                ``consumed`` is out of range.
+            ValueError: Naming the field: missing keys, a field that is not an integer in
+                range, another kind of sampler or other plan parameters, another shard
+                layout (shuffled), a version 1 state (shuffled), or a ``consumed`` out of
+                range.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state version {state.get('version')!r}: this tarindex reads sampler state "
-                f"version {_STATE_VERSION}; save the state again with this version"
-            )
-        mine = {"n_samples": self.n_plan, **self.plan_params()}
-        for k, v in mine.items():
-            if state.get(k) != v:
-                raise ValueError(
-                    f"state {k}={state.get(k)!r} but this sampler has {k}={v!r}: resuming would "
-                    f"not replay the same plan; construct the sampler with the same {k} (and "
-                    f"datasets) as the one that saved the state"
-                )
-        legs = [(int(w), int(k)) for w, k in state.get("legs", [])]
-        ws, consumed = int(state["world_size"]), int(state["consumed"])
-        # validates the legs and the consumed count against the plan
-        share = self._leg_share(legs, ws)
-        if not 0 <= consumed <= share:
-            raise ValueError(f"state consumed={consumed}: expected 0..{share} for this plan")
-        self._loaded = dict(state)
-        self.seed = int(state["seed"])
+        layouts, shuffled, sizes, nested = self.layouts()
+        st = check_state(
+            state,
+            what=type(self).__name__,
+            mine={"n_samples": self.n_plan, **self.plan_params()},
+            extra=("world_size", "rank", "legs"),
+            layouts=layouts,
+            shuffled=shuffled,
+            sizes=sizes,
+            nested=nested,
+            v1_defaults={"legs": []},
+            same=self.same_args,
+        )
+        legs = [(w, k) for w, k in st["legs"]]
+        ws = st["world_size"]
+        share = self._leg_share(legs, ws)  # validates the legs against the plan
+        check_consumed(st["consumed"], share, f"a rank of {ws}", st["epoch"])
+        self._loaded = st
+        self.seed = st["seed"]
 
     def _leg_share(self, legs: list[tuple[int, int]], ws: int) -> int:
         if not legs:
@@ -191,12 +207,12 @@ class PlanSampler(EpochOwner):
         start = 0
         if self._loaded is not None:
             st, self._loaded = self._loaded, None
-            epoch = int(st["epoch"])
-            legs = [(int(w), int(k)) for w, k in st.get("legs", [])]
-            if int(st["world_size"]) == ws:
-                start = int(st["consumed"])
+            epoch = st["epoch"]
+            legs = [(w, k) for w, k in st["legs"]]
+            if st["world_size"] == ws:
+                start = st["consumed"]
             else:
-                legs.append((int(st["world_size"]), int(st["consumed"])))
+                legs.append((st["world_size"], st["consumed"]))
             self._re.resume(epoch)
         else:
             epoch = self._re.next_epoch()
@@ -227,24 +243,18 @@ class BlockPlanSampler(PlanSampler):
         drop_last: bool = False,
         buffer_size: int = 0,
     ) -> None:
-        if int(block_size) < 1:
-            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
-        make_rng(seed, 0, 0)  # validates seed
-        if isinstance(dataset_or_len, (int, np.integer)):
-            if int(dataset_or_len) < 0:
-                raise ValueError(f"dataset_or_len={dataset_or_len!r}: expected >= 0")
-            counts = np.asarray([int(dataset_or_len)], dtype=np.int64)
-        else:
-            counts = shard_counts(dataset_or_len)
+        block_size, buffer_size = check_sizes(block_size, buffer_size)
+        seed = check_u64("seed", seed)
+        counts = _source_counts("dataset_or_len", dataset_or_len)
         self.counts = counts
         self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self.starts[1:])
         self.n_plan = int(self.starts[-1])
-        self.block_size = int(block_size)
+        self.block_size = block_size
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = seed
         self.drop_last = bool(drop_last)
-        self.buffer_size = max(int(buffer_size), 0)
+        self.buffer_size = buffer_size
         super().__init__(rank, world_size, "BlockSampler")
 
     def plan_params(self) -> dict[str, Any]:
@@ -256,6 +266,10 @@ class BlockPlanSampler(PlanSampler):
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
         }
+
+    def layouts(self) -> Layouts:
+        """The dataset's shard layout (one run of ``n`` for a bare length)."""
+        return [shard_layout(self.counts)], [self.shuffle], [self.n_plan], False
 
     def rank_order(self, epoch: int, rank: int, world_size: int) -> NDArray[np.int64]:
         """Rank ``rank`` of ``world_size``'s indices of a fresh ``epoch`` (the block plan)."""
@@ -273,6 +287,13 @@ class BlockPlanSampler(PlanSampler):
             drop_last=self.drop_last,
         )
         return p.order(self.starts)
+
+
+def _source_counts(name: str, source: Sized | int | Any) -> NDArray[np.int64]:
+    """Per-shard counts of a sized dataset (:func:`shard_counts`), or ``[n]`` for a count."""
+    if isinstance(source, Sized):
+        return shard_counts(source)
+    return np.asarray([check_int(name, source, 0)], dtype=np.int64)
 
 
 def shard_counts(dataset: Sized | Any) -> NDArray[np.int64]:
@@ -294,6 +315,8 @@ class MixPlanSampler(PlanSampler):
     this class over torch's ``Sampler``).
     """
 
+    same_args = "datasets, weights/counts"
+
     def __init__(
         self,
         sources: Sequence[Sized | int],
@@ -310,15 +333,9 @@ class MixPlanSampler(PlanSampler):
         world_size: int | None = None,
         drop_last: bool = False,
     ) -> None:
-        if int(block_size) < 1:
-            raise ValueError(f"block_size={block_size!r}: expected an integer >= 1")
-        make_rng(seed, 0, 0)  # validates seed
-        self.shard_counts = [
-            np.asarray([int(s)], dtype=np.int64)
-            if isinstance(s, (int, np.integer))
-            else shard_counts(s)
-            for s in sources
-        ]
+        block_size, buffer_size = check_sizes(block_size, buffer_size)
+        seed = check_u64("seed", seed)
+        self.shard_counts = [_source_counts(f"sources[{i}]", s) for i, s in enumerate(sources)]
         self.sizes = [int(c.sum()) for c in self.shard_counts]
         self.offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
         np.cumsum(self.sizes, out=self.offsets[1:])
@@ -326,10 +343,10 @@ class MixPlanSampler(PlanSampler):
             self.sizes, weights, counts, samples_per_epoch, replacement
         )
         self.n_plan = int(self.counts.sum())
-        self.block_size = int(block_size)
-        self.buffer_size = max(int(buffer_size), 0)
+        self.block_size = block_size
+        self.buffer_size = buffer_size
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = seed
         self.drop_last = bool(drop_last)
         super().__init__(rank, world_size, "MixSampler")
 
@@ -345,6 +362,11 @@ class MixPlanSampler(PlanSampler):
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
         }
+
+    def layouts(self) -> Layouts:
+        """Each source's shard layout (one run for a count or a plain sized dataset)."""
+        layouts = [shard_layout(c) for c in self.shard_counts]
+        return layouts, [self.shuffle] * len(layouts), list(self.sizes), True
 
     def source_order(self, s: int, source_epoch: int) -> NDArray[np.int64]:
         """Source ``s``'s indices (within it) in the order of its own epoch ``source_epoch``."""

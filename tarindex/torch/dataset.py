@@ -22,7 +22,7 @@ from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
 from ..stream.finish import Finisher
-from ..stream.shards import open_shards
+from ..stream.shards import check_fields, open_shards
 
 __all__ = ["TarDataset"]
 
@@ -56,8 +56,9 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             :func:`tarindex.codecs.make_decoder` and docs/DECODING.md. Defaults to ``None``.
         transform: Called on each (decoded, selected) sample; its result is what ``ds[i]``
             returns. Defaults to ``None``.
-        fields: Extensions to read, e.g. ``("cls",)``: the others are left out of every
-            sample and their bytes are not read. Defaults to ``None`` (all).
+        fields: Extensions to read, e.g. ``("cls",)`` or just ``"cls"`` (a bare string is one
+            field): the others are left out of every sample and their bytes are not read.
+            Defaults to ``None`` (all).
         select: Make each sample a tuple, webdataset's ``to_tuple``:
             ``tarindex.to_tuple("jpg;png", "json")`` or just ``("jpg;png", "json")`` (``;``
             separates alternatives, the first present wins). Only the members it names are
@@ -105,6 +106,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             (:class:`tarindex.errors.SampleIndexError`).
         MissingFieldError: A sample without a field ``select`` asks for (a ``KeyError``).
         ValueError: ``batched=True`` together with ``decode``, ``transform`` or ``select``;
+            a ``fields`` entry that is not a ``str``;
             ``select`` together with ``fields``; an unknown ``decode`` mode; open options
             together with a ready ``ShardSet``.
     """
@@ -139,7 +141,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         self.shards: SampleSource = opened
         if subset is not None:  # a view: ds[i] is sample subset[i] of the source
             self.shards = ShardSubset(opened, subset)
-        self.select, fields = select_fields(select, fields)
+        self.select, fields = select_fields(select, check_fields(fields))
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform

@@ -99,8 +99,9 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
             ``"pil"``, ...), a handler ``f(key, data)``, a dict ``{ext: f(data)}``, a list of
             those, or a sample function, as for :class:`TarDataset`.
         transform: Called on each (decoded, selected) sample; its result is yielded.
-        fields: Extensions to read, e.g. ``("cls",)``; the others are left out of every
-            sample and their bytes are not read (a label-only pass reads no image bytes).
+        fields: Extensions to read, e.g. ``("cls",)`` or just ``"cls"`` (a bare string is one
+            field); the others are left out of every sample and their bytes are not read (a
+            label-only pass reads no image bytes).
             Defaults to ``None`` (all).
         select: Yield tuples, webdataset's ``to_tuple``: ``tarindex.to_tuple("jpg;png",
             "json")`` or ``("jpg;png", "json")``, as for :class:`TarDataset` (reads only the
@@ -139,7 +140,8 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
         batch_size: Samples per batch, ``>= 1``; only with ``batched=True``. A state saved
             with one ``batch_size`` resumes only with the same one.
         int_fields: With ``batched=True``, extensions parsed into ``int64`` columns
-            (``batch.ints(ext)``) instead of stored as bytes. Defaults to ``("cls",)``.
+            (``batch.ints(ext)``) instead of stored as bytes (a bare string is one). Defaults
+            to ``("cls",)``.
         subset: Global sample indices of the source: stream just those samples (a split,
             :func:`tarindex.split_by_key`). The plan is made over the subset's per-shard
             counts, so the counts, remainder policy and exactly-once rules above hold for
@@ -153,7 +155,9 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
     Raises:
         FileNotFoundError: Nothing matches ``source``.
         IndexMissingError: A shard has no index (the message says how to build it).
-        ValueError: Bad ``block_size``, ``seed``, ``on_error``, ``rank``/``world_size``;
+        ValueError: A ``block_size``, ``buffer_size``, ``batch_size``, ``seed``, ``rank`` or
+            ``world_size`` that is not an integer in range (``2.5`` is refused, not
+            truncated); a bad ``on_error``; a ``fields`` entry that is not a ``str``;
             open options together with a ready ``ShardSet``;
             ``batched=True`` with ``decode``/``transform``/``select`` or without a
             ``batch_size >= 1``; ``select`` with ``fields``;
