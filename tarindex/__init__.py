@@ -3,7 +3,7 @@
 Public API (torch is imported only by the torch layer, on first use of its names)::
 
     ShardWriter, TarWriter, write_shards, build_index, scan, ShardReader, ShardSet,
-    read_kernel, write_manifest, read_manifest, check_manifest, task_pattern,
+    read_kernel, ImageDecode, image_backend, write_manifest, read_manifest, check_manifest, task_pattern,
     split_by_key, split_keys, ShardSubset,
     TarDataset, TarIterableDataset, BlockSampler, BatchedSamples, collate_batched,
     MixedDataset, MixSampler (need torch)
@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
+from .codecs.image import ImageDecode
+from .codecs.jpeg import image_backend
 from .codecs.select import ToTuple, to_tuple
 from .errors import (
     AmbiguousKeyError,
@@ -76,6 +78,8 @@ __all__ = [
     "ShardReader",
     "ShardSet",
     "read_kernel",
+    "ImageDecode",
+    "image_backend",
     "RemoteOptions",
     "expand_source",
     "write_manifest",
