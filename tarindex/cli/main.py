@@ -46,6 +46,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._version import __version__
+from ..codecs.encode import ImageEncoder
 from ..errors import PackError, TarIndexError
 from ..format.keys import escape_name
 from ..index.build import build_index
@@ -597,6 +598,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             on_sample=lambda: bar.update(1),
             jobs=args.jobs,
+            encoder=True if args.max_side is None else ImageEncoder(args.quality, args.max_side),
         )
     except OSError as e:
         bar.close()
@@ -865,6 +867,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="writer processes (default: 1); the shards are the same for any N",
     )
+    s.add_argument(
+        "--max-side",
+        type=_positive_int,
+        help="re-encode images whose longer side is above N pixels at N (default: as they are)",
+    )
+    s.add_argument("--quality", type=int, default=95, help="JPEG/WebP quality of --max-side")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
 

@@ -35,7 +35,7 @@ from .compress import (
     zstd_decode_error,
 )
 from .decode import Decoder, ExtDecoder, decode_value, make_decoder
-from .encode import JPEG_QUALITY, encode_value, image_from_array
+from .encode import JPEG_QUALITY, ImageEncoder, encode_value, image_from_array, shrink_image
 from .exts import COMPRESSION_SUFFIXES, IMAGE_EXTS, IMAGE_FORMATS, PICKLE_EXTS, SERIALIZER_EXTS
 from .handlers import IMAGE_MODES, IMAGE_SPECS, DecodeSpec, ExtTable, Handler, is_handler
 from .image import ImageDecode
@@ -58,6 +58,7 @@ __all__ = [
     "ExtTable",
     "Handler",
     "ImageDecode",
+    "ImageEncoder",
     "ToTuple",
     "ZstdDecodeError",
     "compression_layers",
@@ -70,6 +71,7 @@ __all__ = [
     "make_decoder",
     "make_select",
     "select_fields",
+    "shrink_image",
     "strip_compression",
     "to_tuple",
     "zstd_compress",
