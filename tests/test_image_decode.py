@@ -13,6 +13,7 @@ pixel 21; center 0.86 / 1.51 / 26; whole image 0.44 / 0.72 / 10.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +217,32 @@ def test_streaming_epochs_replay_with_any_workers(tmp_path: Path) -> None:
     raw = tarindex.TarDataset(src)
     for k in (0, 11, 23):
         assert np.array_equal(e1[k], spec.decode("jpg", raw[k]["jpg"], epoch=1, index=k))
+
+
+def test_backend_choice_is_introspectable() -> None:
+    import subprocess
+    import sys
+
+    code = "import tarindex; print(tarindex.image_backend())"
+    env = {**os.environ, "TARINDEX_JPEG_BACKEND": "pil"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "pil (TARINDEX_JPEG_BACKEND=pil)", out.stderr
+    env["TARINDEX_JPEG_BACKEND"] = "turbo"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.startswith("pil (TARINDEX_JPEG_BACKEND='turbo' is not one of")
+    if HAVE_SJ:
+        assert tarindex.image_backend().startswith("simplejpeg (simplejpeg ")
+
+
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_cmyk_and_gray_jpegs(backend: str) -> None:
+    src = Image.open(io.BytesIO(photo_jpegs(1, (320, 240))[0]))
+    spec = ImageDecode(64, crop=None, backend=backend)
+    for mode in ("CMYK", "L"):
+        buf = io.BytesIO()
+        src.convert(mode).save(buf, "JPEG", quality=90)
+        got = spec.decode("jpg", buf.getvalue())
+        want = reference(spec, buf.getvalue(), 0, 0)
+        assert got.shape == (3, 64, 64)
+        diff = np.abs(got.astype(np.int16) - want.astype(np.int16))  # decoded at 1/2 here
+        assert diff.mean() <= 2.5 and diff.max() <= 40
