@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tarindex  # noqa: E402
 from tarindex.codecs.decode import ExtDecoder  # noqa: E402
-from tarindex.codecs.image import ImageDecode, _pow2_factor  # noqa: E402
+from tarindex.codecs.image import ImageDecode, dct_factor  # noqa: E402
 from tarindex.codecs.jpeg import decode_scaled, jpeg_size  # noqa: E402
 from tests.photos import photo_jpegs  # noqa: E402
 
@@ -113,7 +113,7 @@ def bare_scaled(jpegs: list[bytes]) -> Callable[[], None]:
     for i, d in enumerate(jpegs):
         w0, h0 = jpeg_size(d)
         (_, _, w, h), _ = SPEC.box(w0, h0, 0, i)
-        k = _pow2_factor(min(w / 224, h / 224))
+        k = dct_factor(min(w / 224, h / 224))
         plan.append((d, w0 // k, h0 // k))
 
     def run() -> None:

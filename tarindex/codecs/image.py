@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 from .exts import IMAGE_FORMATS
 from .jpeg import BACKENDS, decode_scaled, jpeg_size
 
-__all__ = ["CROPS", "ImageDecode", "crop_box", "draws"]
+__all__ = ["CROPS", "ImageDecode", "crop_box", "dct_factor", "draws"]
 
 CROPS = ("random-resized", "center", None)
 """The crop modes of :class:`ImageDecode`."""
@@ -125,7 +125,7 @@ def crop_box(
     return (width - w) // 2, (height - h) // 2, max(w, 1), max(h, 1)
 
 
-def _pow2_factor(room: float) -> int:
+def dct_factor(room: float) -> int:
     """The largest of 8, 4, 2, 1 that is ``<= room`` (1 when ``room < 2``).
 
     Only the power-of-two DCT scales are used: libjpeg-turbo's 5/8, 6/8 and 7/8 decode
@@ -285,7 +285,7 @@ class ImageDecode:
         if fmt == "JPEG":
             width, height = jpeg_size(data, self.backend)
             (left, top, w, h), flipped = self.box(width, height, epoch, index)
-            k = _pow2_factor(min(w / tw, h / th))  # 1/k keeps the box >= the target
+            k = dct_factor(min(w / tw, h / th))  # 1/k keeps the box >= the target
             arr = decode_scaled(data, width // k, height // k, max_pixels, self.backend)
             img = Image.fromarray(arr)
         else:
