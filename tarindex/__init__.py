@@ -12,7 +12,8 @@ header walk in :mod:`tarindex.index.scan`, the torch layer in :mod:`tarindex.tor
   :class:`TarIterableDataset`, :class:`BlockSampler`, :class:`MixedDataset`,
   :class:`MixSampler`, :func:`collate_batched`
 - many shards: :func:`write_manifest`, :func:`split_by_key`; webdataset's
-  ``.to_tuple``: :func:`to_tuple`
+  ``.to_tuple``: :func:`to_tuple`; images decoded to the size a model eats:
+  :class:`ImageDecode` (its backend: :func:`tarindex.codecs.image_backend`)
 - the exceptions people catch: :class:`TarIndexError` (the base of all),
   :class:`FormatError` (bytes that break the tar or index spec), :class:`StaleIndexError`
   (an index that no longer describes its tar), :class:`DecodeError`
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
+from .codecs.image import ImageDecode
 from .codecs.select import to_tuple
 from .errors import DecodeError, FormatError, StaleIndexError, TarIndexError
 from .index.build import build_index
@@ -57,6 +59,7 @@ __all__ = [
     "write_manifest",
     "split_by_key",
     "to_tuple",
+    "ImageDecode",
     "TarIndexError",
     "FormatError",
     "StaleIndexError",

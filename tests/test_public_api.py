@@ -22,6 +22,7 @@ PUBLIC = {
     "write_manifest",
     "split_by_key",
     "to_tuple",
+    "ImageDecode",
     "TarIndexError",
     "FormatError",
     "StaleIndexError",

@@ -317,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="writer processes (default: 1); the shards are the same for any N",
     )
+    s.add_argument(
+        "--max-side",
+        type=_positive_int,
+        help="re-encode images whose longer side is above N pixels at N (default: as they are)",
+    )
+    s.add_argument("--quality", type=int, default=95, help="JPEG/WebP quality of --max-side")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=pack.command)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..codecs.encode import ImageEncoder
 from ..errors import TarIndexError
 from ..write.pack import plan_pack, write_pack
 from .common import EXIT_OK, Failure, UsageError, describe, progress
@@ -42,6 +43,7 @@ def command(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             on_sample=lambda: bar.update(1),
             jobs=args.jobs,
+            encoder=True if args.max_side is None else ImageEncoder(args.quality, args.max_side),
         )
     except OSError as e:
         raise Failure(describe(e)) from None

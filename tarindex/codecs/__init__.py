@@ -8,6 +8,9 @@ Modules, lowest first (each imports only those above it; decode and encode never
   per-sample decompression budget; the shard's zstd dictionary (docs/FORMAT.md §7).
 - :mod:`~tarindex.codecs.handlers`: webdataset's image specs (``"rgb8"``, ``"torchrgb"``,
   ``"pil"``, ...) and ``(key, data)`` handlers.
+- :mod:`~tarindex.codecs.jpeg`: JPEG decoding at a DCT scale (simplejpeg/libjpeg-turbo or
+  Pillow, :func:`image_backend`); :mod:`~tarindex.codecs.image`: :class:`ImageDecode`, images
+  decoded straight to the model's size (crop box, scaled decode, resize, flip).
 - :mod:`~tarindex.codecs.decode`: the built-in decoders by extension, :func:`decode_value`,
   :class:`ExtDecoder`, :func:`make_decoder`; its bounds ``MAX_IMAGE_PIXELS`` and
   ``ZSTD_MAX_OUTPUT`` are module constants there (set ``tarindex.codecs.decode.X``).
@@ -32,9 +35,11 @@ from .compress import (
     zstd_decode_error,
 )
 from .decode import Decoder, ExtDecoder, decode_value, make_decoder
-from .encode import JPEG_QUALITY, encode_value, image_from_array
+from .encode import JPEG_QUALITY, ImageEncoder, encode_value, image_from_array, shrink_image
 from .exts import COMPRESSION_SUFFIXES, IMAGE_EXTS, IMAGE_FORMATS, PICKLE_EXTS, SERIALIZER_EXTS
 from .handlers import IMAGE_MODES, IMAGE_SPECS, DecodeSpec, ExtTable, Handler, is_handler
+from .image import ImageDecode
+from .jpeg import image_backend
 from .select import ToTuple, make_select, select_fields, to_tuple
 
 __all__ = [
@@ -52,17 +57,21 @@ __all__ = [
     "ExtDecoder",
     "ExtTable",
     "Handler",
+    "ImageDecode",
+    "ImageEncoder",
     "ToTuple",
     "ZstdDecodeError",
     "compression_layers",
     "decode_value",
     "encode_value",
     "gzip_compress",
+    "image_backend",
     "image_from_array",
     "is_handler",
     "make_decoder",
     "make_select",
     "select_fields",
+    "shrink_image",
     "strip_compression",
     "to_tuple",
     "zstd_compress",

@@ -89,6 +89,7 @@ from .handlers import (
     import_optional,
     is_handler,
 )
+from .image import ImageDecode
 
 __all__ = [
     "MAX_IMAGE_PIXELS",
@@ -232,14 +233,24 @@ def _run(
     allow_pickle: bool,
     max_pixels: int,
     budget: Budget,
+    at: tuple[int, int] = (0, 0),
 ) -> Any:
-    """Decode one member: decompress (``.zst``, ``.gz``), the steps in order, the built-ins."""
+    """Decode one member: decompress (``.zst``, ``.gz``), the steps in order, the built-ins.
+
+    ``at`` is ``(epoch, index)`` of the sample, for :class:`ImageDecode` steps.
+    """
     ext, data = decompress_layers(ext, data, budget)
     last = last_ext(ext)
     for step in steps:
         if step.__class__ is str:
             if last in IMAGE_EXTS:
                 return decode_image(last, data, step, max_pixels)
+            continue
+        if step.__class__ is ImageDecode:
+            if last in IMAGE_EXTS:
+                return step.decode(
+                    last, data, epoch=at[0], index=at[1], max_pixels=max_pixels
+                )
             continue
         try:
             out = step("." + ext, data)
@@ -261,10 +272,11 @@ def _decode_member(
     budget: Budget,
     shard: str | None,
     key: str | None,
+    at: tuple[int, int] = (0, 0),
 ) -> Any:
     """:func:`_run`, every failure but MemoryError raised as a DecodeError naming the member."""
     try:
-        return _run(ext, data, steps, allow_pickle, max_pixels, budget)
+        return _run(ext, data, steps, allow_pickle, max_pixels, budget, at)
     except MemoryError:
         raise
     except Exception as e:
@@ -397,6 +409,9 @@ def make_decoder(decode: DecodeSpec, allow_pickle: bool = False) -> Decoder | No
       member with ``key`` = ``"." + extension`` (``".jpg"``); ``None`` means "not mine", and
       the built-ins come last (images stay bytes unless a spec or handler decodes them).
     - a dict ``{extension: f(data)}`` (:class:`ExtTable`).
+    - an :class:`~tarindex.codecs.image.ImageDecode` spec: images decoded straight to the
+      model's size (crop, DCT-scaled decode, resize, flip), drawn per ``(seed, epoch,
+      __index__)``; the epoch is the decoder's (:meth:`ExtDecoder.set_epoch`).
     - a list (or tuple) of the three above, tried in order, then the built-ins; a callable in
       a list is always a handler.
     - a sample function ``f(sample) -> sample`` (one required positional parameter, e.g. an
@@ -476,6 +491,22 @@ class ExtDecoder:
             ZSTD_MAX_OUTPUT if max_decompressed_bytes is None else max_decompressed_bytes,
             0,
         )
+        self.epoch = 0
+        """The epoch :class:`ImageDecode` steps draw their random choices for (:meth:`set_epoch`)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the random crops and flips of :class:`ImageDecode` steps for ``epoch``.
+
+        The datasets call it: ``set_epoch`` of the map-style dataset, and each ``__iter__`` of
+        a streaming one (with the epoch its plan plays). Without such steps it changes
+        nothing.
+
+        Raises:
+            ValueError: If ``epoch`` is negative or ``>= 2**64``.
+        """
+        if not 0 <= int(epoch) < 1 << 64:
+            raise ValueError(f"epoch={epoch!r}: expected an integer in [0, 2**64)")
+        self.epoch = int(epoch)
 
     @property
     def image(self) -> str | None:
@@ -506,10 +537,13 @@ class ExtDecoder:
         shard = None if shard is None else str(shard)
         key = None if key is None else str(key)
         steps, pickle_ok, pixels = self.steps, self.allow_pickle, self.max_image_pixels
+        at = (self.epoch, int(sample.get("__index__", 0)))
         compressed = False
         for k, v in sample.items():
             if not k.startswith("__"):
-                sample[k] = _decode_member(k, v, steps, pickle_ok, pixels, budget, shard, key)
+                sample[k] = _decode_member(
+                    k, v, steps, pickle_ok, pixels, budget, shard, key, at
+                )
                 compressed = compressed or bool(compression_layers(k))
         if compressed:
             _strip_compressed(sample, shard, key)

@@ -56,7 +56,7 @@ from .exts import (
     last_ext,
 )
 
-__all__ = ["JPEG_QUALITY", "encode_value", "image_from_array"]
+__all__ = ["JPEG_QUALITY", "ImageEncoder", "encode_value", "image_from_array", "shrink_image"]
 
 JPEG_QUALITY = 95
 """Default JPEG/WebP quality (Pillow's 1-100 scale). webdataset's writer uses 100 for JPEG;
@@ -114,7 +114,57 @@ def image_from_array(ext: str, value: np.ndarray[Any, Any]) -> Any:
     return Image.fromarray(np.ascontiguousarray(a), mode)
 
 
-def _encode_image(ext: str, last: str, value: Any, quality: int) -> bytes | None:
+def _check_side(max_side: int | None) -> int | None:
+    if max_side is None:
+        return None
+    if isinstance(max_side, bool) or not isinstance(max_side, (int, np.integer)) or max_side < 1:
+        raise ValueError(f"max_side={max_side!r}: expected None or an integer >= 1")
+    return int(max_side)
+
+
+def shrink_image(img: Any, max_side: int | None, *, own: bool = False) -> Any:
+    """``img`` (a ``PIL.Image``) scaled down so that its longer side is ``max_side``, else as is.
+
+    The aspect ratio is kept (each side rounded, at least 1 pixel), resized with Pillow's
+    Lanczos filter and ``reducing_gap=2.0`` (a box reduction first, to at least twice the
+    target), as FFCV's ``max_resolution``. With ``own`` (an image opened from bytes that
+    nobody else holds) it is ``Image.thumbnail`` in place, which also decodes a JPEG at a DCT
+    scale of at least twice the target. An image whose sides are both ``<= max_side`` is
+    returned unchanged.
+
+    Raises:
+        ValueError: ``max_side`` not ``None`` or an integer ``>= 1``.
+    """
+    from PIL import Image
+
+    side = _check_side(max_side)
+    w, h = img.size
+    if side is None or max(w, h) <= side:
+        return img
+    r = side / max(w, h)
+    size = (max(1, round(w * r)), max(1, round(h * r)))
+    if own:
+        img.thumbnail(size, Image.Resampling.LANCZOS, reducing_gap=2.0)
+        return img
+    return img.resize(size, Image.Resampling.LANCZOS, reducing_gap=2.0)
+
+
+def _open_stored(ext: str, last: str, data: bytes) -> Any:
+    """Encoded image bytes opened as the format ``last`` names (for ``max_side``)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(io.BytesIO(data), formats=[IMAGE_FORMATS[last]])
+    except UnidentifiedImageError as e:
+        raise TypeError(
+            f"extension {ext!r}: max_side= re-encodes a larger image, and these bytes are not "
+            f"a {IMAGE_FORMATS[last]} image (starts {data[:12]!r})"
+        ) from e
+
+
+def _encode_image(
+    ext: str, last: str, value: Any, quality: int, max_side: int | None = None
+) -> bytes | None:
     from PIL import Image
 
     if isinstance(value, np.ndarray):
@@ -123,6 +173,7 @@ def _encode_image(ext: str, last: str, value: Any, quality: int) -> bytes | None
         img = value
     else:
         return None
+    img = shrink_image(img, max_side)
     fmt = IMAGE_FORMATS[last]
     opts: dict[str, Any] = {}
     if fmt in ("JPEG", "WEBP"):
@@ -188,7 +239,9 @@ def _serialize(ext: str, last: str, value: Any) -> bytes:
     return cbor
 
 
-def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
+def encode_value(
+    ext: str, value: Any, *, quality: int = JPEG_QUALITY, max_side: int | None = None
+) -> bytes:
     """Encode one sample value for extension ``ext`` (writer side); see the module table.
 
     Args:
@@ -196,6 +249,11 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
             ...).
         value: The value.
         quality: JPEG/WebP quality, 1-100. Defaults to :data:`JPEG_QUALITY` (95).
+        max_side: Images (of an image extension) whose longer side is above this many
+            pixels are scaled down to it first (:func:`shrink_image`), as FFCV's
+            ``max_resolution``: a dataset stored at training resolution. Image *bytes* then
+            are opened as the format the extension names and, only when larger, re-encoded
+            at ``quality``; smaller ones stay byte for byte. Defaults to ``None`` (sizes kept).
 
     Returns:
         The member's bytes.
@@ -206,13 +264,22 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
             array for ``npy``, a CHW or ``int64`` array for an image extension.
         ModuleNotFoundError: ``pth``, ``msgpack`` or ``cbor`` without torch, msgpack or cbor2
             installed (the message names the package to install).
+        ValueError: ``max_side`` not ``None`` or an integer ``>= 1``.
     """
     for sfx, compress in COMPRESSORS.items():
         if ext.endswith(sfx) and len(ext) > len(sfx):
-            return compress(encode_value(ext[: -len(sfx)], value, quality=quality))
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
+            inner = encode_value(ext[: -len(sfx)], value, quality=quality, max_side=max_side)
+            return compress(inner)
     last = last_ext(ext)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if max_side is None or last not in IMAGE_FORMATS:
+            return bytes(value)
+        side = _check_side(max_side)
+        img = _open_stored(ext, last, bytes(value))
+        if side is None or max(img.size) <= side:
+            return bytes(value)
+        img = shrink_image(img, side, own=True)
+        return _encode_image(ext, last, img, quality) or bytes(value)
     if last in SERIALIZER_EXTS:
         return _serialize(ext, last, value)
     if last in JSON_EXTS and not isinstance(value, str):
@@ -231,7 +298,7 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
     if last in NPZ_EXTS:
         return _encode_npz(ext, value)
     if last in IMAGE_FORMATS:
-        data = _encode_image(ext, last, value, quality)
+        data = _encode_image(ext, last, value, quality, max_side)
         if data is not None:
             return data
     if isinstance(value, np.ndarray):
@@ -244,3 +311,33 @@ def encode_value(ext: str, value: Any, *, quality: int = JPEG_QUALITY) -> bytes:
         f"dict/list for json, a numpy array for npy, a PIL image or uint8 array for an image "
         f"extension, or any object for pyd/pickle/pth/msgpack/cbor"
     )
+
+
+class ImageEncoder:
+    """A writer's encoder with other image settings: ``ShardWriter(..., encoder=ImageEncoder(...))``.
+
+    :func:`encode_value` with ``quality`` and ``max_side`` fixed; picklable, so it also goes
+    to :func:`tarindex.write_shards`' worker processes. ``tarindex pack --max-side N
+    --quality Q`` uses it.
+
+    Args:
+        quality: JPEG/WebP quality, 1-100. Defaults to :data:`JPEG_QUALITY` (95).
+        max_side: Longest image side stored, in pixels (see :func:`encode_value`). Defaults
+            to ``None`` (sizes kept).
+
+    Raises:
+        ValueError: ``quality`` outside 1-100, or ``max_side`` not ``None`` or ``>= 1``.
+    """
+
+    def __init__(self, quality: int = JPEG_QUALITY, max_side: int | None = None) -> None:
+        if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
+            raise ValueError(f"quality={quality!r}: expected an integer in [1, 100]")
+        self.quality = quality
+        self.max_side = _check_side(max_side)
+
+    def __call__(self, ext: str, value: Any) -> bytes:
+        """Encode ``value`` for ``ext`` (:func:`encode_value`)."""
+        return encode_value(ext, value, quality=self.quality, max_side=self.max_side)
+
+    def __repr__(self) -> str:
+        return f"ImageEncoder(quality={self.quality}, max_side={self.max_side})"

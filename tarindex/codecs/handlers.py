@@ -24,6 +24,7 @@ import numpy as np
 
 from .compress import Refused
 from .exts import IMAGE_FORMATS
+from .image import ImageDecode
 
 __all__ = [
     "IMAGE_MODES",
@@ -286,7 +287,9 @@ def _need_torch(spec: str) -> None:
 
 
 def decode_steps(decode: DecodeSpec) -> tuple[Any, ...]:
-    """Normalise ``decode`` to a tuple of steps: spec strings, handlers, :class:`ExtTable`.
+    """Normalise ``decode`` to a tuple of steps: specs, handlers, :class:`ExtTable`.
+
+    Specs are image spec strings and :class:`~tarindex.codecs.image.ImageDecode` objects.
 
     Raises:
         ValueError: An unknown spec string or list item, or a callable in a list that cannot
@@ -296,7 +299,17 @@ def decode_steps(decode: DecodeSpec) -> tuple[Any, ...]:
     items = list(decode) if isinstance(decode, (list, tuple)) else [decode]
     out: list[Any] = []
     for d in items:
-        if isinstance(d, str):
+        if isinstance(d, ImageDecode):
+            if d.tensor:
+                import importlib.util
+
+                if importlib.util.find_spec("torch") is None:
+                    raise ModuleNotFoundError(
+                        f"{d!r} makes torch tensors (tensor=True), and torch is not "
+                        f"installed: pip install torch (or pass tensor=False for arrays)"
+                    )
+            out.append(d)
+        elif isinstance(d, str):
             check_spec(d)
             if IMAGE_SPECS.get(d, ("",))[0] == "torch":
                 _need_torch(d)

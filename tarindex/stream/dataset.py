@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..codecs import DecodeSpec, make_decoder
+from ..codecs import DecodeSpec, ExtDecoder, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..plan.checks import check_int, check_sizes, check_u64
 from ..plan.epoch import WorkerPlan, batch_span, epoch_blocks, plan_worker, rank_share, slot_span
@@ -299,6 +299,8 @@ class StreamDataset(StreamEpochOwner):
         """
         worker, nw, epoch, start = self._re.begin_iter(self._loaded)
         self._loaded = None  # a loaded state is consumed by one __iter__
+        if isinstance(self.decoder, ExtDecoder):  # ImageDecode draws per (seed, epoch, index)
+            self.decoder.set_epoch(epoch)
         p = self.plan(epoch, worker, nw)
         self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
         self._consumed = start  # load_state_dict checked it against the plan
@@ -383,6 +385,8 @@ class StreamDataset(StreamEpochOwner):
         if self.decoder is None and self.transform is None and self.on_error == "raise":
             if tag is None:  # errors raise, so never a None: the kernel's parts, flattened in C
                 return chain.from_iterable(self.executor.parts(p, start, stop))
+        if isinstance(self.decoder, ExtDecoder):
+            self.decoder.set_epoch(p.epoch)
         return self._finished(self.executor.stream(p, start, stop), skipped, tag)
 
     def _finished(

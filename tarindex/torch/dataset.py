@@ -14,7 +14,7 @@ import numpy as np
 import torch.utils.data
 from numpy.typing import NDArray
 
-from ..codecs import DecodeSpec, make_decoder
+from ..codecs import DecodeSpec, ExtDecoder, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read import Sample, ShardSet
 from ..read.sample_source import SampleSource
@@ -157,6 +157,20 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
     def __len__(self) -> int:
         return len(self.shards)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw ``decode=tarindex.ImageDecode(...)``'s random crops and flips for ``epoch``.
+
+        Call it before ``iter(loader)`` each epoch (as ``DistributedSampler.set_epoch``):
+        workers started for that iterator get it; persistent workers keep the epoch they
+        started with (docs/DECODING.md, "Decoding to the model's size"). Without such a
+        decoder it changes nothing.
+
+        Raises:
+            ValueError: If ``epoch`` is negative or ``>= 2**64``.
+        """
+        if isinstance(self.decoder, ExtDecoder):
+            self.decoder.set_epoch(epoch)
 
     def raw(self, i: int) -> Sample:
         """Return sample ``i`` undecoded and untransformed (bytes per extension)."""

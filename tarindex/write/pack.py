@@ -411,6 +411,7 @@ def write_pack(
     overwrite: bool = False,
     on_sample: Callable[[], object] | None = None,
     jobs: int = 1,
+    encoder: Callable[[str, Any], bytes] | bool = True,
 ) -> PackResult:
     """Write a :class:`PackPlan` into indexed shards with :class:`tarindex.ShardWriter`.
 
@@ -434,6 +435,11 @@ def write_pack(
             writing where one writer would cut them (:func:`tarindex.write.shards.plan_shard_sizes`,
             from the files' sizes), so the result is the same for any ``jobs``. Defaults to
             ``1`` (this process).
+        encoder: The writer's encoder (the files' bytes are its values), e.g.
+            ``tarindex.codecs.ImageEncoder(quality=90, max_side=512)`` to store images larger
+            than 512 pixels scaled down (``tarindex pack --max-side``; with ``jobs > 1`` the
+            shards are still cut from the files' sizes). Defaults to ``True`` (bytes as they
+            are).
 
     Returns:
         A :class:`PackResult`.
@@ -454,8 +460,10 @@ def write_pack(
     _check_output(plan.src, out_pattern, overwrite=overwrite)  # refuse before touching anything
     has_field = check_pattern(out_pattern)
     if jobs > 1 and has_field:
-        return _write_pack_jobs(plan, out_pattern, maxcount, maxsize, overwrite, on_sample, jobs)
-    sink = ShardWriter(out_pattern, maxcount=maxcount, maxsize=maxsize)  # checks the limits
+        return _write_pack_jobs(
+            plan, out_pattern, maxcount, maxsize, overwrite, on_sample, jobs, encoder
+        )
+    sink = ShardWriter(out_pattern, maxcount=maxcount, maxsize=maxsize, encoder=encoder)
     n_files = 0
     classes_json = None
     ours: set[str] = set()  # shards this call put a sample in (only those are deleted on error)
@@ -532,6 +540,7 @@ def _write_pack_jobs(
     overwrite: bool,
     on_sample: Callable[[], object] | None,
     jobs: int,
+    encoder: Callable[[str, Any], bytes] | bool = True,
 ) -> PackResult:
     """:func:`write_pack` with ``jobs`` writer processes (:func:`tarindex.write_shards`)."""
     from .parallel import WriteResult, describe_failed, write_shards
@@ -561,6 +570,7 @@ def _write_pack_jobs(
             shard_sizes=shard_sizes,
             progress=False,
             on_progress=progress,
+            encoder=encoder,
         )
     except ParallelWriteError as e:  # the shards finished meanwhile go too: said once, as done
         _remove_shards(e.result.paths)

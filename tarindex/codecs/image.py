@@ -1,0 +1,318 @@
+"""Decode an image straight to the size the model eats: :class:`ImageDecode`.
+
+``decode=tarindex.ImageDecode(size=224)`` makes every image member of a sample a ``uint8``
+array ``(3, 224, 224)`` (or a tensor, ``tensor=True``), through these steps:
+
+1. **Header.** The image's width and height are read from its header (no pixel decoded) and
+   checked against ``max_image_pixels``.
+2. **Crop box.** ``crop="random-resized"`` chooses a box as torchvision's
+   ``RandomResizedCrop.get_params`` does: up to 10 tries of an area fraction drawn uniformly
+   from ``scale`` and an aspect ratio drawn log-uniformly from ``ratio``; the first box that
+   fits the image (``w = round(sqrt(area * r))``, ``h = round(sqrt(area / r))``) is placed at a
+   uniform position; after 10 misses, the central box of the whole image clamped to ``ratio``.
+   ``crop="center"`` is the central box of the target's aspect ratio covering ``center``
+   (``0.875`` = 224/256) of the shorter matching side, as ``Resize(256)`` + ``CenterCrop(224)``.
+   ``crop=None`` is the whole image (resized to the target, aspect not kept).
+3. **Scaled decode.** A JPEG is decoded at the smallest DCT scale ``1/k``, ``k`` in 1, 2, 4,
+   8, that keeps the box at or above the target size (:mod:`tarindex.codecs.jpeg`:
+   libjpeg-turbo through simplejpeg, else Pillow's ``Image.draft``): a 1024x768 photo for a
+   224 crop of half its area decodes at 1/2, a quarter of the pixels. (libjpeg-turbo's other
+   scales, 5/8 .. 7/8, decode slower than the full size and are not used.) PNG, WebP and the other
+   formats decode at full size through Pillow (they have no DCT scale).
+4. **Resize.** The box is resized to the target with Pillow's antialiased bilinear filter
+   (the filter widened when shrinking): at full size ``crop(box).resize(size, BILINEAR)``,
+   torchvision's PIL path exactly; on a scaled decode, the box mapped onto it (fractional
+   coordinates) through ``resize(size, BILINEAR, box=...)``.
+5. **Flip** left-right with probability 1/2 (``flip=True``), then the layout (``"CHW"`` or
+   ``"HWC"``) and dtype (``"uint8"``, or ``"float32"`` in ``[0, 1]``).
+
+**Random choices** are a pure function of ``(seed, epoch, index)``, ``index`` being the
+sample's global ``__index__``: ``numpy.random.SeedSequence`` over their 32-bit words and a tag
+of its own gives 64-bit words, turned into uniforms in ``[0, 1)``. So an epoch replays exactly,
+whatever the number of DataLoader workers or the order they fetch in. The epoch is the one the
+dataset's ``set_epoch(epoch)`` set (the streaming datasets also advance it once per
+``__iter__``, as their plan does): the dataset hands it to its decoder
+(:meth:`tarindex.codecs.ExtDecoder.set_epoch`). See docs/DECODING.md, "Decoding to the
+model's size", for the tolerance against a full decode and what each knob costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .exts import IMAGE_FORMATS
+from .jpeg import BACKENDS, decode_scaled, jpeg_size
+
+__all__ = ["CROPS", "ImageDecode", "crop_box", "dct_factor", "draws"]
+
+CROPS = ("random-resized", "center", None)
+"""The crop modes of :class:`ImageDecode`."""
+
+_TAG_IMAGE = 0x494D47  # "IMG": this module's stream, distinct from every plan tag (1..6)
+_MASK32 = (1 << 32) - 1
+_N_DRAWS = 42  # 10 tries x (area, ratio, top, left) + flip + spare
+_U53 = 1.0 / (1 << 53)
+
+
+def draws(seed: int, epoch: int, index: int) -> list[float]:
+    """The uniforms in ``[0, 1)`` of sample ``index`` in ``epoch``: a pure function of the three.
+
+    ``SeedSequence([seed_lo, seed_hi, epoch_lo, epoch_hi, tag, index_lo, index_hi])``, its first
+    42 64-bit words, each's top 53 bits over ``2**53``. Uniform ``4k .. 4k + 3`` are try
+    ``k``'s area, log-ratio, top and left; uniform 40 the flip.
+
+    Raises:
+        ValueError: A negative argument, or one ``>= 2**64``.
+    """
+    words = []
+    for name, v in (("seed", seed), ("epoch", epoch), ("index", index)):
+        v = int(v)
+        if not 0 <= v < 1 << 64:
+            raise ValueError(f"{name}={v!r}: expected an integer in [0, 2**64)")
+        words.append((v & _MASK32, v >> 32))
+    (s0, s1), (e0, e1), (i0, i1) = words
+    state = np.random.SeedSequence([s0, s1, e0, e1, _TAG_IMAGE, i0, i1]).generate_state(
+        _N_DRAWS, np.uint64
+    )
+    return [(int(w) >> 11) * _U53 for w in state]
+
+
+def crop_box(
+    width: int,
+    height: int,
+    u: Sequence[float],
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """The crop box of torchvision's ``RandomResizedCrop.get_params``, driven by the uniforms ``u``.
+
+    Args:
+        width: Image width in pixels.
+        height: Image height in pixels.
+        u: At least 40 uniforms in ``[0, 1)`` (:func:`draws`).
+        scale: Range of the box's area as a fraction of the image's. Defaults to
+            ``(0.08, 1.0)``.
+        ratio: Range of the box's aspect ratio (width / height), drawn log-uniformly.
+            Defaults to ``(3/4, 4/3)``.
+
+    Returns:
+        ``(left, top, w, h)`` in pixels of the full image, ``w, h >= 1``.
+    """
+    area = width * height
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for k in range(10):
+        target = area * (scale[0] + (scale[1] - scale[0]) * u[4 * k])
+        r = math.exp(lo + (hi - lo) * u[4 * k + 1])
+        w = int(round(math.sqrt(target * r)))
+        h = int(round(math.sqrt(target / r)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(u[4 * k + 2] * (height - h + 1))
+            left = int(u[4 * k + 3] * (width - w + 1))
+            return left, top, w, h
+    in_ratio = width / height  # fallback: the central box, clamped to ratio
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, max(w, 1), max(h, 1)
+
+
+def dct_factor(room: float) -> int:
+    """The largest of 8, 4, 2, 1 that is ``<= room`` (1 when ``room < 2``).
+
+    Only the power-of-two DCT scales are used: libjpeg-turbo's 5/8, 6/8 and 7/8 decode
+    slower than the full size (measured: 0.55 .. 0.84 ms against 0.46 ms for a 500x375 JPEG)
+    and blur chroma edges more (docs/DECODING.md).
+    """
+    for k in (8, 4, 2):
+        if room >= k:
+            return k
+    return 1
+
+
+def _center_box(
+    width: int, height: int, tw: int, th: int, frac: float
+) -> tuple[int, int, int, int]:
+    """The central box of aspect ``tw/th`` covering ``frac`` of the image's matching side."""
+    if width * th >= height * tw:  # image wider than the target: the height limits
+        h = height * frac
+        w = h * tw / th
+    else:
+        w = width * frac
+        h = w * th / tw
+    w_i, h_i = max(1, int(round(w))), max(1, int(round(h)))
+    return (width - w_i) // 2, (height - h_i) // 2, w_i, h_i
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    """``(height, width)`` of ``size``."""
+    if isinstance(size, (tuple, list)):
+        if len(size) != 2:
+            raise ValueError(f"size={size!r}: expected an int or (height, width)")
+        h, w = int(size[0]), int(size[1])
+    else:
+        h = w = int(size)
+    if h < 1 or w < 1:
+        raise ValueError(f"size={size!r}: expected sides >= 1")
+    return h, w
+
+
+@dataclass(frozen=True)
+class ImageDecode:
+    """Decode images to the model's input size, cropped and flipped: ``decode=ImageDecode(...)``.
+
+    The steps (header, crop box, DCT-scaled decode, antialiased resize, flip) and the
+    determinism rule are in :mod:`tarindex.codecs.image`; the tolerance and costs in
+    docs/DECODING.md ("Decoding to the model's size"). The spec is immutable and pickles to a
+    few bytes; the datasets take it as ``decode=`` (alone, or in a list with other steps,
+    e.g. ``[ImageDecode(224), my_handler]``), and every other member goes through the
+    built-in decoders (``cls`` -> ``int``, ...).
+
+    Args:
+        size: Output side in pixels, or ``(height, width)``. Defaults to ``224``.
+        crop: ``"random-resized"`` (training), ``"center"`` (evaluation) or ``None`` (the
+            whole image). Defaults to ``"random-resized"``.
+        scale: Area fraction range of the random box. Defaults to ``(0.08, 1.0)``.
+        ratio: Aspect ratio (width / height) range of the random box. Defaults to
+            ``(3/4, 4/3)``.
+        flip: Flip left-right with probability 1/2. Defaults to ``True`` with
+            ``crop="random-resized"``, else ``False``.
+        dtype: ``"uint8"`` (``0..255``) or ``"float32"`` (the ``uint8`` value / 255).
+            Defaults to ``"uint8"``.
+        layout: ``"CHW"`` (torch's) or ``"HWC"``. Defaults to ``"CHW"``.
+        seed: Base seed of the random choices, ``0 <= seed < 2**64``. Defaults to ``0``.
+        center: Fraction of the shorter matching side the ``"center"`` box covers, in
+            ``(0, 1]``. Defaults to ``0.875`` (224/256).
+        tensor: Return a ``torch.Tensor`` (sharing the array's memory) instead of a numpy
+            array. Defaults to ``False``.
+        backend: JPEG backend, ``"simplejpeg"`` or ``"pil"``. Defaults to ``None``: this
+            process's (:func:`tarindex.codecs.image_backend`).
+
+    Raises:
+        ValueError: An unknown crop, dtype, layout or backend, a size below 1, a scale or
+            ratio range that is not ``0 < lo <= hi`` (scale ``<= 1``), a seed out of range.
+    """
+
+    size: int | tuple[int, int] = 224
+    crop: str | None = "random-resized"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool | None = None
+    dtype: str = "uint8"
+    layout: str = "CHW"
+    seed: int = 0
+    center: float = 0.875
+    tensor: bool = False
+    backend: str | None = None
+    hw: tuple[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hw", _pair(self.size))
+        if self.crop not in CROPS:
+            raise ValueError(f"crop={self.crop!r}: expected one of {CROPS}")
+        if self.flip is None:
+            object.__setattr__(self, "flip", self.crop == "random-resized")
+        if self.dtype not in ("uint8", "float32"):
+            raise ValueError(f"dtype={self.dtype!r}: expected 'uint8' or 'float32'")
+        if self.layout not in ("CHW", "HWC"):
+            raise ValueError(f"layout={self.layout!r}: expected 'CHW' or 'HWC'")
+        for name, rng, top in (("scale", self.scale, 1.0), ("ratio", self.ratio, math.inf)):
+            lo, hi = (float(x) for x in rng)
+            if not 0 < lo <= hi <= top:
+                raise ValueError(f"{name}={rng!r}: expected 0 < low <= high <= {top}")
+            object.__setattr__(self, name, (lo, hi))
+        if not 0 < float(self.center) <= 1:
+            raise ValueError(f"center={self.center!r}: expected a fraction in (0, 1]")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: expected None or one of {BACKENDS}")
+        draws(self.seed, 0, 0)  # validates the seed
+
+    # -- the crop box ---------------------------------------------------------------------
+    def box(
+        self, width: int, height: int, epoch: int = 0, index: int = 0
+    ) -> tuple[tuple[int, int, int, int], bool]:
+        """``((left, top, w, h), flipped)`` of sample ``index`` in ``epoch`` for a ``width x height`` image.
+
+        A pure function of ``(seed, epoch, index)`` and the image size; see the module
+        docstring for each crop mode.
+        """
+        th, tw = self.hw
+        if self.crop is None:
+            b = (0, 0, width, height)
+        elif self.crop == "center":
+            b = _center_box(width, height, tw, th, float(self.center))
+        if self.crop != "random-resized" and not self.flip:
+            return b, False
+        u = draws(self.seed, epoch, index)
+        if self.crop == "random-resized":
+            b = crop_box(width, height, u, self.scale, self.ratio)
+        return b, bool(self.flip) and u[40] < 0.5
+
+    # -- decoding -------------------------------------------------------------------------
+    def decode(
+        self, ext: str, data: bytes, *, epoch: int = 0, index: int = 0, max_pixels: int = 1 << 25
+    ) -> Any:
+        """Decode one image member to the target, as sample ``index`` of ``epoch``.
+
+        Args:
+            ext: The member's image extension (a key of
+                :data:`tarindex.codecs.IMAGE_FORMATS`: ``"jpg"``, ``"png"``, ...).
+            data: Its bytes.
+            epoch: The epoch (``set_epoch``). Defaults to ``0``.
+            index: The sample's global index (``__index__``). Defaults to ``0``.
+            max_pixels: Largest image accepted, ``width * height`` from the header.
+
+        Returns:
+            ``uint8`` (or ``float32``) array ``(3, H, W)`` (``layout="CHW"``) or ``(H, W,
+            3)``, RGB, C-contiguous and writable; a tensor with ``tensor=True``.
+
+        Raises:
+            Refused: Not the format ``ext`` names, or over ``max_pixels`` (the caller,
+                :class:`tarindex.codecs.ExtDecoder`, raises it as a ``DecodeError``).
+        """
+        from PIL import Image
+
+        th, tw = self.hw
+        fmt = IMAGE_FORMATS[ext]
+        if fmt == "JPEG":
+            width, height = jpeg_size(data, self.backend)
+            (left, top, w, h), flipped = self.box(width, height, epoch, index)
+            k = dct_factor(min(w / tw, h / th))  # 1/k keeps the box >= the target
+            arr = decode_scaled(data, width // k, height // k, max_pixels, self.backend)
+            img = Image.fromarray(arr)
+        else:
+            from .handlers import open_image
+
+            img = open_image(ext, data, max_pixels)
+            if img.mode != "RGB":
+                img = img.convert("RGB")
+            width, height = img.size
+            (left, top, w, h), flipped = self.box(width, height, epoch, index)
+        if img.size == (width, height):  # full size: torchvision's crop, then resize
+            out = img.crop((left, top, left + w, top + h))
+            out = out.resize((tw, th), Image.Resampling.BILINEAR)
+        else:  # the box on the scaled image, fractional: crop and resize in one pass
+            fx, fy = img.size[0] / width, img.size[1] / height
+            region = (left * fx, top * fy, (left + w) * fx, (top + h) * fy)
+            out = img.resize((tw, th), Image.Resampling.BILINEAR, box=region)
+        if flipped:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        hwc = np.asarray(out)
+        res: NDArray[Any] = (
+            np.ascontiguousarray(hwc.transpose(2, 0, 1)) if self.layout == "CHW" else hwc.copy()
+        )
+        if self.dtype == "float32":
+            res = np.divide(res, np.float32(255), dtype=np.float32)
+        if self.tensor:
+            import torch
+
+            return torch.from_numpy(res)
+        return res
