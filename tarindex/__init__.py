@@ -43,7 +43,7 @@ from .errors import (
 from .index.build import build_index
 from .index.scan import Members, scan
 from .plan.split import split_keys
-from .read.manifest import check_manifest, read_manifest, task_pattern, write_manifest
+from .read.manifest import check_manifest, read_manifest, write_manifest
 from .read.reader import ShardReader, ShardSet, read_kernel
 from .read.sources import expand_source
 from .read.split import split_by_key
@@ -51,6 +51,7 @@ from .read.subset import ShardSubset
 from .storage.indexfile import index_path_for
 from .storage.remote import RemoteOptions
 from .write.parallel import WriteResult, write_shards
+from .write.partition import task_pattern
 from .write.shards import ShardWriter, TarWriter
 
 _TORCH_NAMES = {

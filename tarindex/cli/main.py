@@ -540,8 +540,17 @@ def cmd_cat(args: argparse.Namespace) -> int:
 # -- manifest ---------------------------------------------------------------------------------
 def cmd_manifest(args: argparse.Namespace) -> int:
     """``tarindex manifest``: write a dataset manifest, or check shards against one."""
-    from ..read.manifest import check_manifest, write_manifest
+    from ..read.manifest import check_manifest, prune, write_manifest
 
+    if args.prune:  # leftovers of failed or superseded attempts (write_partition)
+        for m in args.sources:
+            if not is_manifest(m):
+                raise UsageError(f"{m}: --prune takes manifests (*.json)")
+            left = prune(os.path.dirname(m) or ".", m, dry_run=args.dry_run)
+            for line in left:
+                print(line)
+            print(f"{m}: {len(left)} leftover file(s) {'found' if args.dry_run else 'deleted'}")
+        return EXIT_OK
     if args.check:
         if args.output is not None:
             raise UsageError("--check takes manifests, not -o")
@@ -829,6 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--absolute", action="store_true", help="record absolute paths (default: relative)"
     )
     s.add_argument("--check", action="store_true", help="SOURCE are manifests: check their shards")
+    s.add_argument("--prune", action="store_true", help="SOURCE are manifests: delete the files "
+                   "of attempts they do not list, under their directory (--dry-run: list only)")
+    s.add_argument("--dry-run", action="store_true", help="with --prune: list, delete nothing")
     s.set_defaults(func=cmd_manifest)
 
     s = sub.add_parser(
