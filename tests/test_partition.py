@@ -189,3 +189,14 @@ def test_100k_rows_make_a_manifest_fast(tmp_path: Path) -> None:
     back = decode_manifest(open(f"{out}/data.json", "rb").read())
     assert back.paths[12_345] == "attempt-01234-a1234/part-01234-000005.tar"
     assert int(back.head_crc[99_999]) == 99_999
+
+
+def test_scale_md_engine_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    doc = (Path(__file__).parent.parent / "docs" / "SCALE.md").read_text()
+    code = re.search(r"## Engines: .*?```python\n(.*?)```", doc, re.S)
+    assert code is not None, "docs/SCALE.md lost its write_partition example"
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "SCALE.md", "exec"), {})
+    assert len(tarindex.ShardSet("out/data.json")) == 300

@@ -122,3 +122,14 @@ def test_a_task_that_always_fails_fails_the_job(spark: Any, tmp_path: Path) -> N
     with pytest.raises(Exception, match="expected a dict"):
         tarindex.spark.write(frame(spark, 10, 2), str(tmp_path / "out"), to_sample=bad)
     assert not (tmp_path / "out" / "data.json").exists()
+
+
+def test_scale_md_spark_example_runs(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    doc = (Path(__file__).parent.parent / "docs" / "SCALE.md").read_text()
+    code = re.search(r"### Spark.*?```python\n(.*?)```", doc, re.S)
+    assert code is not None, "docs/SCALE.md lost its Spark example"
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "SCALE.md", "exec"), {})  # getOrCreate: this module's session
+    assert (tmp_path / "spark-out" / "data.json").exists()
