@@ -22,6 +22,7 @@ RANKS = {
     "read": 4,
     "stream": 5,
     "torch": 6,
+    "spark": 6,  # engine adapters, over write/ and read/
     "__init__": 7,  # the public API
     "cli": 8,  # over the public API
     "__main__": 9,

@@ -23,7 +23,7 @@ TASK = textwrap.dedent(
     """
     import sys, tarindex
     out, task, n_tasks, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    with tarindex.ShardWriter(tarindex.read.manifest.task_pattern(out, task), maxcount=37) as sink:
+    with tarindex.ShardWriter(tarindex.write.partition.task_pattern(out, task), maxcount=37) as sink:
         for i in range(task, n, n_tasks):
             sink.write({"__key__": f"{i:06d}", "cls": i, "txt": f"task {task}"})
     """
@@ -52,7 +52,7 @@ def test_independent_writers_then_one_manifest(tmp_path: Path) -> None:
 
 
 def test_one_pattern_one_writer(tmp_path: Path) -> None:
-    pattern = tarindex.read.manifest.task_pattern(str(tmp_path), 3)
+    pattern = tarindex.write.partition.task_pattern(str(tmp_path), 3)
     assert pattern == str(tmp_path / "part-00003-%06d.tar")
     with tarindex.ShardWriter(pattern, durable=False) as a:
         a.write({"__key__": "x", "cls": 1})
@@ -60,9 +60,9 @@ def test_one_pattern_one_writer(tmp_path: Path) -> None:
             with tarindex.ShardWriter(pattern, durable=False) as b:
                 b.write({"__key__": "y", "cls": 2})
     with pytest.raises(ValueError):
-        tarindex.read.manifest.task_pattern(str(tmp_path), -1)
+        tarindex.write.partition.task_pattern(str(tmp_path), -1)
     with pytest.raises(ValueError):
-        tarindex.read.manifest.task_pattern(str(tmp_path), 0, prefix="a%d")
+        tarindex.write.partition.task_pattern(str(tmp_path), 0, prefix="a%d")
 
 
 def free_port() -> int:

@@ -281,6 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--absolute", action="store_true", help="record absolute paths (default: relative)"
     )
     s.add_argument("--check", action="store_true", help="SOURCE are manifests: check their shards")
+    s.add_argument(
+        "--prune",
+        action="store_true",
+        help="SOURCE are manifests: delete the files of attempts they do not list, under their "
+        "directory (--dry-run: list only)",
+    )
+    s.add_argument("--dry-run", action="store_true", help="with --prune: list, delete nothing")
     s.set_defaults(func=manifest.command)
 
     s = sub.add_parser(

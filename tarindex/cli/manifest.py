@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from ..read.manifest import check_manifest, write_manifest
+from ..read.manifest import check_manifest, prune, write_manifest
 from ..read.sources import is_manifest
 from .common import EXIT_FAIL, EXIT_OK, UsageError, expand
 
@@ -13,7 +14,20 @@ __all__ = ["command"]
 
 
 def command(args: argparse.Namespace) -> int:
-    """Write ``-o OUT.json`` from the sources, or (``--check``) report changed shards (exit 1)."""
+    """Write ``-o OUT.json`` from the sources, or (``--check``) report changed shards (exit 1).
+
+    ``--prune``: delete (``--dry-run``: list) the files of write attempts a manifest does not
+    list, under its directory (:func:`tarindex.read.manifest.prune`).
+    """
+    if args.prune:  # leftovers of failed or superseded attempts (write_partition)
+        for m in args.sources:
+            if not is_manifest(m):
+                raise UsageError(f"{m}: --prune takes manifests (*.json)")
+            left = prune(os.path.dirname(m) or ".", m, dry_run=args.dry_run)
+            for line in left:
+                print(line)
+            print(f"{m}: {len(left)} leftover file(s) {'found' if args.dry_run else 'deleted'}")
+        return EXIT_OK
     if args.check:
         if args.output is not None:
             raise UsageError("--check takes manifests, not -o")

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,7 +32,9 @@ __all__ = [
     "MANIFEST_FORMAT",
     "MANIFEST_VERSION",
     "COLUMNS",
+    "ManifestRow",
     "ManifestTable",
+    "table_from_rows",
     "encode_manifest",
     "decode_manifest",
     "resolve_path",
@@ -92,6 +95,65 @@ class ManifestTable:
     def n_samples(self) -> int:
         """Samples in all shards."""
         return int(self.samples.sum())
+
+
+class ManifestRow(NamedTuple):
+    """One shard's row of a manifest (FORMAT.md §9), in :data:`COLUMNS` order.
+
+    What a writer knows when it closes a shard (:class:`tarindex.write.tar.TarShardWriter`
+    fills one in), so a manifest is made from rows without reopening any shard; a plain tuple
+    of str and int, cheap to pickle or to send as an Arrow row from an engine's task.
+    """
+
+    path: str
+    """Where the shard is: a local path or a URL (a manifest records it relative to itself)."""
+    samples: int
+    """Samples in the shard."""
+    members: int
+    """Indexed members in the shard."""
+    tar_bytes: int
+    """Size of the tar in bytes."""
+    index_bytes: int
+    """Size of its index file in bytes."""
+    head_crc: int
+    """crc32 of the tar's first 4096 bytes (FORMAT.md §3)."""
+    tail_crc: int
+    """crc32 of the tar's last 4096 bytes (FORMAT.md §3)."""
+    shard_id: str
+    """The shard id (FORMAT.md §1) as 32 lowercase hex digits, ``""`` for other tars."""
+
+
+def table_from_rows(
+    rows: Sequence[Sequence[Any]], meta: dict[str, Any] | None = None, *, first: int = 0
+) -> ManifestTable:
+    """The manifest table of ``rows``, in their order; O(n), vectorised (100k rows in ms).
+
+    Paths are taken as they are (the caller makes them relative: :func:`relative_path`).
+    Nothing is checked here: :func:`encode_manifest` then :func:`decode_manifest` check.
+
+    Args:
+        rows: One row per shard, in sample order: :class:`ManifestRow`, or any tuple whose
+            fields from ``first`` on are the :data:`COLUMNS`.
+        meta: Other top-level fields (``producer``, ...). Defaults to none.
+        first: Index of the ``path`` field in each row. Defaults to ``0``.
+    """
+    n = len(rows)
+    cols: list[Any] = list(zip(*rows, strict=True))[first:] if n else [()] * len(COLUMNS)
+
+    def ints(k: int) -> NDArray[np.int64]:
+        return np.asarray(cols[k], np.int64) if n else np.zeros(0, np.int64)
+
+    return ManifestTable(
+        paths=list(cols[0]),
+        samples=ints(1),
+        members=ints(2),
+        tar_bytes=ints(3),
+        index_bytes=ints(4),
+        head_crc=ints(5),
+        tail_crc=ints(6),
+        shard_id=list(cols[7]),
+        meta=dict(meta or {}),
+    )
 
 
 def encode_manifest(t: ManifestTable) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..codecs import encode_value, zstd_compressor
 from ..errors import WriterError
+from ..format.manifest import ManifestRow
 from ..format.spec import BLOCK, INDEX_SUFFIX, MAX_ZSTD_DICT_BYTES, SHARD_ID_BYTES
 from ..format.tar import build_member_header, padded
 from ..storage.indexfile import index_path_for
@@ -296,6 +297,8 @@ class ShardWriter:
             )
         self._first = start_shard
         self.paths: list[str] = []
+        self.rows: list[ManifestRow] = []
+        """The manifest row of each finished shard (FORMAT.md §9), in :attr:`paths` order."""
         self.total = 0
         self._cur: TarShardWriter | None = None
         self._cctx: Any = None  # the current shard's zstd compressor, made at its first use
@@ -428,6 +431,8 @@ class ShardWriter:
         if self._cur is not None:
             self._cur.close()
             self.paths.append(self._cur.path)
+            if self._cur.row is not None:
+                self.rows.append(self._cur.row)
             self._cur = None
             self._cctx = self._zdict = None
             self.shard += 1

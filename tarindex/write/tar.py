@@ -19,6 +19,7 @@ from .._version import __version__
 from ..errors import WriterError
 from ..format.group import group_members
 from ..format.index import encode_index, fingerprint
+from ..format.manifest import ManifestRow
 from ..format.spec import (
     BLOCK,
     FINGERPRINT_BYTES,
@@ -116,6 +117,8 @@ class TarShardWriter:
         self._keys: set[str] = set()
         self.zstd_dict: DictEntry | None = None
         """Where the shard's zstd dictionary was written (:meth:`write_zstd_dict`), or None."""
+        self.row: ManifestRow | None = None
+        """After :meth:`close`: the shard's manifest row (FORMAT.md §9), from what was written."""
 
     def _write(self, data: bytes) -> None:
         try:
@@ -269,6 +272,9 @@ class TarShardWriter:
             self.abort()
             raise
         write_atomic(ipath, index, durable=self.durable)
+        self.row = ManifestRow(
+            self.path, t.n_samples, t.n_members, size, len(index), head, tail, t.shard_id.hex()
+        )
 
     def abort(self) -> None:
         """Discard the shard being written (delete the temp file)."""
