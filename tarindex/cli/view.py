@@ -42,10 +42,12 @@ def command(args: argparse.Namespace) -> int:
         srv = make_server(view, args.host, args.port, title=args.source)
         host, port = str(srv.server_address[0]), int(srv.server_address[1])
         url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
-        print(f"serving {len(view)} samples of {args.source} at {url} (Ctrl-C stops)", flush=True)
-        if args.open:
-            threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
-        try:
+        try:  # Ctrl-C from the first line on stops cleanly
+            print(
+                f"serving {len(view)} samples of {args.source} at {url} (Ctrl-C stops)", flush=True
+            )
+            if args.open:
+                threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
             srv.serve_forever(poll_interval=0.2)
         except KeyboardInterrupt:
             print("tarindex view: stopped", file=sys.stderr)

@@ -339,23 +339,31 @@ class View:
             crc,
         )
 
-    def shard_rows(self) -> list[tuple[str, int, int, int, int]]:
-        """Per shard: ``(path, samples, members, data bytes, tar bytes)``."""
+    def shard_rows(self) -> list[tuple[str, int, int, int, int, str]]:
+        """Per shard: ``(path, samples, members, data bytes, tar bytes, error)``.
+
+        A shard that does not open (stale, corrupt, missing) gets its header's sample count,
+        ``-1`` for what needs the reader, and the error's message.
+        """
         out = []
         with self.lock:
             for s in range(self.ss.n_shards):
-                r = self._reader(s)
+                path = self.ss.paths[s]
+                try:
+                    r = self._reader(s)
+                except Exception as e:  # the page names it; the other shards still show
+                    out.append(
+                        (path, int(self.ss.counts[s]), -1, -1, -1, f"{type(e).__name__}: {e}")
+                    )
+                    continue
                 t = r.index
-                out.append(
-                    (self.ss.paths[s], r.n_samples, len(t.size), int(t.size.sum()), r.tar_size)
-                )
+                out.append((path, r.n_samples, len(t.size), int(t.size.sum()), r.tar_size, ""))
         return out
 
     def find(self, key: str) -> list[int]:
         """Global indices of the samples whose key is ``key`` (the key tables; O(log n) per shard)."""
         with self.lock:
             return self.ss.indices_of(key)
-
 
 
 def _cls_order(v: str) -> tuple[int, int | str]:

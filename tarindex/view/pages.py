@@ -198,7 +198,6 @@ def page_samples(
     total = len(view)
     n = max(1, min(n, MAX_PER_PAGE))
     start = max(0, min(start, max(total - 1, 0)))
-    start -= start % n
     end = min(total, start + n)
     rows = [view.row(i) for i in range(start, end)]
     nav = []
@@ -271,8 +270,8 @@ def page_shards(
     """Shards with counts and sizes; in the server, a verify button and each job's state."""
     running = any(st in ("queued", "running") for st, _ in jobs.values())
     rows = []
-    for s, (path, n, m, data, tar) in enumerate(view.shard_rows()):
-        st, msg = jobs.get(s, ("", ""))
+    for s, (path, n, m, data, tar, err) in enumerate(view.shard_rows()):
+        st, msg = jobs.get(s, ("failed", err) if err else ("", ""))
         cls = "ok" if st == "ok" else "fail" if st == "failed" else ""
         action = (
             ""
@@ -295,4 +294,3 @@ def page_shards(
         f"{''.join(rows)}</table>"
     )
     return _doc("shards", body, site, refresh=2 if running and not site.static else 0)
-
