@@ -83,7 +83,8 @@ table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 8px;text-
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 .grid{display:flex;flex-wrap:wrap;gap:10px}
 .card{border:1px solid #ccc;border-radius:4px;padding:6px;width:180px;overflow:hidden}
-.card img{display:block;max-width:128px;max-height:128px;image-rendering:pixelated;background:#eee}
+.card img{display:block;width:128px;height:auto;image-rendering:pixelated;background:#eee}
+.mem img{width:256px;height:auto;image-rendering:pixelated}
 .card pre,.mem pre{white-space:pre-wrap;word-break:break-all;font-size:12px;margin:4px 0}
 .key{font-family:monospace;font-weight:bold;word-break:break-all}
 .noimg{display:inline-block;width:64px;height:64px;background:#eee;color:#888;font-size:11px}
@@ -158,8 +159,9 @@ def page_summary(title: str, sm: Summary, site: Site) -> str:
         f"<th>bytes</th><th></th></tr>{rows}</table><h2>Member sizes</h2>",
     ]
     for e, hist in sm.size_hist.items():
-        labels = [f"< {_human(2 ** (b + 1))}" for b in range(len(hist))]
-        body.append(svg_bars(labels, hist, f"{e}: members by size"))
+        b0 = next((b for b, c in enumerate(hist) if c), 0)  # from the first non-empty bin
+        labels = [f"{_human(2**b if b else 0)}-{_human(2 ** (b + 1))}" for b in range(len(hist))]
+        body.append(svg_bars(labels[b0:], hist[b0:], f"{e}: members by size"))
     if sm.cls_hist:
         body.append(f"<h2>cls</h2><p>from {sm.cls_read} samples, evenly spaced</p>")
         body.append(svg_bars(list(sm.cls_hist), list(sm.cls_hist.values()), "samples by cls"))
@@ -222,7 +224,7 @@ def page_samples(
         )
     head = (
         f'<p><span id="total">{total}</span> samples; showing {start}..{max(end - 1, start)}'
-        f"{esc(note)}</p><p>{forms}</p><p>{' '.join(nav)}</p>"
+        f"{esc(note)}</p><div>{forms}</div><p>{' '.join(nav)}</p>"
     )
     grid = '<div class="grid">' + "".join(_card(site, view, r) for r in rows) + "</div>"
     return _doc("samples", head + grid, site)
@@ -289,7 +291,7 @@ def page_shards(
         else '<form method="post" action="/verify/all"><button>verify all</button></form>'
     )
     body = (
-        f"<p>{all_btn}{esc(progress)}</p><table><tr><th>#</th><th>tar</th><th>samples</th>"
+        f"<div>{all_btn}{esc(progress)}</div><table><tr><th>#</th><th>tar</th><th>samples</th>"
         f"<th>members</th><th>data bytes</th><th>tar bytes</th><th>verify</th></tr>"
         f"{''.join(rows)}</table>"
     )

@@ -105,8 +105,8 @@ class ViewServer(ThreadingHTTPServer):
         self.title = title
         self.verifier = Verifier(view)
         self.site = live_site()
-        self.served: list[str] = []
-        """Paths of the requests answered (for tests and the log), the last 10000."""
+        self.served: list[tuple[str, float]] = []
+        """``(path, seconds to answer)`` of the last 10000 GET requests."""
 
 
 def make_server(view: View, host: str = "127.0.0.1", port: int = 0, title: str = "") -> ViewServer:
@@ -161,8 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         srv = self.server
-        if len(srv.served) < 10000:
-            srv.served.append(url.path)
+        t0 = time.monotonic()
         try:
             self._route(url.path, parse_qs(url.query))
         except (IndexError, KeyError) as e:  # SampleIndexError is an IndexError
@@ -171,6 +170,8 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         except Exception as e:  # a bad shard: the message, not a dead connection
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}")
+        srv.served.append((url.path, time.monotonic() - t0))
+        del srv.served[:-10000]
 
     do_HEAD = do_GET
 
