@@ -160,6 +160,17 @@ def test_xss_key_member_and_json_render_as_text(live: Live) -> None:
     assert "&lt;b&gt;bold&lt;/b&gt;" in body
     st, _, raw = live.get("/search?key=" + urllib.parse.quote(XSS))  # one hit: its page
     assert st == 200 and b"#60" in raw
+    st, hd, raw = live.get("/raw/60/0")
+    assert raw == XSS.encode() and hd["Content-Type"] == "application/octet-stream"
+    assert hd["Content-Disposition"].startswith('attachment; filename="_script_alert_1__')
+    assert "<" not in hd["Content-Disposition"]
+
+
+def test_view_never_imports_torch() -> None:
+    code = "import sys, tarindex.view, tarindex.cli.view; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(tarindex.__file__).parent.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
 
 def test_no_path_outside_the_source_and_bad_requests(live: Live) -> None:

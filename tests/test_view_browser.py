@@ -171,6 +171,7 @@ def _big_tar(path: Path, n: int) -> None:
         f.write(bytes(10240))
 
 
+@pytest.mark.timeout(600)  # writing and indexing the 1 GB tar: ~25 s idle, more under load
 def test_first_grid_page_of_1m_samples_under_a_second(tmp_path: Path) -> None:
     n = 1_000_000
     tar = tmp_path / "big.tar"
