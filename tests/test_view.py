@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -57,7 +58,9 @@ def write_shards(d: Path, n: int = 60) -> str:
                 }
             )
         w.write({"__key__": XSS, "txt": XSS.encode(), "json": b'{"a": "<b>bold</b>"}'})
-        w.write({"__key__": "hostile", "png": huge_png(), "txt": b"big"})
+        arr = io.BytesIO()
+        np.save(arr, np.arange(6, dtype=np.float32).reshape(2, 3) / 2)
+        w.write({"__key__": "hostile", "png": huge_png(), "txt": b"big", "npy": arr.getvalue()})
     return str(d / "s-*.tar")
 
 
@@ -200,7 +203,8 @@ def test_hostile_image_gets_a_placeholder_fast(live: Live) -> None:
     assert st == 200 and hd["Content-Type"] == "image/png"
     assert Image.open(io.BytesIO(body)).size == (1, 1)  # the placeholder, not a decode
     assert time.monotonic() - t0 < 2
-    assert live.get(f"/sample/{i}")[0] == 200
+    st, _, body = live.get(f"/sample/{i}")
+    assert st == 200 and b"shape (2, 3), dtype float32\n[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]" in body
 
 
 def test_verify_action_runs_in_background(live: Live) -> None:

@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 import tarindex
+from tarindex.cli.main import main
 from tests.test_view import XSS, Live
 
 CHROMIUM = "/usr/bin/chromium"
@@ -133,6 +134,18 @@ def test_xss_member_renders_as_text_in_chromium(live: Live, tmp_path: Path) -> N
         assert "<script" not in page.lower()  # no element injected: only escaped text
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
         assert "<img src=" not in page.lower()
+
+
+def test_static_report_in_chromium(digits: tuple[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert main(["view", digits[0], "--html", str(out), "--pages", "1"]) == 0
+    page = dom(tmp_path, (out / "samples-0.html").as_uri())
+    assert '<span id="total">301</span>' in page
+    assert page.count('<img class="thumb" src="data:image/png;base64,') == 48
+    assert 'href="sample-7.html"' in page and "/thumb/" not in page
+    page = dom(tmp_path, (out / "index.html").as_uri())
+    assert '<td class="n" id="n-samples">301</td>' in page
+    screenshot(tmp_path, (out / "samples-0.html").as_uri(), "report.png")
 
 
 def test_shards_page_and_gnu_tar_in_chromium(digits: tuple[str, str], tmp_path: Path) -> None:

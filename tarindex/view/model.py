@@ -236,8 +236,9 @@ class View:
         then finishes on its own; at most :data:`_IN_FLIGHT` decodes are pending).
         """
         k = (i, pos)
-        if k in self._thumbs:
-            return self._thumbs[k]
+        with self.lock:
+            if k in self._thumbs:
+                return self._thumbs[k]
         mb, _ = self.member_bytes(i, pos, 0)
         if not self.is_image(mb.ext) or mb.size > THUMB_BYTES:
             return None
@@ -254,9 +255,10 @@ class View:
             png = fut.result(THUMB_SECONDS)
         except FutureTimeout:
             return None
-        self._thumbs[k] = png
-        while len(self._thumbs) > _CACHE:
-            self._thumbs.popitem(last=False)
+        with self.lock:
+            self._thumbs[k] = png
+            while len(self._thumbs) > _CACHE:
+                self._thumbs.popitem(last=False)
         return png
 
     def preview(self, i: int, pos: int) -> tuple[str, str]:
