@@ -128,6 +128,8 @@ def test_grid_page_thumbnails_text_cls_and_paging(live: Live) -> None:
     assert im.size == (THUMB_PX, THUMB_PX // 2)  # 200x100 downscaled, aspect kept
     a = live.get("/samples?seed=5")[2]
     assert a == live.get("/samples?seed=5")[2] and b"(random, seed 5)" in a
+    big = live.get("/samples?n=100000000&seed=2")[2]  # n is capped (200): one page, all 62
+    assert big.count(b'class="card"') == 62 and b"(random, seed 2)" in big
     st, _, body = live.get("/samples?start=61&n=48")  # jump to an index: the page from it
     assert st == 200 and b'id="s61"' in body and b'id="s60"' not in body
 

@@ -119,6 +119,12 @@ def test_summary_and_grid_in_chromium(live: Live, tmp_path: Path) -> None:
     screenshot(tmp_path, live.base + "/", "summary.png")
 
 
+def test_a_page_holds_at_most_200_samples(live: Live) -> None:
+    body = live.get("/samples?n=100000000")[2]
+    assert body.count(b'class="card"') == 200 and b'href="/samples?start=200&amp;n=200"' in body
+    assert len(body) < 1 << 20
+
+
 def test_key_search_and_sample_page_in_chromium(live: Live, tmp_path: Path) -> None:
     page = dom(tmp_path, live.base + "/search?key=0123")  # 303 to the sample's page
     assert '<span class="key" id="key">0123</span>' in page

@@ -23,6 +23,7 @@ from ..read import verify as verify_mod
 from .model import View
 from .pages import (
     CSP,
+    MAX_PER_PAGE,
     PER_PAGE,
     live_site,
     page_sample,
@@ -180,10 +181,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/":
             return self._html(page_summary(srv.title, view.summary(), site))
         if path == "/samples":
-            n = _int(q, "n", PER_PAGE)
+            n = max(1, min(_int(q, "n", PER_PAGE), MAX_PER_PAGE))  # a bounded page
             if "seed" in q:
                 seed = _int(q, "seed", 0)
-                pages = max(1, -(-len(view) // max(1, n)))
+                pages = max(1, -(-len(view) // n))
                 start = random.Random(seed).randrange(pages) * n
                 return self._html(
                     page_samples(view, site, start, n, f" (random, seed {seed})", seed)
