@@ -24,6 +24,7 @@ RANKS = {
     "torch": 6,
     "spark": 6,  # engine adapters, over write/ and read/
     "__init__": 7,  # the public API
+    "view": 6,  # the viewer: over read/ and codecs/, never torch
     "cli": 8,  # over the public API
     "__main__": 9,
 }

@@ -10,6 +10,7 @@ Subcommands::
     tarindex manifest SOURCE... -o data.json [--check]    a dataset manifest (FORMAT.md §9)
     tarindex pack SRC_DIR OUT_PATTERN [--maxcount N] [--maxsize BYTES] [--overwrite] [--jobs N]
     tarindex demo [--workdir DIR] [--epochs N]            the main job on real data
+    tarindex view SOURCE [--port N] [--host H] [--open] [--html OUT_DIR]   look at a dataset
 
 A ``SOURCE`` is anything :func:`tarindex.read.sources.expand_source` takes: a path, a directory of ``*.tar``,
 a glob (quote it), a brace pattern (``'train-{000000..000009}.tar'``) or a manifest
@@ -44,7 +45,7 @@ from .._version import __version__
 from ..errors import PackError, TarIndexError
 from ..read import read_kernel
 from ..write.pack import LAYOUTS
-from . import cat, demo, index, info, ls, manifest, pack, verify
+from . import cat, demo, index, info, ls, manifest, pack, verify, view
 from .common import EXIT_FAIL, EXIT_USAGE, Failure, UsageError, describe
 
 __all__ = ["main", "build_parser", "parse_size"]
@@ -353,6 +354,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--seed", type=int, default=0, help="seed of everything (default: 0)")
     s.set_defaults(func=demo.command)
+
+    s = sub.add_parser(
+        "view",
+        help="look at a dataset in a browser: summary, samples, one sample, shards",
+        description="Serve read-only pages of SOURCE on a local port (127.0.0.1 unless --host), "
+        "until Ctrl-C; or with --html write them as a static report.",
+    )
+    s.add_argument("source", metavar="SOURCE")
+    s.add_argument("--port", type=int, default=8765, help="port (default: 8765; 0: any free)")
+    s.add_argument(
+        "--host", default="127.0.0.1", help="interface (default: 127.0.0.1; others warn)"
+    )
+    s.add_argument("--open", action="store_true", help="open the page in a browser")
+    s.add_argument("--html", metavar="OUT_DIR", default=None, help="write a static report")
+    s.add_argument(
+        "--pages", type=_positive_int, default=3, help="grid pages in --html (default: 3)"
+    )
+    s.add_argument("--index-dir", metavar="DIR", default=None, help=_INDEX_DIR_HELP)
+    s.set_defaults(func=view.command)
     for s in sub.choices.values():
         s.set_defaults(subparser=s)  # main() reports a stray option with this usage line
     return p
