@@ -28,7 +28,7 @@ from ..codecs.handlers import open_image
 from ..format.index import read_header
 from ..format.spec import HEADER
 from ..format.url import is_url
-from ..read.reader import ShardReader, ShardSet
+from ..read import ShardReader, ShardSet
 
 __all__ = [
     "CLS_SAMPLES",
