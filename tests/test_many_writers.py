@@ -121,3 +121,36 @@ def test_the_torch_distributed_example_under_gloo(tmp_path: Path) -> None:
     assert [s["len"] for s in seen] == [500, 500] == [len(s["seen"]) for s in seen]
     c = Counter(i for s in seen for i in s["seen"])
     assert sorted(c) == list(range(1000)) and set(c.values()) == {1}  # exactly once
+
+
+def test_a_forked_child_does_not_keep_a_killed_holders_lock(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL while a child it forked lives on (a ``write_shards`` worker
+    under ``fork`` that has not exited yet): the flock dies with the writer, not with the child."""
+    from tarindex.write.lock import PatternLock
+
+    pattern = str(tmp_path / "s-%05d.tar")
+    holder = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from tarindex.write.lock import PatternLock
+        lock = PatternLock({pattern!r})
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        print(child, flush=True)
+        time.sleep(60)
+        """
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None
+    child = int(p.stdout.readline())
+    try:
+        p.kill()
+        p.wait(30)
+        assert os.path.exists(tmp_path / ".s-_05d.tar.lock")  # SIGKILL: the file stays, unheld
+        PatternLock(pattern).release()  # taken over at once: the child held no copy
+    finally:
+        os.kill(child, 9)

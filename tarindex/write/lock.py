@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 
 from ..errors import WriterError
 
@@ -54,15 +55,34 @@ class PatternLock:
                 break
             os.close(fd)  # the holder removed it between our open and our lock: again
         self.fd = fd
+        _HELD.add(self)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         """Remove the lock file, then unlock (closing the descriptor releases the flock)."""
         fd, self.fd = self.fd, -1
+        _HELD.discard(self)
         if fd >= 0:
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
             os.close(fd)
+
+
+_HELD: weakref.WeakSet[PatternLock] = weakref.WeakSet()
+"""The locks this process holds: a forked child (``write_shards`` workers under ``fork``) closes
+its copies of their descriptors, so the flock dies with its holder, not with the last child."""
+
+
+def _drop_inherited() -> None:
+    for lock in list(_HELD):
+        fd, lock.fd = lock.fd, -1
+        if fd >= 0:
+            os.close(fd)  # the parent's descriptor still holds the flock; nothing is unlinked
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited)
