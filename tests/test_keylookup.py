@@ -14,14 +14,9 @@ import pytest
 import tarindex
 from tarindex.cli.main import main
 from tarindex.errors import AmbiguousKeyError, ChecksumError, FormatError, KeyNotFoundError
-from tarindex.format.index import (
-    IndexTables,
-    check_key_table,
-    decode_index,
-    encode_index,
-    key_table,
-)
+from tarindex.format.index import IndexTables, decode_index, encode_index
 from tarindex.format.keyhash import key_hash, key_hashes
+from tarindex.format.keytable import check_key_table, key_table
 from tarindex.format.spec import FOOTER, TAG_KEY_HASH
 
 GOLDEN = Path(__file__).parent / "golden"

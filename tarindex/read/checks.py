@@ -1,7 +1,7 @@
 """Every guard of the read path, each written once in Python (FORMAT.md §2.7, §3, §9).
 
 - the chunk guard: a reader's index tables are checked (:func:`check_chunk`, over
-  :func:`tarindex.format.index.check_samples`) one chunk of :data:`CHUNK` samples at a time,
+  :func:`tarindex.format.guards.check_samples`) one chunk of :data:`CHUNK` samples at a time,
   before the first read of that chunk, and flagged in the reader's ``checked`` bytes;
 - the cut check: a tar cut while mapped would kill the process with SIGBUS on the next read
   of a page past its new end, so every read through a mapping first compares the mapping's
@@ -29,7 +29,8 @@ from ..errors import (
     TarHeaderError,
     TruncatedError,
 )
-from ..format.index import IndexTables, check_samples, fingerprint
+from ..format.guards import check_samples
+from ..format.index import IndexTables, fingerprint
 from ..format.keys import normalize_name
 from ..format.spec import (
     BLOCK,

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from ..format.index import KeyTable
 from ..format.keyhash import LOOKUP_SEED, key_hashes
 from ..format.keys import normalize_name
+from ..format.keytable import KeyTable
 from .shard import ShardReader
 from .spanner import locate, shards_of
 

@@ -28,8 +28,8 @@ from ..errors import (
     SampleIndexError,
     TarIndexError,
 )
-from ..format.index import KeyTable, key_table
 from ..format.keys import normalize_name
+from ..format.keytable import KeyTable, key_table
 from ..format.spec import BLOCK
 from ..format.zstd_dict import check_dict, dict_entry
 from ..storage.bytesource import Buffer, ByteSource
@@ -264,7 +264,7 @@ class ShardReader(ShardOpener):
         Raises:
             SampleIndexError: If the range is outside ``[0, n_samples]``.
             FormatError: If a table entry is corrupt (see
-                :func:`tarindex.format.index.check_samples`).
+                :func:`tarindex.format.guards.check_samples`).
         """
         self.check_range(j0, self.n_samples if j1 is None else j1)
 
@@ -333,7 +333,7 @@ class ShardReader(ShardOpener):
         """Read samples ``j0 <= j < j1`` of this shard: the kernel every dataset path uses.
 
         The tables of those samples are checked first (once per chunk, vectorised; see
-        :func:`tarindex.format.index.check_samples`). With mmap the buffer is the mapping
+        :func:`tarindex.format.guards.check_samples`). With mmap the buffer is the mapping
         (nothing is copied); with ``pread`` the selected members are read with one read per
         run of neighbouring members (one for a whole block when nothing is projected away).
 

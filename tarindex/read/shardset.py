@@ -18,7 +18,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import AmbiguousKeyError, KeyNotFoundError
-from ..format.index import KeyTable, read_header
+from ..format.index import read_header
+from ..format.keytable import KeyTable
 from ..format.spec import HEADER, INDEX_SUFFIX
 from ..storage.bytesource import MmapSource, cold_cache
 from ..storage.remote import RemoteOptions, is_url, load_indexes
