@@ -115,3 +115,9 @@ def test_cli_has_no_pack_planning_or_pattern_check() -> None:
     src = "".join(p.read_text() for p in (PKG / "cli").glob("*.py"))
     for name in ("def plan_pack", "def sanitize_stem", "def _walk_files", "def _check_pattern"):
         assert name not in src
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_over_700_lines(path: Path) -> None:
+    n = len(path.read_text().splitlines())
+    assert n <= 700, f"{path}: {n} lines; split it by its reasons to change (docs/ARCHITECTURE.md)"
