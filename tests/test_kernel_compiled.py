@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import tarindex
+from tarindex.read import _kernel_py
 from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards, have
 
@@ -38,11 +39,11 @@ COMPILED = kernel_mod.compiled
 
 
 def _both(make: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
-    """``make()`` with the compiled loops, then again with the Python loops."""
-    assert kernel_mod.compiled is not None
+    """``make()`` with the compiled loops, then again with their twin ``_kernel_py``."""
+    assert kernel_mod.compiled is not None and kernel_mod.kernel is kernel_mod.compiled
     compiled = make()
     with monkeypatch.context() as m:
-        m.setattr(kernel_mod, "compiled", None)
+        m.setattr(kernel_mod, "kernel", _kernel_py)
         python = make()
     return compiled, python
 
@@ -75,12 +76,14 @@ def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> No
         "import sys, tarindex, tarindex.read.kernel as k\n"
         f"ds = tarindex.TarDataset({paths!r})\n"
         "s = ds[3]\n"
-        "print(k.compiled is None, ds.shards.reader(0).hot.tables is None, s['__key__'])\n"
+        "print(k.compiled is None, k.kernel.__name__, type(ds.shards.reader(0).hot.tables)"
+        ".__module__, s['__key__'])\n"
     )
     env = dict(os.environ, TARINDEX_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True", "00000003"]
+    twin = "tarindex.read._kernel_py"
+    assert out.stdout.split() == ["True", twin, twin, "00000003"]
 
 
 @pytest.mark.parametrize("pure", [False, True])
