@@ -51,9 +51,17 @@ def _words(obj: Any, code: Literal["Q", "I", "q"]) -> memoryview:
     return memoryview(a)
 
 
+def _flat(obj: Any) -> memoryview:
+    """A contiguous buffer's bytes (ValueError if it is not contiguous, as ``PyBUF_SIMPLE``)."""
+    mv = memoryview(obj)
+    if not mv.c_contiguous:
+        raise ValueError("buffer is not contiguous")
+    return mv.cast("B")
+
+
 def _i64(obj: Any, what: str) -> memoryview:
     """An int64 buffer (ValueError if its length is not a multiple of 8)."""
-    raw = memoryview(obj).cast("B")
+    raw = _flat(obj)
     if raw.nbytes % 8:
         raise ValueError(f"{what}: not an int64 buffer")
     return _words(raw, "q")
@@ -82,6 +90,19 @@ class Tables:
         TypeError: If ``exts`` is not a tuple.
     """
 
+    n = 0
+    """Samples (0 until initialised: every read hands back, as the C's)."""
+    members = 0
+    """Entries of ``ext_id``, ``offset``, ``size``."""
+    kbase = kend = dlen = mark = 0  # mark: the call that last checked this mapping's size
+    exts: tuple[str, ...] = ()
+    kp = sp = eid = off = size = off_raw = size_raw = eid_raw = memoryview(b"")
+    keys: Any = b""
+    data: Any = b""
+    pins: tuple[memoryview, ...] = ()
+    """The buffers held while this object lives (as the C holds them)."""
+    checked: Any = b""
+
     def __init__(
         self,
         key_ptr: Any,
@@ -96,40 +117,37 @@ class Tables:
         exts: tuple[str, ...],
         checked: bytearray,
     ) -> None:
+        if self.pins:
+            raise TypeError("Tables is initialised once")
         key_base, key_end = _ssize(key_base), _ssize(key_end)
         if not isinstance(exts, tuple):
             raise TypeError("Tables() argument 'exts' must be tuple")
-        raws = [memoryview(b).cast("B") for b in (key_ptr, sample_ptr, ext_id, offset, size)]
-        kp, sp, eid, off, sz = (r.nbytes for r in raws)
-        self.pins = (memoryview(keys), memoryview(data), memoryview(checked))
-        """The buffers held while this object lives (as the C holds them)."""
-        if self.pins[2].readonly:
-            raise TypeError("Tables: checked must be a writable buffer")
-        klen = self.pins[0].nbytes
+        raws = [_flat(b) for b in (key_ptr, sample_ptr, keys, ext_id, offset, size, data)]
+        ck = _flat(checked)
+        if ck.readonly:
+            raise BufferError("Object is not writable.")
+        kp, sp, klen, eid, off, sz, dlen = (r.nbytes for r in raws)
         if (
             kp % 8 or sp % 8 or off % 8 or sz % 8 or eid % 4 or kp < 8 or kp != sp
             or off != sz or off // 8 != eid // 4 or key_base < 0 or key_end < key_base
             or key_end > klen
         ):  # fmt: skip
             raise ValueError("Tables: inconsistent table lengths")
-        self.n = kp // 8 - 1
-        """Samples."""
-        self.members = eid // 4
-        """Entries of ``ext_id``, ``offset``, ``size``."""
-        if len(checked) < (self.n + (1 << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT:
+        n = kp // 8 - 1
+        if ck.nbytes < (n + (1 << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT:
             raise ValueError("Tables: chunk flags shorter than the sample count")
+        self.pins = (raws[2], raws[6], ck)
+        self.n, self.members = n, eid // 4
         self.kp, self.sp = _words(raws[0], "Q"), _words(raws[1], "Q")
-        self.eid, self.off, self.size = (_words(raws[2], "I"), _words(raws[3], "Q"),
-                                         _words(raws[4], "Q"))  # fmt: skip
-        self.off_raw, self.size_raw, self.eid_raw = raws[3], raws[4], raws[2]
-        self.keys = keys if isinstance(keys, (bytes, mmap.mmap)) else self.pins[0]
-        self.data = data if isinstance(data, (bytes, mmap.mmap)) else self.pins[1]
-        self.dlen = self.pins[1].nbytes
+        self.eid, self.off, self.size = (_words(raws[3], "I"), _words(raws[4], "Q"),
+                                         _words(raws[5], "Q"))  # fmt: skip
+        self.off_raw, self.size_raw, self.eid_raw = raws[4], raws[5], raws[3]
+        self.keys = keys if isinstance(keys, (bytes, mmap.mmap)) else raws[2]
+        self.data = data if isinstance(data, (bytes, mmap.mmap)) else raws[6]
+        self.dlen = dlen
         self.kbase, self.kend = key_base, key_end
         self.exts = exts
-        self.checked = checked
-        self.mark = 0
-        """The call that last checked this mapping's size."""
+        self.checked = ck
 
     def row(self, j: int) -> _Row | None:
         """Sample ``j``'s key and member run, bounded; ``None``: hand back."""
@@ -161,15 +179,19 @@ class Tables:
         if row is None:
             return None
         k0, k1, m0, m1 = row
-        got = [self.member(m) for m in range(m0, m1)]
-        if None in got:
+        member = self.member
+        if any(member(m) is None for m in range(m0, m1)):
             return None
         d: dict[str, Any] = {"__key__": self.key(k0, k1)}
         if meta_first:
             d["__shard__"] = shard
             d["__index__"] = index
         exts, data = self.exts, self.data
-        for e, o, s in got:  # type: ignore[misc]
+        for m in range(m0, m1):  # read again: hashing a name may have changed a table
+            got = member(m)
+            if got is None:
+                return None
+            e, o, s = got
             if want is None or want[e]:
                 d[exts[e]] = bytes(data[o : o + s])
         if not meta_first:
@@ -401,11 +423,11 @@ def pack(
     if not isinstance(datas, tuple):
         raise TypeError("pack(out, datas: tuple, src, offset, size, dest, vals, start)")
     start = _ssize(start)
-    o = memoryview(out).cast("B")
+    o = _flat(out)
     if o.readonly:
         raise BufferError("Object is not writable.")
     sr, of, sz, de = (_i64(a, "pack array") for a in (src, offset, size, dest))
-    vm = memoryview(vals).cast("B")
+    vm = _flat(vals)
     if vm.readonly:
         raise BufferError("Object is not writable.")
     if vm.nbytes % 8:
@@ -414,7 +436,7 @@ def pack(
     n = len(sr)
     if not len(of) == len(sz) == len(de) == len(vs) == n:
         raise ValueError("pack: arrays differ in length")
-    db = [memoryview(d).cast("B") for d in datas]
+    db = [_flat(d) for d in datas]
     nd, olen = len(db), o.nbytes
     for k in range(max(start, 0), n):
         s, a, ln, d = sr[k], of[k], sz[k], de[k]
@@ -552,7 +574,7 @@ def batch(
     made = alloc(cum)
     if not isinstance(made, tuple) or len(made) != 2:
         raise TypeError("batch: alloc must return (keep, buffer)")
-    out = memoryview(made[1]).cast("B")
+    out = _flat(made[1])
     if out.readonly:
         raise BufferError("Object is not writable.")
     if out.nbytes < cum:
