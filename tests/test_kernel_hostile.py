@@ -487,10 +487,10 @@ case("samples list reached through gc",
 
 
 # get()
-def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
     st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
-    return K.get(i, st, per, rd, ["a", "b"] if paths is None else paths, evicts)
+    return K.get(i, st, per, rd, ["a", "b"] if paths is None else paths)
 
 
 case("get", lambda: gt(), "dict")
@@ -510,15 +510,15 @@ case("get bool", lambda: gt(True), "none")
 case("get numpy int", lambda: gt(np.int64(1)), "none")
 case("get starts empty", lambda: gt(starts=()), "none")
 case("get starts one", lambda: gt(starts=(0,)), "none")
-case("get starts a list", lambda: K.get(0, [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
+case("get starts a list", lambda: K.get(0, [0, 2, 4], 2, {}, ["a", "b"]), "TypeError")
 case("get starts odd length", lambda: gt(starts=b"\0" * 9), "TypeError")
-case("get starts a bytearray", lambda: K.get(0, bytearray(24), 2, {}, ["a", "b"], False),
+case("get starts a bytearray", lambda: K.get(0, bytearray(24), 2, {}, ["a", "b"]),
      "TypeError")
 case("get starts 2**63-1", lambda: gt(2, starts=(0, 2, 2**63 - 1), per=0), "dict")
 case("get starts backwards", lambda: gt(1, starts=(0, 4, 2), per=0), "dict")
 case("get starts negative", lambda: gt(-2**63, starts=(0, 2, -1), per=0), "none")
 case("get shard start negative", lambda: gt(0, starts=(-5, 2, 4), per=0), "none")
-case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"], False),
+case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"]),
      "TypeError")
 case("get readers a list", lambda: gt(readers=[]), "TypeError")
 case("get not open", lambda: gt(readers={}), "none")
@@ -532,19 +532,11 @@ case("get paths short", lambda: gt(paths=["a"], i=3), "none")
 case("get unchecked chunk", lambda: gt(readers={0: R(tables(checked=bytearray(1)))}), "none")
 case("get member past data", lambda: gt(readers={0: R(tables(offset=U8(0, len(DATA), 0)))}),
      "none")
-case("get evicts on a dict", lambda: gt(evicts=True), "AttributeError")
-
-
-class Bad:
-    def __bool__(self):
-        raise ZeroDivisionError
-
-
-case("get evicts raises", lambda: gt(evicts=Bad()), "ZeroDivisionError")
+case("get 7 arguments", lambda: K.get(0, ST.tobytes(), 2, {}, ["a", "b"], None, 1), "TypeError")
 lru = OrderedDict([(0, R(T)), (1, R(T2))])
-case("get evicts moves to the end",
-     lambda: "moved" if (gt(0, readers=lru, evicts=True), list(lru))[1] == [1, 0] else None,
-     "str")
+# the LRU order is the pool's: the kernel only looks readers up (read/pool.py touch())
+case("get leaves the LRU order alone",
+     lambda: "kept" if (gt(0, readers=lru), list(lru))[1] == [0, 1] else None, "str")
 gpaths = ["a", "b"]
 grd = {}
 
@@ -562,10 +554,10 @@ class Drop:
         return 1 << 30
 
 
-case("get size() empties paths", lambda: K.get(3, ST.tobytes(), 2, {1: R(T2, Shorten())}, gpaths,
-                                               False), "none")
+case("get size() empties paths", lambda: K.get(3, ST.tobytes(), 2, {1: R(T2, Shorten())}, gpaths),
+     "none")
 grd.update({0: R(tables(), Drop())})
-case("get size() drops the reader", lambda: K.get(1, ST.tobytes(), 2, grd, ["a", "b"], False),
+case("get size() drops the reader", lambda: K.get(1, ST.tobytes(), 2, grd, ["a", "b"]),
      "dict")
 spaths = [c * 50 + str(k) for k, c in enumerate("ab")]  # made at run time: no other reference
 
@@ -580,15 +572,15 @@ class Swap(str):  # hashing an extension replaces the sample's path (its one ref
 
 # once: SIGSEGV (the path was borrowed from the list, stored after the hash freed it)
 case("get hash replaces the path",
-     lambda: K.get(2, ST.tobytes(), 2, {1: R(tables(exts=(Swap("bin"), "cls")))}, spaths, False)[
+     lambda: K.get(2, ST.tobytes(), 2, {1: R(tables(exts=(Swap("bin"), "cls")))}, spaths)[
          "__shard__"][:2], "str")
 
 
 # take()
-def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
     st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
-    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts)
+    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths)
 
 
 class Counted(MM):
@@ -612,10 +604,10 @@ case("take order", lambda: "same" if list(tk((1,))[0]) == [
      "__key__", "__shard__", "__index__", "bin"] else None, "str")
 case("take empty", lambda: tk(()), "list")
 case("take a tuple", lambda: K.take((0, 2), I8(0, 2, 4).tobytes(), 2, {0: R(T), 1: R(T2)},
-                                    ["a", "b"], False), "list")
-case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
+                                    ["a", "b"]), "list")
+case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"]),
      "TypeError")
-case("take 7 arguments", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False, 1),
+case("take 6 arguments", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
      "TypeError")
 # the consumer runs between two takes: each take checks (a cut since is a hand-back)
 case("takes check each", lambda: "each" if size_calls(3) == 3 else None, "str")
@@ -624,8 +616,9 @@ case("take not open", lambda: tk(readers={0: R(T)}), "none")
 case("take cut", lambda: tk(readers={0: R(T, MM(0), 100), 1: R(T2)}), "none")
 case("take float", lambda: tk((0, 1.0)), "none")
 case("take size once, counted", lambda: "once" if size_calls() == 1 else None, "str")
-case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
-case("take evicts on a dict", lambda: tk(evicts=True), "AttributeError")
+case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"]), "TypeError")
+case("take leaves the LRU order alone",
+     lambda: "kept" if (tk((3, 0), readers=lru), list(lru))[1] == [0, 1] else None, "str")
 tdrop = {}
 
 
@@ -641,7 +634,7 @@ class Drop(str):  # hashing an extension drops every reader and path the take wa
 def take_drops():
     tdrop.update({0: R(tables(exts=(Drop("bin"), "cls"))), 1: R(T2)})
     tpaths[:] = ["a" * 40 + "0", "b" * 40 + "1"]
-    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths, False)
+    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths)
     return "held" if [d["__shard__"][0] for d in got] == ["a", "b", "a", "b"] else None
 
 

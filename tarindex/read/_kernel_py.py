@@ -261,7 +261,6 @@ def _resolve(
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-    evicts: bool,
     call: int,
     fields: frozenset[Any] | None,
 ) -> _Resolved | None:
@@ -296,8 +295,6 @@ def _resolve(
             return None
         want = bytes(e in fields for e in t.exts)
     if call == 0 or t.mark != call:
-        if evicts:
-            readers.move_to_end(sh)  # type: ignore[attr-defined]
         if not hot[_HOT_MM].size() >= hot[_HOT_SIZE]:  # cut while mapped (READING.md)
             return None
         if call:
@@ -307,17 +304,15 @@ def _resolve(
     return t, i - s0, i if neg else iobj, paths[sh], want
 
 
-def _get_args(
-    args: tuple[Any, ...], usage: str
-) -> tuple[memoryview, int, int, dict[int, Any], list[str], bool]:
-    starts, per, readers, paths, evicts = args
+def _get_args(args: tuple[Any, ...], usage: str) -> tuple[memoryview, int, int]:
+    starts, per, readers, paths = args
     if (
         not isinstance(starts, bytes) or len(starts) % 8 or not isinstance(readers, dict)
         or not isinstance(paths, list)
     ):  # fmt: skip
         raise TypeError(usage)
     st = _words(starts, "q")
-    return st, len(st) - 1, _ssize(per), readers, paths, bool(evicts)
+    return st, len(st) - 1, _ssize(per)
 
 
 def get(
@@ -326,17 +321,19 @@ def get(
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-    evicts: bool,
     fields: Collection[str] | None = None,
 ) -> dict[str, Any] | None:
-    """ShardSet.get(i, fields) as a dict, or ``None`` (take the Python path)."""
-    st, ns, p, rd, ps, ev = _get_args(
-        (starts, per, readers, paths, evicts),
-        "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts[, fields])",
+    """ShardSet.get(i, fields) as a dict, or ``None`` (take the Python path).
+
+    ``readers`` is only looked up (the pool keeps its LRU order itself, read/pool.py).
+    """
+    st, ns, p = _get_args(
+        (starts, per, readers, paths),
+        "get(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])",
     )
     if fields is not None and type(fields) is not frozenset:
         return None
-    got = _resolve(i, st, ns, p, rd, ps, ev, 0, fields)
+    got = _resolve(i, st, ns, p, readers, paths, 0, fields)
     if got is None:
         return None
     t, j, index, path, want = got
@@ -349,18 +346,17 @@ def take(
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-    evicts: bool,
 ) -> list[dict[str, Any]] | None:
     """ShardSet.take(indices) as dicts, or ``None`` (take the Python path)."""
-    st, ns, p, rd, ps, ev = _get_args(
-        (starts, per, readers, paths, evicts),
-        "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, evicts)",
+    st, ns, p = _get_args(
+        (starts, per, readers, paths),
+        "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list)",
     )
     seq = tuple(indices)
     call = next(_calls)
     rs = []
     for iobj in seq:  # each mapping's size once, before its first byte is copied
-        got = _resolve(iobj, st, ns, p, rd, ps, ev, call, None)
+        got = _resolve(iobj, st, ns, p, readers, paths, call, None)
         if got is None:
             return None
         rs.append(got)

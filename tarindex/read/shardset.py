@@ -315,9 +315,11 @@ class ShardSet:
         # call; None back (not open, not mapped, a chunk unchecked, anything it does not
         # decide): the reader's tables in one kernel call, else the reader's own path
         got = kernel.kernel.get(  # fields: None or a frozenset (others are handed back)
-            i, self._starts_bytes, self._per, self._readers, self.paths, self._pool.evicts, fields
+            i, self._starts_bytes, self._per, self._readers, self.paths, fields
         )
         if got is not None:
+            if self._pool.evicts:  # the LRU order is the pool's (kernel reads only look up)
+                self._pool.touch((self.locate(i)[0],))
             return got  # type: ignore[no-any-return]
         starts = self._starts_list
         s, j = locate(starts, self._per, i)
@@ -325,8 +327,8 @@ class ShardSet:
         r = self._readers.get(s)  # a forked child dropped its parent's (pool._bump_fork_generation)
         if r is None:
             r = self.reader(s)
-        elif self._pool.evicts:
-            self._readers.move_to_end(s)
+        else:
+            self._pool.touch((s,))
         h = r.hot
         tabs = h.tables
         if tabs is not None:  # the kernel's loop; None back: the reader's path decides
@@ -438,10 +440,10 @@ class ShardSet:
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
         """
-        got = kernel.kernel.take(
-            indices, self._starts_bytes, self._per, self._readers, self.paths, self._pool.evicts
-        )
+        got = kernel.kernel.take(indices, self._starts_bytes, self._per, self._readers, self.paths)
         if got is not None:
+            if self._pool.evicts:  # in order of first use, as the reads went
+                self._pool.touch(dict.fromkeys(self.locate(i)[0] for i in indices))
             return got  # type: ignore[no-any-return]
         out: list[Sample] = []
         for i in indices:
