@@ -31,6 +31,7 @@ import pytest
 from numpy.typing import NDArray
 
 import tarindex
+import tarindex.read._kernel_py
 import tarindex.read.kernel
 from tarindex.cli.main import main
 from tarindex.errors import FormatError, StaleIndexError
@@ -603,7 +604,7 @@ def test_hostile_index_is_refused_by_the_python_loops(
     case: Case, path: str, corpus: dict[str, Path], base: Base, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As above, as a machine without the compiled loops reads (TARINDEX_PURE_PYTHON=1)."""
-    monkeypatch.setattr(tarindex.read.kernel, "compiled", None)
+    monkeypatch.setattr(tarindex.read.kernel, "kernel", tarindex.read._kernel_py)
     tar = corpus[case.id]
     size = Path(str(tar) + ".tidx").stat().st_size
     what = f"{case.id} via {path} (Python loops)"

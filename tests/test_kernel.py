@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import tarindex
+import tarindex.read._kernel_py
+import tarindex.read.kernel
 from tarindex.storage.bytesource import MmapSource, PreadSource
 from tests.conftest import MakeShards
 
@@ -423,3 +425,27 @@ def test_a_shuffle_window_holds_where_its_samples_are_not_their_bytes(tmp_path: 
         tracemalloc.stop()
     assert sorted(seen) == list(range(2048)) and seen != sorted(seen)
     assert peak < 2 << 20, f"peak {peak / 2**20:.1f} MiB: the window holds its samples' bytes"
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_a_kernel_read_keeps_the_pools_lru_order(
+    make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch, twin: bool
+) -> None:
+    """The kernel only looks readers up; the pool keeps the LRU order (``ReaderPool.touch``).
+
+    Three shards, two may stay open: shard 0 read again through the kernel (``get``, then
+    ``take``) is the most recently used, so opening shard 2 closes shard 1, not shard 0.
+    """
+    if twin:
+        monkeypatch.setattr(tarindex.read.kernel, "kernel", tarindex.read._kernel_py)
+    paths = make_shards([4, 4, 4])
+    for read in ("get", "take"):
+        ds = tarindex.ShardSet(paths, max_open=2)
+        r0, r1 = ds.reader(0), ds.reader(1)  # opens shards 0, 1
+        ds.get(0), ds.get(4)  # checks their chunks; shard 0 the least recently used
+        assert r0.hot.tables is not None  # mapped: the kernel reads it
+        again = ds.get(1) if read == "get" else ds.take([1, 2])[0]  # a kernel hit on shard 0
+        assert again["__shard__"] == paths[0]
+        ds.get(8)  # opens shard 2: the least recently used (shard 1) is closed
+        assert (r0.index is not None, r1.index is None) == (True, True), read
+        ds.close()

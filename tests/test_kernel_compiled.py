@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import tarindex
+from tarindex.read import _kernel_py
 from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards, have
 
@@ -38,11 +39,11 @@ COMPILED = kernel_mod.compiled
 
 
 def _both(make: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
-    """``make()`` with the compiled loops, then again with the Python loops."""
-    assert kernel_mod.compiled is not None
+    """``make()`` with the compiled loops, then again with their twin ``_kernel_py``."""
+    assert kernel_mod.compiled is not None and kernel_mod.kernel is kernel_mod.compiled
     compiled = make()
     with monkeypatch.context() as m:
-        m.setattr(kernel_mod, "compiled", None)
+        m.setattr(kernel_mod, "kernel", _kernel_py)
         python = make()
     return compiled, python
 
@@ -75,12 +76,14 @@ def test_pure_python_env_selects_the_python_loops(make_shards: MakeShards) -> No
         "import sys, tarindex, tarindex.read.kernel as k\n"
         f"ds = tarindex.TarDataset({paths!r})\n"
         "s = ds[3]\n"
-        "print(k.compiled is None, ds.shards.reader(0).hot.tables is None, s['__key__'])\n"
+        "print(k.compiled is None, k.kernel.__name__, type(ds.shards.reader(0).hot.tables)"
+        ".__module__, s['__key__'])\n"
     )
     env = dict(os.environ, TARINDEX_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True", "00000003"]
+    twin = "tarindex.read._kernel_py"
+    assert out.stdout.split() == ["True", twin, twin, "00000003"]
 
 
 @pytest.mark.parametrize("pure", [False, True])
@@ -436,3 +439,87 @@ def test_the_compiled_loops_read_hot_tables_where_they_expect() -> None:
     fields = HotTables._fields
     assert (len(fields), fields.index("mm"), fields.index("tar_size")) == (16, 9, 10)
     assert fields.index("tables") == 15
+
+
+class _Reader:
+    """What the kernel reads of a reader: its public ``hot``."""
+
+    def __init__(self, hot: Any) -> None:
+        self.hot = hot
+
+
+def _kernel_views(mod: Any, ss: tarindex.ShardSet) -> tuple[tuple[Any, ...], dict[int, Any]]:
+    """``mod.Tables`` of every shard of ``ss`` (all chunks checked) and readers holding them."""
+    tabs, readers = [], {}
+    for s in range(ss.n_shards):
+        r = ss.reader(s)
+        for c in range(len(r.hot.checked)):
+            r.check_chunk(c)
+        h, t = r.hot, r.index
+        kb = h.key_base
+        tab = mod.Tables(t.key_ptr, t.sample_ptr, h.keys, kb, kb + len(t.key_blob), t.ext_id,
+                         t.offset, t.size, h.mm, h.exts, h.checked)  # fmt: skip
+        tabs.append(tab)
+        readers[s] = _Reader(h._replace(tables=tab))
+    return tuple(tabs), readers
+
+
+@needs_ext
+def test_each_compiled_function_is_its_twins(tmp_path: Path) -> None:
+    """Every function of ``_kernel`` called directly beside ``_kernel_py``'s: same inputs, same
+    results, hand-backs and errors (over varied real shards, good and bad arguments)."""
+    ss = tarindex.ShardSet(_odd_shards(tmp_path))
+    starts = np.asarray(ss.starts, np.int64)
+    sb, per, paths, n = starts.tobytes(), 0, list(ss.paths), len(ss)
+    rng = np.random.default_rng(1)
+    idx = [int(i) for i in rng.integers(-n, n, 200)] + [n, -n - 1, 2**70]
+    slot = rng.integers(0, ss.n_shards, 100).astype(np.int64)
+    local = np.array([rng.integers(0, ss.reader(int(s)).n_samples) for s in slot], np.int64)
+    results: list[list[Any]] = []
+    mods: tuple[Any, ...] = (COMPILED, _kernel_py)
+    for mod in mods:
+        tabs, rd = _kernel_views(mod, ss)
+        out: list[Any] = []
+        for s, t in enumerate(tabs):
+            m = ss.reader(s).n_samples
+            for want in (None, b"\x01" * 8, b"\x00\x01" * 4, b""):
+                out += [_outcome(partial(t.sample, j, want, "p", j)) for j in range(-1, m + 1)]
+                out.append(_outcome(partial(t.samples, 0, m, want, "p", 5)))
+            out.append(_outcome(partial(t.samples, 1, m + 1, None, "p", 0)))
+        out += [_outcome(partial(mod.get, i, sb, per, rd, paths)) for i in idx]
+        out += [_outcome(partial(mod.get, i, sb, per, rd, paths, frozenset({"cls"}))) for i in idx]
+        out.append(_outcome(partial(mod.get, 3, sb, per, {}, paths)))
+        out.append(_outcome(partial(mod.get, 3, sb, 7, rd, paths)))
+        out.append(_outcome(partial(mod.take, idx[:50], sb, per, rd, paths)))
+        out.append(_outcome(partial(mod.take, idx, sb, per, rd, paths)))
+        out.append(_outcome(partial(mod.gather, tabs, slot, local)))
+        out.append(_outcome(partial(mod.gather, tabs, slot, local + 1000)))
+        for fields, ints in ((None, ()), (None, ("cls",)), (frozenset({"cls", "txt"}), ("cls",))):
+            for bi in (idx[:64], [i for i in idx[:64] if i % 3], [0.5], [], list(range(n))):
+                got = _outcome(
+                    partial(
+                        mod.batch,
+                        bi,
+                        starts,
+                        per,
+                        rd,
+                        paths,
+                        fields,
+                        ints,
+                        lambda k: (None, bytearray(k)),
+                    )  # fmt: skip
+                )
+                out.append([bytes(v) if isinstance(v, bytearray) else v for v in got[1]]
+                           if got[0] == "ok" and len(got[1]) == 9 else got)  # fmt: skip
+        data = (b" 12\n+3 -0 x7 99999999999999999999 5", bytes(range(256)))
+        src = np.array([0, 0, 0, 0, 0, 1, 1, 0], np.int64)
+        off = np.array([0, 4, 7, 10, 13, 0, 250, 34], np.int64)
+        size = np.array([4, 2, 3, 2, 20, 10, 10, 1], np.int64)
+        dest = np.array([-1, -1, -1, -1, -1, 0, 10, -1], np.int64)
+        for start in (0, 3, 4, 5, 6):
+            buf, vals = bytearray(16), np.zeros(8, np.int64)
+            got = _outcome(partial(mod.pack, buf, data, src, off, size, dest, vals, start))
+            out.append((got, bytes(buf), vals.tolist()))
+        results.append(out)
+    assert len(results[0]) > 1800
+    assert results[0] == results[1]

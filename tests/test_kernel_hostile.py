@@ -1,4 +1,4 @@
-"""Hostile inputs to the compiled read-kernel loops (tarindex/read/_kernel.c).
+"""Hostile inputs to the read-kernel loops: the compiled ones (_kernel.c) and their twin (_kernel_py).
 
 The extension's contract (docs/READING.md "Compiled loops"): it reads tables the read core
 validated (tarindex/read/checks.py), bounds every read anyway, and hands anything unexpected
@@ -28,22 +28,23 @@ import pytest
 from tarindex.read import kernel as kernel_mod
 from tests.conftest import MakeShards
 
-pytestmark = [
-    pytest.mark.skipif(
-        kernel_mod.compiled is None,
-        reason=f"no compiled loops to attack: {kernel_mod.read_kernel()}",
-    ),
-    pytest.mark.timeout(120),
-]
+pytestmark = pytest.mark.timeout(120)
+needs_ext = pytest.mark.skipif(
+    kernel_mod.compiled is None, reason=f"no compiled loops to attack: {kernel_mod.read_kernel()}"
+)
+KERNELS = [pytest.param("_kernel", marks=needs_ext), "_kernel_py"]
+"""Both forms of the kernel, attacked alike: the extension and its pure-Python twin."""
 
-def _run(code: str, *args: str, debug_malloc: bool = False) -> str:
-    """Run ``code`` in a fresh interpreter; return its stdout.
+
+def _run(code: str, *args: str, kernel: str, debug_malloc: bool = False) -> str:
+    """Run ``code`` in a fresh interpreter with ``kernel`` (a ``KERNELS`` name); return its stdout.
 
     A death by signal fails the test and names the signal (SIGSEGV: a read out of bounds,
     SIGBUS: a cut tar read through its mapping, SIGABRT: a heap check of the debug
     allocator, ``PYTHONMALLOC=debug``, which also catches a write past a buffer).
     """
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", KERNEL_UNDER_TEST=kernel)
+    env["TARINDEX_PURE_PYTHON"] = "1" if kernel == "_kernel_py" else "0"
     if debug_malloc:
         env["PYTHONMALLOC"] = "debug"
     p = subprocess.run(
@@ -68,10 +69,10 @@ def _run(code: str, *args: str, debug_malloc: bool = False) -> str:
 # hand-back of sample()), "int" (gather's hand-back position), a hand-back tuple's first
 # item ("python", "open", "check"), or "batch"/"dict"/"gathered"/"-1" for a result.
 DIRECT = r'''
-import gc, sys
+import gc, importlib, os, sys
 from collections import OrderedDict
 import numpy as np
-from tarindex.read import _kernel as K
+K = importlib.import_module("tarindex.read." + os.environ["KERNEL_UNDER_TEST"])
 from tarindex.read.hot import HotTables
 
 U8 = lambda *v: np.array(v, np.uint64).tobytes()
@@ -486,10 +487,10 @@ case("samples list reached through gc",
 
 
 # get()
-def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+def gt(i=0, starts=(0, 2, 4), per=2, readers=None, paths=None):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
     st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
-    return K.get(i, st, per, rd, ["a", "b"] if paths is None else paths, evicts)
+    return K.get(i, st, per, rd, ["a", "b"] if paths is None else paths)
 
 
 case("get", lambda: gt(), "dict")
@@ -509,15 +510,15 @@ case("get bool", lambda: gt(True), "none")
 case("get numpy int", lambda: gt(np.int64(1)), "none")
 case("get starts empty", lambda: gt(starts=()), "none")
 case("get starts one", lambda: gt(starts=(0,)), "none")
-case("get starts a list", lambda: K.get(0, [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
+case("get starts a list", lambda: K.get(0, [0, 2, 4], 2, {}, ["a", "b"]), "TypeError")
 case("get starts odd length", lambda: gt(starts=b"\0" * 9), "TypeError")
-case("get starts a bytearray", lambda: K.get(0, bytearray(24), 2, {}, ["a", "b"], False),
+case("get starts a bytearray", lambda: K.get(0, bytearray(24), 2, {}, ["a", "b"]),
      "TypeError")
 case("get starts 2**63-1", lambda: gt(2, starts=(0, 2, 2**63 - 1), per=0), "dict")
 case("get starts backwards", lambda: gt(1, starts=(0, 4, 2), per=0), "dict")
 case("get starts negative", lambda: gt(-2**63, starts=(0, 2, -1), per=0), "none")
 case("get shard start negative", lambda: gt(0, starts=(-5, 2, 4), per=0), "none")
-case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"], False),
+case("get starts a numpy array", lambda: K.get(0, I8(0, 2, 4), 2, {}, ["a", "b"]),
      "TypeError")
 case("get readers a list", lambda: gt(readers=[]), "TypeError")
 case("get not open", lambda: gt(readers={}), "none")
@@ -531,19 +532,11 @@ case("get paths short", lambda: gt(paths=["a"], i=3), "none")
 case("get unchecked chunk", lambda: gt(readers={0: R(tables(checked=bytearray(1)))}), "none")
 case("get member past data", lambda: gt(readers={0: R(tables(offset=U8(0, len(DATA), 0)))}),
      "none")
-case("get evicts on a dict", lambda: gt(evicts=True), "AttributeError")
-
-
-class Bad:
-    def __bool__(self):
-        raise ZeroDivisionError
-
-
-case("get evicts raises", lambda: gt(evicts=Bad()), "ZeroDivisionError")
+case("get 7 arguments", lambda: K.get(0, ST.tobytes(), 2, {}, ["a", "b"], None, 1), "TypeError")
 lru = OrderedDict([(0, R(T)), (1, R(T2))])
-case("get evicts moves to the end",
-     lambda: "moved" if (gt(0, readers=lru, evicts=True), list(lru))[1] == [1, 0] else None,
-     "str")
+# the LRU order is the pool's: the kernel only looks readers up (read/pool.py touch())
+case("get leaves the LRU order alone",
+     lambda: "kept" if (gt(0, readers=lru), list(lru))[1] == [0, 1] else None, "str")
 gpaths = ["a", "b"]
 grd = {}
 
@@ -561,10 +554,10 @@ class Drop:
         return 1 << 30
 
 
-case("get size() empties paths", lambda: K.get(3, ST.tobytes(), 2, {1: R(T2, Shorten())}, gpaths,
-                                               False), "none")
+case("get size() empties paths", lambda: K.get(3, ST.tobytes(), 2, {1: R(T2, Shorten())}, gpaths),
+     "none")
 grd.update({0: R(tables(), Drop())})
-case("get size() drops the reader", lambda: K.get(1, ST.tobytes(), 2, grd, ["a", "b"], False),
+case("get size() drops the reader", lambda: K.get(1, ST.tobytes(), 2, grd, ["a", "b"]),
      "dict")
 spaths = [c * 50 + str(k) for k, c in enumerate("ab")]  # made at run time: no other reference
 
@@ -579,15 +572,15 @@ class Swap(str):  # hashing an extension replaces the sample's path (its one ref
 
 # once: SIGSEGV (the path was borrowed from the list, stored after the hash freed it)
 case("get hash replaces the path",
-     lambda: K.get(2, ST.tobytes(), 2, {1: R(tables(exts=(Swap("bin"), "cls")))}, spaths, False)[
+     lambda: K.get(2, ST.tobytes(), 2, {1: R(tables(exts=(Swap("bin"), "cls")))}, spaths)[
          "__shard__"][:2], "str")
 
 
 # take()
-def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None, evicts=False):
+def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None):
     rd = {0: R(T), 1: R(T2)} if readers is None else readers
     st = starts if isinstance(starts, bytes) else I8(*starts).tobytes()
-    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths, evicts)
+    return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths)
 
 
 class Counted(MM):
@@ -611,10 +604,10 @@ case("take order", lambda: "same" if list(tk((1,))[0]) == [
      "__key__", "__shard__", "__index__", "bin"] else None, "str")
 case("take empty", lambda: tk(()), "list")
 case("take a tuple", lambda: K.take((0, 2), I8(0, 2, 4).tobytes(), 2, {0: R(T), 1: R(T2)},
-                                    ["a", "b"], False), "list")
-case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
+                                    ["a", "b"]), "list")
+case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"]),
      "TypeError")
-case("take 7 arguments", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False, 1),
+case("take 6 arguments", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
      "TypeError")
 # the consumer runs between two takes: each take checks (a cut since is a hand-back)
 case("takes check each", lambda: "each" if size_calls(3) == 3 else None, "str")
@@ -623,8 +616,9 @@ case("take not open", lambda: tk(readers={0: R(T)}), "none")
 case("take cut", lambda: tk(readers={0: R(T, MM(0), 100), 1: R(T2)}), "none")
 case("take float", lambda: tk((0, 1.0)), "none")
 case("take size once, counted", lambda: "once" if size_calls() == 1 else None, "str")
-case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"], False), "TypeError")
-case("take evicts on a dict", lambda: tk(evicts=True), "AttributeError")
+case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"]), "TypeError")
+case("take leaves the LRU order alone",
+     lambda: "kept" if (tk((3, 0), readers=lru), list(lru))[1] == [0, 1] else None, "str")
 tdrop = {}
 
 
@@ -640,7 +634,7 @@ class Drop(str):  # hashing an extension drops every reader and path the take wa
 def take_drops():
     tdrop.update({0: R(tables(exts=(Drop("bin"), "cls"))), 1: R(T2)})
     tpaths[:] = ["a" * 40 + "0", "b" * 40 + "1"]
-    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths, False)
+    got = K.take([0, 3, 1, 2], ST.tobytes(), 2, tdrop, tpaths)
     return "held" if [d["__shard__"][0] for d in got] == ["a", "b", "a", "b"] else None
 
 
@@ -656,8 +650,9 @@ print("\n".join(fails) if fails else "all held")
 '''
 
 
-def test_direct_calls_hand_back_or_refuse_hostile_arguments() -> None:
-    out = _run(DIRECT, debug_malloc=True)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_direct_calls_hand_back_or_refuse_hostile_arguments(kernel: str) -> None:
+    out = _run(DIRECT, kernel=kernel, debug_malloc=True)
     assert out.strip() == "all held", out
 
 
@@ -674,9 +669,10 @@ ONCE_CRASHED = [  # each killed the interpreter (SIGSEGV) before the fix; run al
 ]
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ONCE_CRASHED)
-def test_direct_call_that_once_crashed(name: str) -> None:
-    out = _run(DIRECT, name, debug_malloc=True)
+def test_direct_call_that_once_crashed(name: str, kernel: str) -> None:
+    out = _run(DIRECT, name, kernel=kernel, debug_malloc=True)
     assert out.strip() == "all held", out
 
 
@@ -700,10 +696,13 @@ print("ok")
 """
 
 
-def test_batched_getitems_survive_an_index_that_empties_the_list(make_shards: MakeShards) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_batched_getitems_survive_an_index_that_empties_the_list(
+    make_shards: MakeShards, kernel: str
+) -> None:
     """Once SIGSEGV: ``_kernel.batch`` walked the caller's list after an item emptied it."""
     paths = make_shards([30, 30])
-    assert _run(INDEX_EMPTIES_LIST, json.dumps(paths)).split() == ["ok"]
+    assert _run(INDEX_EMPTIES_LIST, json.dumps(paths), kernel=kernel).split() == ["ok"]
 
 
 FIELDS_HASH_CUTS_TAR = """
@@ -724,10 +723,13 @@ except TruncatedError as e:
 """
 
 
-def test_get_with_fields_whose_hash_cuts_the_tar(make_shards: MakeShards) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_get_with_fields_whose_hash_cuts_the_tar(make_shards: MakeShards, kernel: str) -> None:
     """Once SIGBUS: ``ShardSet.get`` hashed ``fields`` between the size check and the read."""
     paths = make_shards([20])
-    assert _run(FIELDS_HASH_CUTS_TAR, json.dumps(paths)).split() == ["TruncatedError"]
+    assert _run(FIELDS_HASH_CUTS_TAR, json.dumps(paths), kernel=kernel).split() == [
+        "TruncatedError"
+    ]
 
 
 CUT_EVERY_PATH = """
@@ -774,14 +776,15 @@ for what in WHAT:
 """
 
 
-def test_tar_cut_while_mapped_on_every_compiled_path(make_shards: MakeShards) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_tar_cut_while_mapped_on_every_compiled_path(make_shards: MakeShards, kernel: str) -> None:
     paths = make_shards([30, 30])
-    out = _run(CUT_EVERY_PATH, json.dumps(paths)).splitlines()
+    out = _run(CUT_EVERY_PATH, json.dumps(paths), kernel=kernel).splitlines()
     assert [line.rsplit(" ", 1)[1] for line in out] == ["TruncatedError"] * 9, out
 
 
 ODD_INDICES = """
-import sys, json
+import importlib, sys, json
 import numpy as np
 import tarindex, tarindex.read.kernel as K
 paths = json.loads(sys.argv[1])
@@ -820,17 +823,18 @@ def run():
             out[f"{fields} {name} item"] = outcome(lambda: items(pl[idx[0]]) if len(idx) else None)
     return out
 compiled = run()
-K.compiled = None
+K.kernel = importlib.import_module("tarindex.read._kernel_py")
 python = run()
 print(json.dumps([k for k in compiled if repr(compiled[k]) != repr(python[k])]))
 print(sum(v[0] == "ok" for v in compiled.values()), len(compiled))
 """
 
 
+@needs_ext
 def test_odd_index_types_read_as_the_python_loops(make_shards: MakeShards) -> None:
     """floats, bools, numpy scalars, huge ints, raising ``__index__``: same result or error."""
     paths = make_shards([30, 30])
-    differ, counts = _run(ODD_INDICES, json.dumps(paths)).splitlines()
+    differ, counts = _run(ODD_INDICES, json.dumps(paths), kernel="_kernel").splitlines()
     assert json.loads(differ) == []
     ok, total = map(int, counts.split())
     assert 0 < ok < total  # both kinds of outcome were compared
@@ -880,10 +884,11 @@ print(len(wrong), reads[0] > 0)
 """
 
 
-def test_reads_while_another_thread_closes_the_shards(make_shards: MakeShards) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_reads_while_another_thread_closes_the_shards(make_shards: MakeShards, kernel: str) -> None:
     """No crash and no wrong bytes: the batch holds each Tables (so its mappings) it reads."""
     paths = make_shards([40, 40, 40])
-    assert _run(CONCURRENT_CLOSE, json.dumps(paths)).split() == ["0", "True"]
+    assert _run(CONCURRENT_CLOSE, json.dumps(paths), kernel=kernel).split() == ["0", "True"]
 
 
 CUT_MID_WINDOW = """
@@ -904,8 +909,9 @@ except TruncatedError as e:
 """
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("after", [1, 300, 700])
-def test_tar_cut_between_the_takes_of_a_window(tmp_path: Path, after: int) -> None:
+def test_tar_cut_between_the_takes_of_a_window(tmp_path: Path, after: int, kernel: str) -> None:
     """Once SIGBUS: a window's takes checked the tar's size only about every MB taken, so a
     cut while the consumer held the first samples of a window (1 KB samples: up to ~680 of
     them between checks) was read through the mapping by the next, unchecked, take. Every
@@ -916,4 +922,4 @@ def test_tar_cut_between_the_takes_of_a_window(tmp_path: Path, after: int) -> No
         for i in range(4096):
             w.write({"__key__": f"k{i:05d}", "bin": bytes([i % 251]) * 1000})
     path = str(tmp_path / "c-000000.tar")
-    assert _run(CUT_MID_WINDOW, path, str(after)).split() == ["TruncatedError"]
+    assert _run(CUT_MID_WINDOW, path, str(after), kernel=kernel).split() == ["TruncatedError"]

@@ -39,7 +39,7 @@
 
 static uint64_t kernel_calls = 0; /* numbers the calls that check each mapping's size once */
 static PyObject *str_hot, *str_size, *str_open, *str_check, *str_python, *str_key, *str_shard,
-    *str_index, *str_move;
+    *str_index;
 
 typedef struct {
     PyObject_HEAD
@@ -863,11 +863,11 @@ static Tables *resolved_tables(Resolved *r) {
 
 /* Locate global sample `iobj`, look its reader up and check the mapping's size: 1 (`out`
  * filled), 0 (hand back) or -1 (an exception). starts: ShardSet's starts (int64, ns + 1,
- * immutable); readers: the ShardSet's (an OrderedDict when evicts: a shard's entry moves to
- * the end on a hit). call 0: the mapping's size is checked now; else once per Tables in call
+ * immutable); readers: a read-only mapping shard -> reader (the LRU order is the caller's,
+ * read/pool.py). call 0: the mapping's size is checked now; else once per Tables in call
  * number `call`. */
 static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
-                       PyObject *readers, PyObject *paths, int evicts, uint64_t call,
+                       PyObject *readers, PyObject *paths, uint64_t call,
                        Resolved *out, PyObject *fields, char *want) {
     if (!PyLong_CheckExact(iobj)) return 0;
     Py_ssize_t i = PyLong_AsSsize_t(iobj);
@@ -913,11 +913,6 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
         }
     }
     if (call == 0 || t->mark != call) {
-        if (evicts) {
-            PyObject *x = PyObject_CallMethodOneArg(readers, str_move, key);
-            if (x == NULL) goto done_r;
-            Py_DECREF(x);
-        }
         /* cut while mapped: SIGBUS otherwise (READING.md); between this and the read runs only
          * Python code that tables_dict's allocations and hashes run */
         PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, HOT_MM), str_size);
@@ -953,11 +948,11 @@ done:
 /* Global sample `iobj` as tables_dict gives it (meta_first: Block.to_samples' key order), or
  * Py_None (hand back) or NULL with an exception; the arguments as get_resolve's. */
 static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
-                         PyObject *readers, PyObject *paths, int evicts, uint64_t call,
-                         int meta_first, PyObject *fields) {
+                         PyObject *readers, PyObject *paths, uint64_t call, int meta_first,
+                         PyObject *fields) {
     Resolved r = {NULL, NULL, NULL, 0};
     char want[WANT_MAX];
-    int ok = get_resolve(iobj, starts, ns, per, readers, paths, evicts, call, &r, fields, want);
+    int ok = get_resolve(iobj, starts, ns, per, readers, paths, call, &r, fields, want);
     if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *res = tables_dict(resolved_tables(&r), r.j, fields == NULL ? NULL : want, r.path,
                                 r.index, meta_first);
@@ -968,11 +963,10 @@ static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, P
 
 
 
-/* Parse (starts: int64 bytes, per, readers: dict, paths: list, evicts) at args[1..5]; -1 on
- * error. */
+/* Parse (starts: int64 bytes, per, readers: dict, paths: list) at args[1..4]; -1 on error. */
 static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t max_args, const char *usage,
-                    const int64_t **starts, Py_ssize_t *ns, Py_ssize_t *per, int *evicts) {
-    if (nargs < 6 || nargs > max_args || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
+                    const int64_t **starts, Py_ssize_t *ns, Py_ssize_t *per) {
+    if (nargs < 5 || nargs > max_args || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) % 8 ||
         !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, usage);
         return -1;
@@ -980,33 +974,30 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t max_args
     *starts = (const int64_t *)PyBytes_AS_STRING(args[1]); /* immutable */
     *ns = PyBytes_GET_SIZE(args[1]) / 8 - 1;
     *per = PyLong_AsSsize_t(args[2]);
-    if (*per == -1 && PyErr_Occurred()) return -1;
-    *evicts = PyObject_IsTrue(args[5]);
-    return *evicts < 0 ? -1 : 0;
+    return *per == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* get(i, starts, per, readers, paths, evicts[, fields]) -> dict | None
+/* get(i, starts, per, readers, paths[, fields]) -> dict | None
  * ShardSet.get(i, fields): i a global index (an exact int, negatives from the end); fields
  * None (or left out: every member) or a frozenset of the extensions to read (anything else
  * hands back, as more than WANT_MAX extensions do);
- * starts: ShardSet's starts (int64, n_shards + 1, as bytes); per, readers, paths as batch();
- * evicts: keep the LRU order of readers (an OrderedDict) on a hit. None hands back to the
+ * starts: ShardSet's starts (int64, n_shards + 1, as bytes); per, readers, paths as batch()
+ * (readers only looked up: the pool keeps its LRU order itself). None hands back to the
  * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
  * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
 static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
-    int evicts;
-    if (get_args(args, nargs, 7,
-                 "get(i, starts: int64 bytes, per, readers: dict, paths: list, evicts[, fields])",
-                 &starts, &ns, &per, &evicts) < 0)
+    if (get_args(args, nargs, 6,
+                 "get(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])", &starts,
+                 &ns, &per) < 0)
         return NULL;
-    PyObject *fields = nargs == 7 && args[6] != Py_None ? args[6] : NULL;
+    PyObject *fields = nargs == 6 && args[5] != Py_None ? args[5] : NULL;
     if (fields != NULL && !PyFrozenSet_CheckExact(fields)) Py_RETURN_NONE;
-    return get_one(args[0], starts, ns, per, args[3], args[4], evicts, 0, 0, fields);
+    return get_one(args[0], starts, ns, per, args[3], args[4], 0, 0, fields);
 }
 
-/* take(indices, starts, per, readers, paths, evicts) -> [dict, ...] | None
+/* take(indices, starts, per, readers, paths) -> [dict, ...] | None
  * ShardSet.take: get_one of each global index of the list `indices`, in Block.to_samples' key
  * order (a streaming window's samples, copied out as they are yielded); each mapping's size is
  * checked once per call, before its first byte is copied (the consumer runs between two takes,
@@ -1014,11 +1005,9 @@ static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
 static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
-    int evicts;
-    if (get_args(args, nargs, 6,
-                 "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list, "
-                 "evicts)",
-                 &starts, &ns, &per, &evicts) < 0)
+    if (get_args(args, nargs, 5,
+                 "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list)",
+                 &starts, &ns, &per) < 0)
         return NULL;
     /* a snapshot: Python code run below (hashes) may change the caller's list */
     PyObject *seq = PySequence_Tuple(args[0]);
@@ -1040,8 +1029,8 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     }
     /* pass 1: locate, look up, cut check (each mapping once); pass 2: copy, prefetching */
     for (; got < n; got++) {
-        int ok = get_resolve(PyTuple_GET_ITEM(seq, got), starts, ns, per, args[3], args[4],
-                             evicts, call, &rs[got], NULL, NULL);
+        int ok = get_resolve(PyTuple_GET_ITEM(seq, got), starts, ns, per, args[3], args[4], call,
+                             &rs[got], NULL, NULL);
         if (ok <= 0) {
             res = ok < 0 ? NULL : Py_NewRef(Py_None);
             goto done;
@@ -1072,10 +1061,10 @@ done:
 
 static PyMethodDef kernel_methods[] = {
     {"take", (PyCFunction)(void (*)(void))k_take, METH_FASTCALL,
-     "take(indices, starts, per, readers, paths, evicts): ShardSet.take(indices) as dicts, or "
+     "take(indices, starts, per, readers, paths): ShardSet.take(indices) as dicts, or "
      "None (take the Python path)."},
     {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
-     "get(i, starts, per, readers, paths, evicts[, fields]): ShardSet.get(i, fields) as a "
+     "get(i, starts, per, readers, paths[, fields]): ShardSet.get(i, fields) as a "
      "dict, or None (take the Python path)."},
     {"gather", (PyCFunction)(void (*)(void))k_gather, METH_FASTCALL,
      "gather(tables, slot, local): keys, counts and member table bytes of a batch, or the "
@@ -1103,9 +1092,8 @@ PyMODINIT_FUNC PyInit__kernel(void) {
     str_key = PyUnicode_InternFromString("__key__");
     str_shard = PyUnicode_InternFromString("__shard__");
     str_index = PyUnicode_InternFromString("__index__");
-    str_move = PyUnicode_InternFromString("move_to_end");
     if (!str_hot || !str_size || !str_open || !str_check || !str_python || !str_key ||
-        !str_shard || !str_index || !str_move)
+        !str_shard || !str_index)
         return NULL;
     PyObject *m = PyModule_Create(&kernel_module);
     if (m == NULL) return NULL;

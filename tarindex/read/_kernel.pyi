@@ -29,7 +29,6 @@ def get(
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-    evicts: bool,
     fields: Collection[str] | None = None,
 ) -> dict[str, Any] | None: ...
 def take(
@@ -38,7 +37,6 @@ def take(
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-    evicts: bool,
 ) -> list[dict[str, Any]] | None: ...
 def gather(
     tables: tuple[Tables, ...], slot: Any, local: Any

@@ -179,15 +179,12 @@ def gather_packed(
         SampleIndexError, TypeError: As :func:`gather`.
         FormatError, StaleIndexError, TruncatedError: As :func:`gather`.
     """
-    compiled = kernel.compiled
-    if compiled is None:
-        return None
     if type(indices) is not list:
         indices = list(indices)
     fkey = None if fields is None else frozenset(fields)
     ikey = frozenset(int_fields)
     for _ in range(len(indices) + 2):  # each hand-back opens a reader or checks a chunk
-        got = compiled.batch(indices, starts, per, pool.readers, pool.paths, fkey, ikey, alloc)
+        got = kernel.kernel.batch(indices, starts, per, pool.readers, pool.paths, fkey, ikey, alloc)
         if len(got) == 9:
             break
         what, s, c = got
@@ -226,12 +223,13 @@ def _gather_compiled(
     in an unchecked chunk gets the chunk checked (``FormatError`` if corrupt) and the pass
     runs again; handed back in a checked one, the Python pass decides.
     """
-    compiled = kernel.compiled
     tabs = tuple(tables[s][1].tables for s in slots)
-    if compiled is None or any(t is None for t in tabs):
+    if any(t is None for t in tabs):
         return None
     while True:
-        got: tuple[list[str], bytes, bytes, bytes, bytes] | int = compiled.gather(tabs, col, local)
+        got: tuple[list[str], bytes, bytes, bytes, bytes] | int = kernel.kernel.gather(
+            tabs, col, local
+        )
         if not isinstance(got, int):
             return got
         r, c = tables[slots[int(col[got])]][0], int(local[got]) >> CHUNK_SHIFT

@@ -131,20 +131,18 @@ def copy_members(
     vals = np.zeros(n, np.int64)
     src, offset, size, dest = (np.ascontiguousarray(a, np.int64) for a in (src, offset, size, dest))
     k = 0
-    compiled = kernel.compiled
-    if compiled is not None:
-        srcs = tuple(datas)
-        while True:  # the compiled loop hands back integers it does not parse itself
-            k = compiled.pack(out, srcs, src, offset, size, dest, vals, k)
-            if k < 0:
-                return vals, -1
-            if dest[k] >= 0:
-                break  # a bound the caller should have kept: the Python loop raises
-            try:
-                vals[k] = int(datas[int(src[k])][int(offset[k]) : int(offset[k] + size[k])])
-            except (ValueError, OverflowError):
-                return vals, k
-            k += 1
+    srcs = tuple(datas)
+    while True:  # the kernel's loop hands back integers it does not parse itself
+        k = kernel.kernel.pack(out, srcs, src, offset, size, dest, vals, k)
+        if k < 0:
+            return vals, -1
+        if dest[k] >= 0:
+            break  # a bound the caller should have kept: the loop below raises
+        try:
+            vals[k] = int(datas[int(src[k])][int(offset[k]) : int(offset[k] + size[k])])
+        except (ValueError, OverflowError):
+            return vals, k
+        k += 1
     view = memoryview(out).cast("B")
     views = [memoryview(d) for d in datas]
     try:

@@ -1,11 +1,13 @@
-"""Which per-sample loops run: the compiled ones (``_kernel.c``) or Python, chosen once.
+"""Which per-sample loops run: the compiled ones (``_kernel.c``) or their twin, chosen once.
 
-The choice is made at import: :data:`compiled` is the extension module
-``tarindex.read._kernel``, or ``None`` when it was not built (no C compiler at install), on a
-big-endian host (the tables are little-endian, FORMAT.md §2), or with
-``TARINDEX_PURE_PYTHON=1`` in the environment. Every caller reads ``kernel.compiled`` at call
-time (never a copy of it), so the Python loops can also be asked for in one place (the
-equivalence tests set it to ``None``). See docs/READING.md, "Compiled loops".
+The choice is made at import: :data:`kernel` is the extension module ``tarindex.read._kernel``
+(also :data:`compiled`), or its pure-Python twin :mod:`tarindex.read._kernel_py` (same
+functions, same results, same hand-backs; :data:`compiled` is then ``None``) when the
+extension was not built (no C compiler at install), on a big-endian host (the tables are
+little-endian, FORMAT.md §2), or with ``TARINDEX_PURE_PYTHON=1`` in the environment. Callers
+call ``kernel.kernel.X(...)`` at call time (never a copy of it), with no branch on which one
+runs, so the twin can also be asked for in one place (the equivalence tests set it). See
+docs/READING.md, "Compiled loops".
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import os
 import sys
 from types import ModuleType
 
-__all__ = ["compiled", "read_kernel"]
+from . import _kernel_py
+
+__all__ = ["compiled", "kernel", "read_kernel"]
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -35,6 +39,9 @@ def _load() -> tuple[ModuleType | None, str]:
 
 compiled, _WHY = _load()
 """The extension module ``tarindex.read._kernel`` (see ``_kernel.pyi``), or ``None``."""
+
+kernel: ModuleType = compiled if compiled is not None else _kernel_py
+"""The loops every caller runs: :data:`compiled`, else :mod:`tarindex.read._kernel_py`."""
 
 
 def read_kernel() -> str:

@@ -7,8 +7,9 @@ if opening still fails with ``EMFILE``, half the open readers are closed, the bo
 lowered and a ``ResourceWarning`` says so. A forked child closes the readers it inherited at
 once (their descriptors count against its limit). Readers are never pickled.
 
-The LRU order is this module's alone: the compiled loops read :attr:`ReaderPool.readers` as
-a plain mapping of shard -> reader and keep the order only through its ``move_to_end``.
+The LRU order is this module's alone: the read kernel (compiled or its twin) only looks
+readers up in :attr:`ReaderPool.readers` (a read-only mapping of shard -> reader); after a
+kernel read the caller marks the shards it used with :meth:`ReaderPool.touch`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..storage.remote import RemoteOptions, is_url
@@ -236,6 +237,17 @@ class ReaderPool:
             raise stale_count(r.index_path, r.n_samples, self.counts[s])
         readers[s] = r
         return r
+
+    def touch(self, shards: Iterable[int]) -> None:
+        """Mark ``shards`` (in order) as just used: the LRU order after a kernel read.
+
+        Only when the pool evicts (:attr:`evicts`); a shard not open is skipped.
+        """
+        if self.evicts:
+            readers = self.readers
+            for s in shards:
+                if s in readers:
+                    readers.move_to_end(s)
 
     def open_many(self, shards: Sequence[int]) -> None:
         """Open the remote shards of ``shards`` that are not open, concurrently.

@@ -135,12 +135,11 @@ class ShardReader(ShardOpener):
         keys: bytes | mmap.mmap = self._imm if self._imm is not None else bytes(t.key_blob)
         kbase = t.sections["key_blob"][0] if self._imm is not None else 0
         scalar = self._mm is not None and not verify_data
-        # the compiled one-sample and batch loops over the same validated tables (and the
-        # mapping they read), or None: pure Python (kernel.compiled), pread, remote, verify_data
-        compiled = kernel.compiled
+        # the kernel's one-sample and batch loops over the same validated tables (and the
+        # mapping they read), or None: pread, remote, verify_data
         tables = None
-        if compiled is not None and scalar and self._imm is not None:
-            tables = compiled.Tables(
+        if scalar and self._imm is not None:
+            tables = kernel.kernel.Tables(
                 t.key_ptr,
                 t.sample_ptr,
                 self._imm,

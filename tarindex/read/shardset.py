@@ -312,33 +312,27 @@ class ShardSet:
             StaleIndexError: As :meth:`reader`.
             FormatError: As :meth:`ShardReader.sample`.
         """
-        # the per-sample hot path: the compiled loop for the members of a mapped shard in one
+        # the per-sample hot path: the kernel's loop for the members of a mapped shard in one
         # call; None back (not open, not mapped, a chunk unchecked, anything it does not
-        # decide): the reader's tables in one compiled call, else the reader's own path
-        compiled = kernel.compiled
-        if compiled is not None:  # fields: None or a frozenset (others are handed back)
-            got = compiled.get(
-                i,
-                self._starts_bytes,
-                self._per,
-                self._readers,
-                self.paths,
-                self._pool.evicts,
-                fields,
-            )
-            if got is not None:
-                return got  # type: ignore[no-any-return]
+        # decide): the reader's tables in one kernel call, else the reader's own path
+        got = kernel.kernel.get(  # fields: None or a frozenset (others are handed back)
+            i, self._starts_bytes, self._per, self._readers, self.paths, fields
+        )
+        if got is not None:
+            if self._pool.evicts:  # the LRU order is the pool's (kernel reads only look up)
+                self._pool.touch((self.locate(i)[0],))
+            return got  # type: ignore[no-any-return]
         starts = self._starts_list
         s, j = locate(starts, self._per, i)
         i = starts[s] + j
         r = self._readers.get(s)  # a forked child dropped its parent's (pool._bump_fork_generation)
         if r is None:
             r = self.reader(s)
-        elif self._pool.evicts:
-            self._readers.move_to_end(s)
+        else:
+            self._pool.touch((s,))
         h = r.hot
         tabs = h.tables
-        if tabs is not None:  # the compiled loop; None back: the reader's path decides
+        if tabs is not None:  # the kernel's loop; None back: the reader's path decides
             # the flags first: hashing `fields` runs Python code, which must not come between
             # the cut check and the read
             want = None if fields is None else r.want_flags(fields)
@@ -412,7 +406,7 @@ class ShardSet:
         Raises:
             FormatError, StaleIndexError: As :meth:`read_block` (a corrupt chunk of tables).
         """
-        if kernel.compiled is None or fields is not None or self.remote:
+        if fields is not None or self.remote:
             return None
         shards = {int(p[0]) for p in pieces}
         if len(shards) > self.open_bound:
@@ -447,13 +441,11 @@ class ShardSet:
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
         """
-        compiled = kernel.compiled
-        if compiled is not None:
-            got = compiled.take(
-                indices, self._starts_bytes, self._per, self._readers, self.paths, self._pool.evicts
-            )
-            if got is not None:
-                return got  # type: ignore[no-any-return]
+        got = kernel.kernel.take(indices, self._starts_bytes, self._per, self._readers, self.paths)
+        if got is not None:
+            if self._pool.evicts:  # in order of first use, as the reads went
+                self._pool.touch(dict.fromkeys(self.locate(i)[0] for i in indices))
+            return got  # type: ignore[no-any-return]
         out: list[Sample] = []
         for i in indices:
             s, j = self.locate(i)

@@ -1,0 +1,608 @@
+"""The read kernel's per-sample loops in pure Python: ``_kernel.c``'s twin (see ``_kernel.pyi``).
+
+Every function and class of the extension ``tarindex.read._kernel`` with the same signature,
+the same results and the same hand-backs (``None``, a position, ``-1`` or a ``(what, shard,
+chunk)`` tuple: the caller then opens, checks or takes the reader's own path, which raises
+the error that names the index). :mod:`tarindex.read.kernel` chooses one of the two once, at
+import; a machine without a C compiler, a big-endian host or ``TARINDEX_PURE_PYTHON=1`` runs
+these. Like the C, they read tables that ``checks.py`` validated chunk by chunk and bound every
+read they make instead of trusting them. See docs/READING.md, "Compiled loops".
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import operator
+import re
+import sys
+from array import array
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Literal
+
+from .checks import CHUNK_SHIFT
+
+__all__ = ["Tables", "batch", "gather", "get", "pack", "take"]
+
+_HOT_FIELDS, _HOT_MM, _HOT_SIZE, _HOT_TABLES = 16, 9, 10, 15  # HotTables' positions (as the C)
+_WANT_MAX = 64  # get(..., fields): flags of at most this many extensions, else hand back
+_SSIZE_MAX = sys.maxsize
+_calls = itertools.count(1)  # numbers the calls that check each mapping's size once
+_DECIMAL = re.compile(rb"[ \t-\r]*([+-]?[0-9]{1,18})[ \t-\r]*")
+_Row = tuple[int, int, int, int]
+
+
+def _ssize(x: object) -> int:
+    """``x`` as a C ``Py_ssize_t`` argument: an ``int`` in range (TypeError, OverflowError)."""
+    if not isinstance(x, int):
+        raise TypeError(f"'{type(x).__name__}' object cannot be interpreted as an integer")
+    if not -_SSIZE_MAX - 1 <= x <= _SSIZE_MAX:
+        raise OverflowError("Python int too large to convert to C ssize_t")
+    return int(x)
+
+
+def _words(obj: Any, code: Literal["Q", "I", "q"]) -> memoryview:
+    """A buffer's bytes read as little-endian words (``"Q"``, ``"I"``, ``"q"``)."""
+    raw = memoryview(obj).cast("B")
+    if sys.byteorder == "little":
+        return raw.cast(code)
+    a = array(code, raw)  # big-endian host: a native copy
+    a.byteswap()
+    return memoryview(a)
+
+
+def _flat(obj: Any) -> memoryview:
+    """A contiguous buffer's bytes (ValueError if it is not contiguous, as ``PyBUF_SIMPLE``)."""
+    mv = memoryview(obj)
+    if not mv.c_contiguous:
+        raise ValueError("buffer is not contiguous")
+    return mv.cast("B")
+
+
+def _i64(obj: Any, what: str) -> memoryview:
+    """An int64 buffer (ValueError if its length is not a multiple of 8)."""
+    raw = _flat(obj)
+    if raw.nbytes % 8:
+        raise ValueError(f"{what}: not an int64 buffer")
+    return _words(raw, "q")
+
+
+def _decimal(p: bytes) -> int | None:
+    """A strict decimal (ASCII whitespace, sign, 1-18 digits, whitespace), or ``None``."""
+    m = _DECIMAL.fullmatch(p)
+    return None if m is None else int(m.group(1))
+
+
+class Tables:
+    """One open shard's validated tables and tar bytes (buffers held while alive).
+
+    Args:
+        key_ptr, sample_ptr: ``uint64 (n + 1,)`` buffers (FORMAT.md §4).
+        keys: The buffer holding the key blob, ``keys[key_base:key_end]``.
+        key_base, key_end: Where the key blob starts and ends in ``keys`` (bytes).
+        ext_id: ``uint32 (members,)``; offset, size: ``uint64 (members,)``.
+        data: The tar's bytes (its mapping).
+        exts: Extension names by id.
+        checked: One flag per chunk of samples, 1 once its tables passed the guards.
+
+    Raises:
+        ValueError: If the table lengths are inconsistent.
+        TypeError: If ``exts`` is not a tuple.
+    """
+
+    n = 0
+    """Samples (0 until initialised: every read hands back, as the C's)."""
+    members = 0
+    """Entries of ``ext_id``, ``offset``, ``size``."""
+    kbase = kend = dlen = mark = 0  # mark: the call that last checked this mapping's size
+    exts: tuple[str, ...] = ()
+    kp = sp = eid = off = size = off_raw = size_raw = eid_raw = memoryview(b"")
+    keys: Any = b""
+    data: Any = b""
+    pins: tuple[memoryview, ...] = ()
+    """The buffers held while this object lives (as the C holds them)."""
+    checked: Any = b""
+
+    def __init__(
+        self,
+        key_ptr: Any,
+        sample_ptr: Any,
+        keys: Any,
+        key_base: int,
+        key_end: int,
+        ext_id: Any,
+        offset: Any,
+        size: Any,
+        data: Any,
+        exts: tuple[str, ...],
+        checked: bytearray,
+    ) -> None:
+        if self.pins:
+            raise TypeError("Tables is initialised once")
+        key_base, key_end = _ssize(key_base), _ssize(key_end)
+        if not isinstance(exts, tuple):
+            raise TypeError("Tables() argument 'exts' must be tuple")
+        raws = [_flat(b) for b in (key_ptr, sample_ptr, keys, ext_id, offset, size, data)]
+        ck = _flat(checked)
+        if ck.readonly:
+            raise BufferError("Object is not writable.")
+        kp, sp, klen, eid, off, sz, dlen = (r.nbytes for r in raws)
+        if (
+            kp % 8 or sp % 8 or off % 8 or sz % 8 or eid % 4 or kp < 8 or kp != sp
+            or off != sz or off // 8 != eid // 4 or key_base < 0 or key_end < key_base
+            or key_end > klen
+        ):  # fmt: skip
+            raise ValueError("Tables: inconsistent table lengths")
+        n = kp // 8 - 1
+        if ck.nbytes < (n + (1 << CHUNK_SHIFT) - 1) >> CHUNK_SHIFT:
+            raise ValueError("Tables: chunk flags shorter than the sample count")
+        self.pins = (raws[2], raws[6], ck)
+        self.n, self.members = n, eid // 4
+        self.kp, self.sp = _words(raws[0], "Q"), _words(raws[1], "Q")
+        self.eid, self.off, self.size = (_words(raws[3], "I"), _words(raws[4], "Q"),
+                                         _words(raws[5], "Q"))  # fmt: skip
+        self.off_raw, self.size_raw, self.eid_raw = raws[4], raws[5], raws[3]
+        self.keys = keys if isinstance(keys, (bytes, mmap.mmap)) else raws[2]
+        self.data = data if isinstance(data, (bytes, mmap.mmap)) else raws[6]
+        self.dlen = dlen
+        self.kbase, self.kend = key_base, key_end
+        self.exts = exts
+        self.checked = ck
+
+    def row(self, j: int) -> _Row | None:
+        """Sample ``j``'s key and member run, bounded; ``None``: hand back."""
+        if not 0 <= j < self.n or not self.checked[j >> CHUNK_SHIFT]:
+            return None
+        kp, sp = self.kp, self.sp
+        k0, k1, m0, m1 = kp[j], kp[j + 1], sp[j], sp[j + 1]
+        if k0 <= k1 <= self.kend - self.kbase and m0 <= m1 <= self.members:
+            return k0, k1, m0, m1
+        return None
+
+    def member(self, m: int) -> tuple[int, int, int] | None:
+        """Member ``m``'s extension id, offset and size, bounded; ``None``: hand back."""
+        e, o, s = self.eid[m], self.off[m], self.size[m]
+        if e < len(self.exts) and o <= self.dlen and s <= self.dlen - o:
+            return e, o, s
+        return None
+
+    def key(self, k0: int, k1: int) -> str:
+        """The key at ``k0:k1`` of the key blob."""
+        b = self.kbase
+        return bytes(self.keys[b + k0 : b + k1]).decode("utf-8", "surrogateescape")
+
+    def as_dict(
+        self, j: int, want: bytes | None, shard: Any, index: Any, meta_first: bool
+    ) -> dict[str, Any] | None:
+        """Sample ``j`` as a dict (``meta_first``: Block.to_samples' key order), or ``None``."""
+        row = self.row(j)
+        if row is None:
+            return None
+        k0, k1, m0, m1 = row
+        member = self.member
+        if any(member(m) is None for m in range(m0, m1)):
+            return None
+        d: dict[str, Any] = {"__key__": self.key(k0, k1)}
+        if meta_first:
+            d["__shard__"] = shard
+            d["__index__"] = index
+        exts, data = self.exts, self.data
+        for m in range(m0, m1):  # read again: hashing a name may have changed a table
+            got = member(m)
+            if got is None:
+                return None
+            e, o, s = got
+            if want is None or want[e]:
+                d[exts[e]] = bytes(data[o : o + s])
+        if not meta_first:
+            d["__shard__"] = shard
+            d["__index__"] = index
+        return d
+
+    def _want(self, obj: Any) -> bytes | None:
+        if obj is None:
+            return None
+        if not isinstance(obj, bytes) or len(obj) < len(self.exts):
+            raise TypeError("want: bytes of one flag per extension")
+        return obj
+
+    def sample(self, j: int, want: bytes | None, shard: str, index: int) -> dict[str, Any] | None:
+        """Sample ``j`` as a dict, or ``None`` (take the Python path)."""
+        j = _ssize(j)
+        return self.as_dict(j, self._want(want), shard, index, False)
+
+    def samples(
+        self, j0: int, j1: int, want: bytes | None, shard: str, base: int
+    ) -> list[dict[str, Any]] | None:
+        """Samples ``j0 <= j < j1`` as dicts (``"__index__"`` ``base + j - j0``), or ``None``."""
+        j0, j1, base = _ssize(j0), _ssize(j1), _ssize(base)
+        w = self._want(want)
+        if j0 < 0 or j1 < j0 or j1 > self.n or base > _SSIZE_MAX - (j1 - j0):
+            return None
+        out = []
+        for j in range(j0, j1):
+            d = self.as_dict(j, w, shard, base + (j - j0), True)
+            if d is None:
+                return None
+            out.append(d)
+        return out
+
+
+def _hot_tables(hot: Any) -> Tables | None:
+    """``hot``'s Tables if it is a HotTables of this module's tables (else hand back)."""
+    if isinstance(hot, tuple) and len(hot) == _HOT_FIELDS:
+        t = hot[_HOT_TABLES]
+        if isinstance(t, Tables):
+            return t
+    return None
+
+
+def _shard_of(starts: memoryview, ns: int, per: int, i: int) -> int:
+    """The shard holding global sample ``i`` (the caller checks its bounds)."""
+    if per > 0:
+        return min(i // per, ns - 1)
+    lo, hi = 0, ns
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if starts[mid] <= i:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+_Resolved = tuple[Tables, int, Any, Any, "bytes | None"]
+
+
+def _resolve(
+    iobj: Any,
+    starts: memoryview,
+    ns: int,
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+    call: int,
+    fields: frozenset[Any] | None,
+) -> _Resolved | None:
+    """Locate global sample ``iobj``, look its reader up, check the mapping's size, or ``None``."""
+    if type(iobj) is not int:
+        return None
+    i = iobj
+    if not -_SSIZE_MAX - 1 <= i <= _SSIZE_MAX or ns < 1 or ns > len(paths):
+        return None
+    total = starts[ns]
+    if total < 0:
+        return None
+    neg = i < 0
+    if neg:
+        i += total
+    if not 0 <= i < total:
+        return None
+    sh = _shard_of(starts, ns, per, i)
+    s0, s1 = starts[sh], starts[sh + 1]
+    if s0 < 0 or i < s0 or i >= s1:
+        return None
+    r = dict.get(readers, sh)
+    if r is None:
+        return None
+    hot = r.hot
+    t = _hot_tables(hot)
+    if t is None:
+        return None
+    want = None
+    if fields is not None:  # before the size check: a contains may run Python code
+        if len(t.exts) > _WANT_MAX:
+            return None
+        want = bytes(e in fields for e in t.exts)
+    if call == 0 or t.mark != call:
+        if not hot[_HOT_MM].size() >= hot[_HOT_SIZE]:  # cut while mapped (READING.md)
+            return None
+        if call:
+            t.mark = call
+    if sh >= len(paths):
+        return None
+    return t, i - s0, i if neg else iobj, paths[sh], want
+
+
+def _get_args(args: tuple[Any, ...], usage: str) -> tuple[memoryview, int, int]:
+    starts, per, readers, paths = args
+    if (
+        not isinstance(starts, bytes) or len(starts) % 8 or not isinstance(readers, dict)
+        or not isinstance(paths, list)
+    ):  # fmt: skip
+        raise TypeError(usage)
+    st = _words(starts, "q")
+    return st, len(st) - 1, _ssize(per)
+
+
+def get(
+    i: int,
+    starts: bytes,
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+    fields: Collection[str] | None = None,
+) -> dict[str, Any] | None:
+    """ShardSet.get(i, fields) as a dict, or ``None`` (take the Python path).
+
+    ``readers`` is only looked up (the pool keeps its LRU order itself, read/pool.py).
+    """
+    st, ns, p = _get_args(
+        (starts, per, readers, paths),
+        "get(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])",
+    )
+    if fields is not None and type(fields) is not frozenset:
+        return None
+    got = _resolve(i, st, ns, p, readers, paths, 0, fields)
+    if got is None:
+        return None
+    t, j, index, path, want = got
+    return t.as_dict(j, want, path, index, False)
+
+
+def take(
+    indices: list[int],
+    starts: bytes,
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+) -> list[dict[str, Any]] | None:
+    """ShardSet.take(indices) as dicts, or ``None`` (take the Python path)."""
+    st, ns, p = _get_args(
+        (starts, per, readers, paths),
+        "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list)",
+    )
+    seq = tuple(indices)
+    call = next(_calls)
+    rs = []
+    for iobj in seq:  # each mapping's size once, before its first byte is copied
+        got = _resolve(iobj, st, ns, p, readers, paths, call, None)
+        if got is None:
+            return None
+        rs.append(got)
+    out = []
+    for t, j, index, path, _ in rs:
+        d = t.as_dict(j, None, path, index, True)
+        if d is None:
+            return None
+        out.append(d)
+    return out
+
+
+def gather(
+    tables: tuple[Tables, ...], slot: Any, local: Any
+) -> tuple[list[str], bytes, bytes, bytes, bytes] | int:
+    """Keys, member counts and member table bytes of a batch, or the first position to hand back."""
+    if not isinstance(tables, tuple):
+        raise TypeError("gather(tables: tuple, slot, local)")
+    if not all(isinstance(t, Tables) for t in tables):
+        raise TypeError("gather: tables must be Tables")
+    sl, lo = _i64(slot, "slot"), _i64(local, "local")
+    if len(sl) != len(lo):
+        raise ValueError("gather: slot and local differ in length")
+    nt = len(tables)
+    rows: list[tuple[Tables, _Row]] = []
+    for b in range(len(sl)):
+        s = sl[b]
+        if not 0 <= s < nt:
+            raise IndexError("gather: slot out of range")
+        t = tables[s]
+        row = t.row(lo[b])
+        if row is None or any(t.member(m) is None for m in range(row[2], row[3])):
+            return b
+        rows.append((t, row))
+    keys: list[str] = []
+    cnt = array("q")
+    ob, sb, eb = bytearray(), bytearray(), bytearray()
+    for t, (k0, k1, m0, m1) in rows:
+        keys.append(t.key(k0, k1))
+        cnt.append(m1 - m0)
+        ob += t.off_raw[m0 << 3 : m1 << 3]
+        sb += t.size_raw[m0 << 3 : m1 << 3]
+        eb += t.eid_raw[m0 << 2 : m1 << 2]
+    if sys.byteorder != "little":
+        cnt.byteswap()
+    return keys, cnt.tobytes(), bytes(ob), bytes(sb), bytes(eb)
+
+
+def pack(
+    out: Any,
+    datas: tuple[Any, ...],
+    src: Any,
+    offset: Any,
+    size: Any,
+    dest: Any,
+    vals: Any,
+    start: int,
+) -> int:
+    """Copy byte members, parse integer members; ``-1`` when done, else the first to hand back."""
+    if not isinstance(datas, tuple):
+        raise TypeError("pack(out, datas: tuple, src, offset, size, dest, vals, start)")
+    start = _ssize(start)
+    o = _flat(out)
+    if o.readonly:
+        raise BufferError("Object is not writable.")
+    sr, of, sz, de = (_i64(a, "pack array") for a in (src, offset, size, dest))
+    vm = _flat(vals)
+    if vm.readonly:
+        raise BufferError("Object is not writable.")
+    if vm.nbytes % 8:
+        raise ValueError("pack array: not an int64 buffer")
+    vs = vm.cast("q")
+    n = len(sr)
+    if not len(of) == len(sz) == len(de) == len(vs) == n:
+        raise ValueError("pack: arrays differ in length")
+    db = [_flat(d) for d in datas]
+    nd, olen = len(db), o.nbytes
+    for k in range(max(start, 0), n):
+        s, a, ln, d = sr[k], of[k], sz[k], de[k]
+        if not 0 <= s < nd or a < 0 or ln < 0 or a > db[s].nbytes or ln > db[s].nbytes - a:
+            return k
+        if d < 0:
+            v = _decimal(bytes(db[s][a : a + ln]))
+            if v is None:
+                return k
+            vs[k] = v
+        elif d > olen or ln > olen - d:
+            return k
+        else:
+            o[d : d + ln] = db[s][a : a + ln]
+    return -1
+
+
+def batch(
+    indices: Sequence[int],
+    starts: Any,
+    per: int,
+    readers: dict[int, Any],
+    paths: list[str],
+    fields: Collection[str] | None,
+    int_fields: Collection[str],
+    alloc: Callable[[int], tuple[Any, Any]],
+) -> tuple[Any, ...]:
+    """A whole batch in the field-major layout, or a hand-back ``(what, shard, chunk)``."""
+    if not isinstance(readers, dict) or not isinstance(paths, list):
+        raise TypeError(
+            "batch(indices, starts, per, readers: dict, paths: list, fields, int_fields, alloc)"
+        )
+    per = _ssize(per)
+    st = _i64(starts, "starts")
+    seq = tuple(indices)
+    n, ns = len(seq), len(st) - 1
+    call = next(_calls)
+    python = ("python", 0, 0)
+    if ns < 1 or n == 0:
+        return python
+    total = st[ns]
+    idx = array("q")
+    rows: list[tuple[Tables, int, int]] = []
+    for x in seq:  # pass 1: locate, look up, cut check
+        try:
+            i = operator.index(x)
+        except Exception:  # not an integer: the Python path says so
+            return python
+        i = max(-_SSIZE_MAX - 1, min(i, _SSIZE_MAX))
+        if i < 0:
+            i += total
+        if not 0 <= i < total:
+            return python
+        sh = _shard_of(st, ns, per, i)
+        s0 = st[sh]
+        if i < s0 or i >= st[sh + 1]:
+            return python
+        idx.append(i)
+        r = dict.get(readers, sh)
+        if r is None:
+            return ("open", sh, 0)
+        hot = r.hot
+        t = _hot_tables(hot)
+        if t is not None and t.mark != call:  # cut while mapped: SIGBUS otherwise
+            if not hot[_HOT_MM].size() >= hot[_HOT_SIZE]:
+                t = None
+            else:
+                t.mark = call
+        if t is None:
+            return python
+        j = i - s0
+        if j >= t.n:
+            return python
+        if not t.checked[j >> CHUNK_SHIFT]:
+            return ("check", sh, j >> CHUNK_SHIFT)
+        rows.append((t, j, sh))
+    keys: list[str] = []
+    shards: list[str] = []
+    bnames: list[str] = []
+    inames: list[str] = []
+    pos: dict[str, int] = {}
+    lens: list[list[int]] = []
+    ivals: list[list[int]] = []
+    for b, (t, j, sh) in enumerate(rows):  # keys, members, layout sizes
+        row = t.row(j)
+        if row is None:
+            return python
+        k0, k1, m0, m1 = row
+        keys.append(t.key(k0, k1))
+        shards.append(paths[sh])
+        for m in range(m0, m1):
+            got = t.member(m)
+            if got is None:
+                return python
+            e, mo, ms = got
+            name = t.exts[e]
+            p = pos.get(name)
+            if p is None:
+                p = -1
+                if fields is None or name in fields:
+                    if name in int_fields:
+                        p = -2 - len(inames)
+                        inames.append(name)
+                    else:
+                        p = len(bnames)
+                        bnames.append(name)
+                pos[name] = p
+            if p == -1:
+                continue
+            is_int = p < -1
+            q = -2 - p if is_int else p
+            cols = ivals if is_int else lens
+            if q >= len(cols):  # a new field: a column of -1
+                cols.append([-1] * n)
+            if cols[q][b] != -1:  # an extension twice in a sample (the guards refuse it)
+                return python
+            if not is_int:
+                cols[q][b] = ms
+            else:
+                v = _decimal(bytes(t.data[mo : mo + ms]))
+                if v is None or v == -1:  # int() decides; -1 reads as missing
+                    return python
+                cols[q][b] = v
+    nf = len(lens)
+    offs = array("q")
+    pres = bytearray(nf * n)
+    cum = 0
+    for f, col in enumerate(lens):  # field f's members of samples 0..n-1, then field f + 1
+        for b, ln in enumerate(col):
+            offs.append(cum)
+            pres[f * n + b] = ln >= 0
+            if ln > 0:
+                cum += ln
+        offs.append(cum)
+    made = alloc(cum)
+    if not isinstance(made, tuple) or len(made) != 2:
+        raise TypeError("batch: alloc must return (keep, buffer)")
+    out = _flat(made[1])
+    if out.readonly:
+        raise BufferError("Object is not writable.")
+    if out.nbytes < cum:
+        raise ValueError("batch: alloc returned a short buffer")
+    for b, (t, j, _) in enumerate(rows):  # pass 2: copies, each read bounded again
+        row = t.row(j)
+        if row is None:
+            return python
+        for m in range(row[2], row[3]):
+            got = t.member(m)
+            if got is None:
+                return python
+            e, mo, ms = got
+            p = pos.get(t.exts[e], -1)
+            if p < 0:
+                continue
+            a0, a1 = offs[p * (n + 1) + b], offs[p * (n + 1) + b + 1]
+            if p >= nf or not pres[p * n + b] or a1 - a0 != ms:
+                return python
+            out[a0:a1] = t.pins[1][mo : mo + ms]
+    iv = array("q", itertools.chain.from_iterable(ivals))
+    for a in (offs, iv, idx):
+        if sys.byteorder != "little":
+            a.byteswap()
+    return (
+        made[0],
+        keys,
+        bnames,
+        inames,
+        bytearray(offs.tobytes()),
+        pres,
+        bytearray(iv.tobytes()),
+        bytearray(idx.tobytes()),
+        shards,
+    )
