@@ -138,7 +138,7 @@ def test_writer_index_equals_rebuilt_index(tmp_path: Path) -> None:
         assert rebuilt.tables_bytes() == written.tables_bytes()
         assert (
             written.meta["producer"] == "tarindex.writer"
-            and rebuilt.meta["producer"] == "tarindex.index.scan.scan"
+            and rebuilt.meta["producer"] == "tarindex.scan"
         )
 
 
