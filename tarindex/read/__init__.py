@@ -20,7 +20,7 @@ from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool, open_shard_bound
 from .shard import ShardReader, is_up_to_date
 from .shardset import ShardSet
-from .spanner import sample_indices
+from .spanner import check_index, check_indices
 
 __all__ = [
     "Block",
@@ -40,5 +40,6 @@ __all__ = [
     "open_shard_bound",
     "read_kernel",
     "read_sample_count",
-    "sample_indices",
+    "check_index",
+    "check_indices",
 ]

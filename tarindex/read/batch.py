@@ -25,7 +25,7 @@ from .checks import CHUNK_SHIFT
 from .hot import HotTables
 from .pool import ReaderPool
 from .shard import ShardReader, read_runs
-from .spanner import locate_many
+from .spanner import check_indices, locate_many
 
 __all__ = ["gather", "gather_packed"]
 
@@ -179,6 +179,7 @@ def gather_packed(
         SampleIndexError, TypeError: As :func:`gather`.
         FormatError, StaleIndexError, TruncatedError: As :func:`gather`.
     """
+    indices = check_indices(indices, int(starts[-1])).tolist()  # the one index rule
     compiled = kernel.compiled
     if compiled is None:
         return None

@@ -30,7 +30,7 @@ from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool
 from .shard import ShardReader
 from .sources import Source, expand_shards
-from .spanner import equal_count, locate
+from .spanner import check_index, check_indices, equal_count, locate
 
 __all__ = ["ShardSet"]
 
@@ -314,6 +314,7 @@ class ShardSet:
         # the per-sample hot path: the compiled loop for the members of a mapped shard in one
         # call; None back (not open, not mapped, a chunk unchecked, anything it does not
         # decide): the reader's tables in one compiled call, else the reader's own path
+        i = i if type(i) is int else check_index(i, self._starts_list[-1])  # bool, np, 1.5
         compiled = kernel.compiled
         if compiled is not None:  # fields: None or a frozenset (others are handed back)
             got = compiled.get(
@@ -446,6 +447,7 @@ class ShardSet:
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
         """
+        indices = check_indices(indices, self._starts_list[-1]).tolist()  # the one index rule
         compiled = kernel.compiled
         if compiled is not None:
             got = compiled.take(
