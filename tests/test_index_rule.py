@@ -93,6 +93,13 @@ def test_good_indices_agree(make_shards: MakeShards, kernel_mode: str) -> None:
         assert ss.get(i)["__key__"] == want  # type: ignore[arg-type]
         assert ss.gather([i]).to_samples()[0]["__key__"] == want  # type: ignore[list-item]
         assert ss.take([i])[0]["__key__"] == want  # type: ignore[list-item]
+
+    class Four:
+        def __index__(self) -> int:
+            return 4
+
+    assert ss.get(Four())["__key__"] == keys[4]  # type: ignore[arg-type]  # as list indexing
+    assert ss.gather([Four(), 1]).to_samples()[0]["__key__"] == keys[4]  # type: ignore[list-item]
     u = np.asarray([9, 0, 2**63 - 1], np.uint64)
     with pytest.raises(SampleIndexError, match="9223372036854775807 out of range"):
         ss.gather(u)

@@ -12,7 +12,7 @@
   batches across shards, key lookup, remote read-ahead.
 """
 
-from .block import Block, Fields, Sample, copy_members, crc_mismatches, data_error
+from .block import Block, Fields, Sample, copy_members, crc_mismatches, data_error, field_set
 from .checks import CHUNK
 from .hot import HotTables
 from .kernel import read_kernel
@@ -35,6 +35,7 @@ __all__ = [
     "copy_members",
     "crc_mismatches",
     "data_error",
+    "field_set",
     "index_for",
     "is_up_to_date",
     "open_shard_bound",

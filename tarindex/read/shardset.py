@@ -24,7 +24,7 @@ from ..storage.bytesource import MmapSource, cold_cache
 from ..storage.remote import RemoteOptions, is_url, load_indexes
 from . import batch, kernel, prefetch
 from . import keys as keylookup
-from .block import Block, Fields, Sample
+from .block import Block, Fields, Sample, field_set
 from .checks import check_mapped
 from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool
@@ -315,6 +315,7 @@ class ShardSet:
         # call; None back (not open, not mapped, a chunk unchecked, anything it does not
         # decide): the reader's tables in one compiled call, else the reader's own path
         i = i if type(i) is int else check_index(i, self._starts_list[-1])  # bool, np, 1.5
+        fields = field_set(fields)  # "bin" is one field
         compiled = kernel.compiled
         if compiled is not None:  # fields: None or a frozenset (others are handed back)
             got = compiled.get(
@@ -385,7 +386,7 @@ class ShardSet:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
                 :meth:`read_block`.
         """
-        r = self.reader(s)
+        r, fields = self.reader(s), field_set(fields)  # "bin" is one field
         tabs = r.hot.tables
         if tabs is not None and 0 <= j0 < j1 <= r.n_samples:
             a, b = r.ready(j0, j1)

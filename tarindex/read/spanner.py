@@ -14,8 +14,9 @@ is then ``i // per`` with no search. The compiled loops hold the C side of the s
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,21 +37,22 @@ _BOOLS = (bool, np.bool_)
 
 def _bad_index(i: object, n: int, negative: bool = True) -> Exception:
     """The error for index ``i`` of ``n`` samples: ``TypeError`` unless an integer, else range."""
-    if isinstance(i, _BOOLS) or not isinstance(i, (int, np.integer)):
+    if isinstance(i, _BOOLS) or not hasattr(type(i), "__index__"):
         return TypeError(
             f"sample index {i!r} ({type(i).__name__}) is not an integer: indices are Python or "
             f"numpy integers in [{-n if negative else 0}, {n}) (bool is refused: a mask is not "
             f"a list of indices)"
         )
     return SampleIndexError(
-        f"sample index {int(i)} out of range [{-n if negative else 0}, {n}) for {n} samples"
+        f"sample index {i} out of range [{-n if negative else 0}, {n}) for {n} samples"
     )
 
 
 def check_index(i: object, n: int, negative: bool = True) -> int:
     """The one index rule: ``i`` as an ``int`` in ``[0, n)``; negative counts from the end.
 
-    Accepts Python and numpy integers; refuses ``bool``, floats, strings and anything else.
+    Accepts Python and numpy integers (anything with ``__index__``, as list indexing does);
+    refuses ``bool``, floats, strings and anything else.
     ``negative=False`` (a subset's indices): ``[0, n)`` only. Every read path (``ds[i]``,
     ``get``, ``locate``, ...) and :func:`check_indices` apply it.
 
@@ -59,9 +61,12 @@ def check_index(i: object, n: int, negative: bool = True) -> int:
         TypeError: If ``i`` is not an integer, or is a ``bool``.
     """
     if type(i) is not int:
-        if isinstance(i, _BOOLS) or not isinstance(i, (int, np.integer)):
+        if isinstance(i, _BOOLS):
             raise _bad_index(i, n, negative)
-        i = int(i)
+        try:
+            i = operator.index(cast(SupportsIndex, i))  # numpy ints, any __index__ (as lists)
+        except TypeError:
+            raise _bad_index(i, n, negative) from None
     if i < 0:
         if not negative or i < -n:
             raise _bad_index(i, n, negative)

@@ -24,7 +24,7 @@ from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..plan.epoch import WorkerPlan, epoch_blocks, plan_worker, rank_share
 from ..plan.seeds import make_rng
-from ..read import Sample, ShardSet
+from ..read import Sample, ShardSet, field_set
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset
@@ -143,7 +143,7 @@ class StreamDataset(StreamEpochOwner):
         self.batched = bool(batched)
         self.batch_size: int | None = int(batch_size) if batched else None  # type: ignore[arg-type]
         self.int_fields = tuple(int_fields)
-        self.fields = None if fields is None else tuple(fields)
+        self.fields = None if fields is None else tuple(sorted(field_set(fields) or ()))
         self.drop_last = bool(drop_last)
         self.on_error = on_error
         self.finisher = Finisher(self.shards, self.decoder, self.select, self.transform)

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from ..codecs import DecodeSpec, make_decoder
 from ..codecs.select import ToTuple, select_fields
-from ..read import Sample, ShardSet
+from ..read import Sample, ShardSet, field_set
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset
@@ -140,7 +140,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         if subset is not None:  # a view: ds[i] is sample subset[i] of the source
             self.shards = ShardSubset(opened, subset)
         self.select, fields = select_fields(select, fields)
-        self.fields = None if fields is None else frozenset(fields)
+        self.fields = field_set(fields)  # "bin" is one field
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
         if batched and (
