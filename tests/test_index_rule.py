@@ -118,3 +118,21 @@ def test_mask_arrays_are_refused(make_shards: MakeShards) -> None:
         with pytest.raises(TypeError, match="is not an integer"):
             ss.gather(bad)
     assert len(ss.gather(np.zeros(0, np.float64))) == 0  # an empty batch of any dtype
+
+
+def test_reader_sample_numbers(make_shards: MakeShards) -> None:
+    with tarindex.ShardReader(make_shards([5])[0]) as r:
+        for bad in (True, 1.5, "1"):
+            with pytest.raises(TypeError, match="is not an integer"):
+                r.sample(bad)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="is not an integer"):
+                r.read_block(bad, 3)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="is not an integer"):
+                r.gather([bad])  # type: ignore[list-item]
+        for huge in (2**64 - 1, np.uint64(2**64 - 1), -1):
+            with pytest.raises(SampleIndexError, match="out of range"):
+                r.sample(huge)  # type: ignore[arg-type]
+            with pytest.raises(SampleIndexError, match="out of range"):
+                r.gather(np.asarray([huge]))
+        assert r.sample(np.int64(4))["__key__"] == "00000004"  # type: ignore[arg-type]
+        assert len(r.read_block(np.int64(1), np.uint64(5))) == 4  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ from .block import Block, Fields, Sample, crc_mismatches, data_error, field_set
 from .checks import CHUNK, CHUNK_SHIFT
 from .hot import CLOSED, HotTables, fast_view, raw_view
 from .opening import ShardOpener
-from .spanner import check_indices
+from .spanner import check_index, check_indices
 
 __all__ = ["ShardReader", "read_runs", "is_up_to_date", "COALESCE_GAP"]
 
@@ -239,6 +239,8 @@ class ShardReader(ShardOpener):
             SampleIndexError: If the range is outside ``[0, n_samples]``.
             FormatError: If the tables of a chunk are corrupt.
         """
+        if type(j0) is not int or type(j1) is not int:  # the one index rule: no bool, no float
+            j0, j1 = (check_index(j, self.n_samples + 1, negative=False) for j in (j0, j1))
         if not 0 <= j0 <= j1 <= self.n_samples:
             raise SampleIndexError(
                 f"{self.tar_path}: samples {j0}..{j1} out of range [0, {self.n_samples})"
@@ -516,6 +518,8 @@ class ShardReader(ShardOpener):
             TruncatedError: If the tar was cut while open (``pread``).
         """
         fields = field_set(fields)
+        if type(j) is not int:  # the one index rule: no bool, no float
+            j = check_index(j, self.n_samples, negative=False)
         if not 0 <= j < self.n_samples:
             raise SampleIndexError(
                 f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"
