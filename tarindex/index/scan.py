@@ -96,7 +96,7 @@ from .damage import (
 from .members import Members, assemble_members
 from .paxfast import plain_pax_member
 
-__all__ = ["Members", "header_name_after", "scan", "scan_members"]
+__all__ = ["Members", "scan", "scan_members"]
 
 _BATCH = 2048  # headers checked together: their blocks are still in the CPU cache (~1 MiB)
 _VOLUME_RE = re.compile(rb" Volume [0-9]+\Z")  # GNU tar -M -V: "LABEL Volume N"
@@ -662,37 +662,6 @@ class _Walk:
         if isinstance(nxt, TarIndexError):
             raise self.fail(nxt)
         return nxt
-
-
-def header_name_after(records: bytes, path: str) -> bytes:
-    """The name the scanner gives the header in the last block of ``records``.
-
-    ``records`` are whole tar records starting at a header and ending with a member's
-    header block (its data left out): the GNU LongName, pax and global pax records before
-    it apply as in :func:`scan_members` (the open-time header check, FORMAT.md §3, reads
-    the records between the previous member's data and a member's header).
-
-    Raises:
-        TarIndexError: As :func:`scan_members`, for a damaged record before the header.
-    """
-    buf = mmap.mmap(-1, max(len(records), BLOCK))
-    buf[: len(records)] = records
-    w = _Walk(path, buf, len(records), require_end=False)
-    last = len(records) - BLOCK
-    pos = 0
-    while 0 <= pos < last:
-        pos = w.slow(pos)
-    block = records[last:]
-    pax = {**w.gpax, **w.pax} if w.gpax else w.pax
-    name = header_name(block)
-    if pos == last:  # the records before it apply, as in _Walk._name
-        name = pax.get(b"path") or (name if w.longname is None else w.longname)
-    del w  # its numpy view of buf, before the close
-    try:
-        buf.close()
-    except BufferError:  # a view still referenced by a traceback: GC closes it
-        pass
-    return name
 
 
 def scan(path: str | os.PathLike[str], *, require_end: bool = True) -> Members:

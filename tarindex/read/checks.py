@@ -27,7 +27,6 @@ from ..errors import (
     StaleIndexError,
     StaleManifestError,
     TarHeaderError,
-    TarIndexError,
     TruncatedError,
 )
 from ..format.index import IndexTables, check_samples, fingerprint
@@ -42,8 +41,14 @@ from ..format.spec import (
     TAR_TYPEFLAG,
     USTAR_MAX_SIZE,
 )
-from ..format.tar import MAX_NAME_BYTES, checksum_ok, header_name, padded, parse_number
-from ..index.scan import header_name_after
+from ..format.tar import (
+    MAX_NAME_BYTES,
+    checksum_ok,
+    header_name,
+    name_after,
+    padded,
+    parse_number,
+)
 from .sources import ShardList
 
 __all__ = [
@@ -276,8 +281,8 @@ def _name_before(t: IndexTables, k: int, read: Read, tar_path: str) -> bytes | N
     if not 0 <= prev <= off - BLOCK or off - prev > 2 * MAX_NAME_BYTES + 8 * BLOCK:
         return None
     try:
-        return header_name_after(read(prev, off - prev), tar_path)
-    except (TarIndexError, ValueError):
+        return name_after(read(prev, off - prev))
+    except ValueError:
         return None
 
 
