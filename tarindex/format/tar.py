@@ -39,12 +39,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .spec import (
+    BLKTYPE,
     BLOCK,
     CHKSUM_BLANK,
+    CHRTYPE,
+    DIRTYPE,
+    FIFOTYPE,
     GNUTYPE_LONGLINK,
     GNUTYPE_LONGNAME,
     REGTYPE,
     SOLARIS_XHDTYPE,
+    SYMTYPE,
     TAR_CHKSUM,
     TAR_DEVMAJOR,
     TAR_DEVMINOR,
@@ -138,6 +143,44 @@ def header_name(block: bytes) -> bytes:
     if block[TAR_PREFIX.start] and block[TAR_MAGIC] == USTAR_MAGIC:
         name = block[TAR_PREFIX].split(b"\0", 1)[0] + b"/" + name
     return name
+
+
+_NO_DATA = frozenset((SYMTYPE, CHRTYPE, BLKTYPE, DIRTYPE, FIFOTYPE))  # as the scanner's
+
+
+def name_after(records: bytes) -> bytes:
+    """The name of the member whose header is the last block of ``records``.
+
+    ``records`` are whole tar records from a header up to that member's header (its data
+    left out): a GNU LongName (``L``), pax (``x``, ``X``) or global pax (``g``) ``path``
+    before it applies as the scanner applies it (``tarindex.index.scan``: the last ``x``
+    applies, ``path`` over LongName over the header's fields); other records are skipped.
+
+    Raises:
+        ValueError: A size field that is not a number, a malformed pax record, or records
+            that do not end at the last block.
+    """
+    last = len(records) - BLOCK
+    pos, longname = 0, None
+    pax: dict[bytes, bytes] = {}
+    gpax: dict[bytes, bytes] = {}
+    while pos < last:
+        block = records[pos : pos + BLOCK]
+        tf, size = block[TAR_TYPEFLAG], parse_number(block[TAR_SIZE])
+        data = records[pos + BLOCK : pos + BLOCK + size]
+        if tf == GNUTYPE_LONGNAME:
+            longname = data.split(b"\0", 1)[0]
+        elif tf in (XHDTYPE, SOLARIS_XHDTYPE):
+            pax = parse_pax(data)
+        elif tf == XGLTYPE:
+            gpax.update(parse_pax(data))
+        elif tf != GNUTYPE_LONGLINK:  # a member the index skips: its records are spent
+            pax, longname = {}, None
+        pos += BLOCK + (0 if tf in _NO_DATA else padded(size))
+    if pos != last:
+        raise ValueError(f"records end at byte {pos}, not at the header at byte {last}")
+    path = pax.get(b"path") or gpax.get(b"path")
+    return path or longname or header_name(records[last:])
 
 
 def compression_of(head: bytes) -> tuple[str, str] | None:

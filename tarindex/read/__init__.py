@@ -12,7 +12,7 @@
   batches across shards, key lookup, remote read-ahead.
 """
 
-from .block import Block, Fields, Sample, copy_members, crc_mismatches, data_error
+from .block import Block, Fields, Sample, copy_members, crc_mismatches, data_error, field_set
 from .checks import CHUNK
 from .hot import HotTables
 from .kernel import read_kernel
@@ -20,7 +20,7 @@ from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool, open_shard_bound
 from .shard import ShardReader, is_up_to_date
 from .shardset import ShardSet
-from .spanner import sample_indices
+from .spanner import check_index, check_indices
 
 __all__ = [
     "Block",
@@ -35,10 +35,12 @@ __all__ = [
     "copy_members",
     "crc_mismatches",
     "data_error",
+    "field_set",
     "index_for",
     "is_up_to_date",
     "open_shard_bound",
     "read_kernel",
     "read_sample_count",
-    "sample_indices",
+    "check_index",
+    "check_indices",
 ]

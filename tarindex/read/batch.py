@@ -20,12 +20,12 @@ from numpy.typing import NDArray
 from ..format.spec import EXT_ID_DTYPE, OFFSET_DTYPE
 from ..storage.bytesource import Buffer
 from . import kernel
-from .block import Block, Fields, crc_mismatches, data_error, joined
+from .block import Block, Fields, crc_mismatches, data_error, field_set, joined
 from .checks import CHUNK_SHIFT
 from .hot import HotTables
 from .pool import ReaderPool
 from .shard import ShardReader, read_runs
-from .spanner import locate_many
+from .spanner import check_indices, locate_many
 
 __all__ = ["gather", "gather_packed"]
 
@@ -65,7 +65,7 @@ def gather(
         TypeError: If an index is not an integer.
         FormatError, StaleIndexError: As :meth:`ShardReader.read_block` and :meth:`reader`.
     """
-    idx, sid, local = locate_many(starts, per, indices)
+    idx, sid, local, fields = *locate_many(starts, per, indices), field_set(fields)
     uniq, col = np.unique(sid, return_inverse=True)  # slot: rank among the batch's shards
     slots: list[int] = uniq.tolist()
     n_slots = len(slots)
@@ -179,9 +179,10 @@ def gather_packed(
         SampleIndexError, TypeError: As :func:`gather`.
         FormatError, StaleIndexError, TruncatedError: As :func:`gather`.
     """
+    indices = check_indices(indices, int(starts[-1])).tolist()  # the one index rule
     if type(indices) is not list:
         indices = list(indices)
-    fkey = None if fields is None else frozenset(fields)
+    fkey = field_set(fields)  # "bin" is one field
     ikey = frozenset(int_fields)
     for _ in range(len(indices) + 2):  # each hand-back opens a reader or checks a chunk
         got = kernel.kernel.batch(indices, starts, per, pool.readers, pool.paths, fkey, ikey, alloc)

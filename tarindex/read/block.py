@@ -20,13 +20,41 @@ from ..errors import ChecksumError
 from ..storage.bytesource import Buffer
 from . import kernel
 
-__all__ = ["Sample", "Fields", "Block", "copy_members", "crc_mismatches", "data_error", "joined"]
+__all__ = [
+    "Sample",
+    "Fields",
+    "field_set",
+    "Block",
+    "copy_members",
+    "crc_mismatches",
+    "data_error",
+    "joined",
+]
 
 Sample = dict[str, Any]
 """A sample: ``__key__``, ``__shard__``, ``__index__`` and one entry per extension."""
 
 Fields = Collection[str] | None
 """Extensions to read (others are not read at all), or ``None`` for every member."""
+
+
+def field_set(fields: Fields) -> frozenset[str] | None:
+    """``fields=`` as every read path takes it: ``None`` (all members) or a frozenset.
+
+    The one normalisation of the public entry points' ``fields=`` (``ShardReader``,
+    ``ShardSet`` and the datasets): a bare string is one field (``fields="bin"`` is
+    ``{"bin"}``, not the letters ``b``, ``i``, ``n``).
+
+    Raises:
+        TypeError: If a field is not a ``str``.
+    """
+    if fields is None or isinstance(fields, frozenset):
+        return fields
+    out = frozenset((fields,) if isinstance(fields, str) else fields)
+    for f in out:
+        if not isinstance(f, str):
+            raise TypeError(f"fields= holds {f!r} ({type(f).__name__}): extensions are str")
+    return out
 
 
 def _uniform_layout(mp: NDArray[np.int64], ext_id: NDArray[np.int64]) -> list[int] | None:

@@ -42,7 +42,14 @@ from ..format.spec import (
     TAR_TYPEFLAG,
     USTAR_MAX_SIZE,
 )
-from ..format.tar import checksum_ok, header_name, parse_number
+from ..format.tar import (
+    MAX_NAME_BYTES,
+    checksum_ok,
+    header_name,
+    name_after,
+    padded,
+    parse_number,
+)
 from .sources import ShardList
 
 __all__ = [
@@ -245,7 +252,12 @@ def _check_headers(
         elif msize <= USTAR_MAX_SIZE and stored != msize:
             what = f"says size {stored}, the index {msize}"
         else:
-            what = _name_mismatch(t, block, j, int(t.ext_id[k]))
+            raw = header_name(block)
+            what = _name_mismatch(t, raw, True, j, int(t.ext_id[k]))
+            if what is not None or len(raw) >= 99:  # maybe a GNU LongName or pax path before
+                name = _name_before(t, k, read, tar_path)  # the name as the scanner reads it
+                if name is not None:
+                    what = _name_mismatch(t, name, False, j, int(t.ext_id[k]))
         if what is not None:
             # a corrupt index is a FormatError about the index, not a "rewritten tar":
             # the guards of this sample's chunk decide (they run only on a mismatch)
@@ -258,19 +270,36 @@ def _check_headers(
             )
 
 
-def _name_mismatch(t: IndexTables, block: bytes, j: int, ext: int) -> str | None:
-    """How the header's name differs from sample ``j``'s key and extension, or None.
+def _name_before(t: IndexTables, k: int, read: Read, tar_path: str) -> bytes | None:
+    """The name the scanner gives member ``k``: from the records after member ``k - 1``'s data.
+
+    ``None`` when those records span more than a pax header and a long name may
+    (:data:`~tarindex.format.tar.MAX_NAME_BYTES` each) or are damaged: the header's own
+    name decides then.
+    """
+    prev = int(t.offset[k - 1]) + padded(int(t.size[k - 1])) if k else 0
+    off = int(t.offset[k])
+    if not 0 <= prev <= off - BLOCK or off - prev > 2 * MAX_NAME_BYTES + 8 * BLOCK:
+        return None
+    try:
+        return name_after(read(prev, off - prev))
+    except ValueError:
+        return None
+
+
+def _name_mismatch(t: IndexTables, raw: bytes, cut: bool, j: int, ext: int) -> str | None:
+    """How name ``raw`` differs from sample ``j``'s key and extension, or None.
 
     ASCII names only (a pax ``path`` may hold a non-ASCII name the ustar field cannot);
-    a name field cut at 100 bytes (GNU LongName, pax ``path``) need only be a prefix.
+    ``cut``: ``raw`` is the header's own name field, which a long name fills to 100 bytes
+    (it need only be a prefix then).
     """
     kp = t.key_ptr
     want = bytes(t.key_blob[int(kp[j]) : int(kp[j + 1])]) + b"." + t.exts[ext]
-    raw = header_name(block)
     got = normalize_name(raw)
     if got == want or not (got.isascii() and want.isascii()):
         return None
-    if len(raw) >= 99 and want.startswith(got):
+    if cut and len(raw) >= 99 and want.startswith(got):
         return None
     return f"names {got[:120]!r}, the index {want[:120]!r}"
 

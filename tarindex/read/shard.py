@@ -39,10 +39,11 @@ from ..storage.remote import (
     is_url,
 )
 from . import checks, kernel
-from .block import Block, Fields, Sample, crc_mismatches, data_error
+from .block import Block, Fields, Sample, crc_mismatches, data_error, field_set
 from .checks import CHUNK, CHUNK_SHIFT
 from .hot import CLOSED, HotTables, fast_view, raw_view
 from .opening import ShardOpener
+from .spanner import check_index, check_indices
 
 __all__ = ["ShardReader", "read_runs", "is_up_to_date", "COALESCE_GAP"]
 
@@ -237,6 +238,8 @@ class ShardReader(ShardOpener):
             SampleIndexError: If the range is outside ``[0, n_samples]``.
             FormatError: If the tables of a chunk are corrupt.
         """
+        if type(j0) is not int or type(j1) is not int:  # the one index rule: no bool, no float
+            j0, j1 = (check_index(j, self.n_samples + 1, negative=False) for j in (j0, j1))
         if not 0 <= j0 <= j1 <= self.n_samples:
             raise SampleIndexError(
                 f"{self.tar_path}: samples {j0}..{j1} out of range [0, {self.n_samples})"
@@ -276,6 +279,7 @@ class ShardReader(ShardOpener):
 
     def want_flags(self, fields: Collection[str]) -> bytes:
         """Flags of ``fields``: one byte per extension id, 1 if wanted (the compiled loops' form)."""
+        fields = field_set(fields)  # type: ignore[assignment]
         try:
             w = self._want_b.get(fields)
         except TypeError:  # an unhashable collection (a list): made each time
@@ -353,6 +357,7 @@ class ShardReader(ShardOpener):
             FormatError: If the index tables of those samples are corrupt.
             TruncatedError: If the tar was cut while open (``pread``).
         """
+        fields = field_set(fields)
         self.check_range(j0, j1)
         t = self.index
         sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
@@ -394,12 +399,11 @@ class ShardReader(ShardOpener):
             SampleIndexError: If a sample number is out of range.
             FormatError: If the index tables of those samples are corrupt.
         """
-        j = np.asarray(js, dtype=np.int64).reshape(-1)
-        if j.size and (int(j.min()) < 0 or int(j.max()) >= self.n_samples):
-            bad = int(j[(j < 0) | (j >= self.n_samples)][0])
-            raise SampleIndexError(
-                f"{self.tar_path}: sample {bad} out of range [0, {self.n_samples})"
-            )
+        fields = field_set(fields)
+        try:  # the one index rule: a uint64 or float sample number neither wraps nor truncates
+            j = check_indices(js, self.n_samples, negative=False)
+        except SampleIndexError as e:
+            raise SampleIndexError(f"{self.tar_path}: {e}") from None
         self.check_samples(j)
         t = self.index
         lo = t.sample_ptr[j].astype(np.int64)
@@ -512,6 +516,9 @@ class ShardReader(ShardOpener):
             FormatError: If the index tables of sample ``j``'s chunk are corrupt.
             TruncatedError: If the tar was cut while open (``pread``).
         """
+        fields = field_set(fields)
+        if type(j) is not int:  # the one index rule: no bool, no float
+            j = check_index(j, self.n_samples, negative=False)
         if not 0 <= j < self.n_samples:
             raise SampleIndexError(
                 f"{self.tar_path}: sample {j} out of range [0, {self.n_samples})"

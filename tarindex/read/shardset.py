@@ -25,13 +25,13 @@ from ..storage.bytesource import MmapSource, cold_cache
 from ..storage.remote import RemoteOptions, is_url, load_indexes
 from . import batch, kernel, prefetch
 from . import keys as keylookup
-from .block import Block, Fields, Sample
+from .block import Block, Fields, Sample, field_set
 from .checks import check_mapped
 from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool
 from .shard import ShardReader
 from .sources import Source, expand_shards
-from .spanner import equal_count, locate
+from .spanner import check_index, check_indices, equal_count, locate
 
 __all__ = ["ShardSet"]
 
@@ -315,6 +315,8 @@ class ShardSet:
         # the per-sample hot path: the kernel's loop for the members of a mapped shard in one
         # call; None back (not open, not mapped, a chunk unchecked, anything it does not
         # decide): the reader's tables in one kernel call, else the reader's own path
+        i = i if type(i) is int else check_index(i, self._starts_list[-1])  # bool, np, 1.5
+        fields = field_set(fields)  # "bin" is one field
         got = kernel.kernel.get(  # fields: None or a frozenset (others are handed back)
             i, self._starts_bytes, self._per, self._readers, self.paths, fields
         )
@@ -379,7 +381,7 @@ class ShardSet:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
                 :meth:`read_block`.
         """
-        r = self.reader(s)
+        r, fields = self.reader(s), field_set(fields)  # "bin" is one field
         tabs = r.hot.tables
         if tabs is not None and 0 <= j0 < j1 <= r.n_samples:
             a, b = r.ready(j0, j1)
@@ -441,6 +443,7 @@ class ShardSet:
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
         """
+        indices = check_indices(indices, self._starts_list[-1]).tolist()  # the one index rule
         got = kernel.kernel.take(indices, self._starts_bytes, self._per, self._readers, self.paths)
         if got is not None:
             if self._pool.evicts:  # in order of first use, as the reads went

@@ -11,7 +11,6 @@ lists.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from .block import Block, Fields, Sample
 from .sample_source import SampleSource
 from .shard import ShardReader
 from .shardset import ShardSet
-from .spanner import sample_indices
+from .spanner import check_index, check_indices
 
 __all__ = ["ShardSubset", "shard_of_index"]
 
@@ -65,13 +64,9 @@ class ShardSubset:
         self, base: ShardSet | ShardSubset, indices: Sequence[int] | NDArray[np.integer[Any]]
     ) -> None:
         if isinstance(base, ShardSubset):  # a subset of a subset: one level
-            indices = base.indices[sample_indices(indices, len(base))]
+            indices = base.indices[check_indices(indices, len(base))]
             base = base.base
-        idx = np.unique(np.asarray(indices, np.int64).reshape(-1))
-        n = len(base)
-        if idx.size and (int(idx[0]) < 0 or int(idx[-1]) >= n):
-            bad = int(idx[0]) if int(idx[0]) < 0 else int(idx[-1])
-            raise SampleIndexError(f"subset index {bad} out of range for {n} samples")
+        idx = np.unique(check_indices(indices, len(base), negative=False))
         self.base: ShardSet = base
         """The whole dataset the view's samples come from."""
         self.indices: NDArray[np.int64] = idx
@@ -120,13 +115,7 @@ class ShardSubset:
 
     # -- positions -----------------------------------------------------------------------------
     def _position(self, i: int) -> int:
-        i = operator.index(i)  # TypeError for 1.5 or "3", as list indexing
-        n = len(self.indices)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise SampleIndexError(f"sample index {i} out of range for {n} samples")
-        return i
+        return check_index(i, len(self.indices))
 
     def base_index(self, i: int) -> int:
         """The base's global index of position ``i`` (negative counts from the end).
@@ -152,7 +141,7 @@ class ShardSubset:
 
     def _to_base(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
         """The base's indices of positions ``indices`` (negative count from the end)."""
-        out: NDArray[np.int64] = self.indices[sample_indices(indices, len(self.indices))]
+        out: NDArray[np.int64] = self.indices[check_indices(indices, len(self.indices))]
         return out
 
     def get(self, i: int, fields: Fields = None) -> Sample:

@@ -174,12 +174,12 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
     def raw(self, i: int) -> Sample:
         """Return sample ``i`` undecoded and untransformed (bytes per extension)."""
-        return self.shards.get(int(i), self.fields)
+        return self.shards.get(i, self.fields)
 
     def __getitem__(self, i: int) -> Any:
         shards = self.shards
         if shards.remote:  # one ranged read for the sample's members
-            shards.prefetch([int(i)], self.fields)
+            shards.prefetch([i], self.fields)
         sample = shards.get(i, self.fields)  # TypeError unless an int, as list indexing
         if self.select is None and self.decoder is None and self.transform is None:
             return sample  # raw bytes: the common hot path, no call more
@@ -198,7 +198,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
             return fetch_batched(self.shards, indices, fields=self.fields)  # type: ignore[return-value]
         get, fields = self.shards.get, self.fields
-        samples = [get(int(i), fields) for i in indices]
+        samples = [get(i, fields) for i in indices]
         if self.decoder is None and self.select is None and self.transform is None:
             return samples
         finish = self.finisher
