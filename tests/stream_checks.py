@@ -19,7 +19,7 @@ from tarindex.plan.mix import mix_bound
 from tarindex.stream import BlockPlanSampler, Env, MixedStream, StreamDataset, pack_blocks
 from tarindex.stream.pack import Packed
 
-from .test_mix_schedule import window_excess
+from .plan.test_mix_schedule import window_excess
 
 
 def idx(ds: Any) -> list[int]:
