@@ -67,7 +67,7 @@ The image is converted to ``mode`` with Pillow (``L``: ITU-R 601-2 luma), then: 
 gives an array ``(H, W)`` for ``L`` or ``(H, W, C)``; ``torch`` a tensor ``(H, W)`` for
 ``L`` or ``(C, H, W)``, contiguous; ``uint8`` keeps ``0..255``, ``float32`` is the ``uint8``
 value divided by 255 (in ``[0, 1]``); ``pil`` a loaded ``PIL.Image.Image`` in ``mode``. Equal
-to webdataset's output element for element (``tests/test_decode_webdataset.py``).
+to webdataset's output element for element (``tests/codecs/test_decode_webdataset.py``).
 """
 IMAGE_MODES = tuple(IMAGE_SPECS)
 """The spec names of :data:`IMAGE_SPECS`, in order."""

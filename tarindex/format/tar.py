@@ -82,7 +82,7 @@ MAX_NAME_BYTES = MAX_PAX_HEADER_BYTES
 """Longest member name or link target: a GNU LongName/LongLink ('L'/'K') record's data, a pax
 ``path``/``linkpath`` value. 16 MiB, the pax header bound: libarchive (``pathname_limit``,
 ignored with a warning) and Go (``maxSpecialFileSize``, ``ErrFieldTooLong``) stop at 1 MiB, but
-tarindex indexes and verifies names over 1 MiB (tests/test_integrity.py), so a longer name
+tarindex indexes and verifies names over 1 MiB (tests/read/test_integrity.py), so a longer name
 costs seconds (a 16 MB name: ~2.5 s to index), never minutes."""
 _RECORD_KINDS = {
     GNUTYPE_LONGNAME: ("GNU long name record ('L')", MAX_NAME_BYTES, "names"),
