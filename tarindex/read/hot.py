@@ -2,8 +2,9 @@
 
 :class:`HotTables` is everything a read of sample ``j`` of one open shard needs, as
 zero-copy views of the mapped index (FORMAT.md §2) and the tar's mapping: the whole
-interface between the Python read path (``shardset``, ``batch``) and the compiled loops
-(``_kernel.c``, which get the same tables as a ``_kernel.Tables``). A ``NamedTuple``: as fast
+interface between the Python read path (``shardset``, ``batch``) and the per-sample loops
+(``kernel.kernel``: ``_kernel.c`` or its twin ``_kernel_py``, which get the same tables as a
+``Tables`` of that module). A ``NamedTuple``: as fast
 to unpack as a plain tuple, typed field by field.
 """
 
@@ -64,8 +65,8 @@ class HotTables(NamedTuple):
     scalar: bool
     """Reads are slices of :attr:`mm` (mapped, no ``verify_data``): the one-sample loops apply."""
     tables: Tables | None  # noqa: UP007 (a runtime alias under TYPE_CHECKING only)
-    """The same tables for the compiled loops, or ``None`` (Python loops, pread, remote,
-    ``verify_data``)."""
+    """The same tables as ``kernel.kernel.Tables`` (compiled or twin) for the one-sample loops,
+    or ``None`` (pread, remote, ``verify_data``: the reader's own path)."""
 
 
 def fast_view(a: NDArray[np.unsignedinteger]) -> memoryview:
