@@ -154,7 +154,7 @@ def gather_packed(
 ) -> tuple[Any, ...] | None:
     """:func:`gather` and the batch packing in one compiled pass, or ``None``.
 
-    The layout is ``tarindex.torch.batch.field_major``'s: byte fields (in order of first
+    The layout is ``tarindex.stream.pack.field_major``'s: byte fields (in order of first
     appearance in batch order) one after the other, each sample's member in batch order;
     ``int_fields`` members parsed as decimal integers instead. ``None`` means: use
     :func:`gather` and pack its block (no compiled loops, ``pread``, ``verify_data``,

@@ -490,27 +490,9 @@ class ShardSet:
     ) -> tuple[Any, ...] | None:
         """:meth:`gather` and the batch packing in one compiled pass, or ``None``.
 
-        The layout is ``tarindex.torch.batch.field_major``'s: byte fields (in order of first
-        appearance in batch order) one after the other, each sample's member in batch order;
-        ``int_fields`` members parsed as decimal integers instead. ``None`` means: use
-        :meth:`gather` and pack its block (no compiled loops, ``pread``, ``verify_data``,
-        more shards than may stay open, or a sample they hand back: the Python path then
-        raises the error that names it).
-
-        Args:
-            indices: Global sample indices; negative ones count from the end.
-            fields: Extensions to read. ``None``: all.
-            int_fields: Extensions parsed as decimal integers.
-            alloc: ``alloc(nbytes) -> (keep, writable buffer)``: the batch buffer.
-
-        Returns:
-            ``(keep, keys, byte_fields, int_fields, offsets, present, ints, index, shards)``:
-            ``offsets`` ``int64 (nf, n + 1)``, ``present`` ``bool (nf, n)``, ``ints`` ``int64
-            (ni, n)`` (``-1`` where missing), ``index`` ``int64 (n,)``, ``shards`` paths.
-
-        Raises:
-            SampleIndexError, TypeError: As :meth:`gather`.
-            FormatError, StaleIndexError, TruncatedError: As :meth:`gather`.
+        See :func:`tarindex.read.batch.gather_packed` (the layout, when ``None`` comes back,
+        the arguments and the errors); ``indices`` are global sample indices, negative ones
+        counting from the end.
         """
         return batch.gather_packed(
             self._pool, self.starts, self._per, indices, fields, int_fields, alloc
