@@ -8,7 +8,7 @@ counts requests and body bytes. Client: this process, no decoding. Rows:
 * server bandwidth: one sequential GET of all the shards concatenated (``all.bin``), one
   concurrent GET per whole shard, and all the shards in 4 MiB ranged GETs 64 in flight, all
   through fsspec; the best of the three is the limit streaming is compared with;
-* random access ``ds[i]`` (one ranged read per sample) and ``ds.shards.get(i)`` without the
+* random access ``ds[i]`` (one ranged read per sample) and ``ds.shards.sample(i)`` without the
   sample prefetch (one request per member: no coalescing);
 * random batches of 64 through ``__getitems__`` (one concurrent round of coalesced ranges
   per batch), list of dicts and ``batched=True``;
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         srv.stats(reset=True)
         t = time.perf_counter()
         for i in picks:
-            ds.shards.get(i)
+            ds.shards.sample(i)
         dt = time.perf_counter() - t
         st = srv.stats()
         row("random access, no coalescing (a request per member)", k, dt, st["bytes_sent"], want,

@@ -29,7 +29,7 @@ def idx(ds: Any) -> list[int]:
 def check_sample(s: dict[str, Any], ss: ShardSet) -> None:
     i = int(s["__index__"])
     assert s["__key__"] == f"{i:08d}" and s["cls"] == b"%d" % (i % 10), s["__key__"]
-    assert s["bin"] == ss.get(i)["bin"] and s["txt"] == f"sample {i}".encode()
+    assert s["bin"] == ss.sample(i)["bin"] and s["txt"] == f"sample {i}".encode()
 
 
 def exactly_once(paths: list[str]) -> None:
@@ -135,7 +135,7 @@ def batched(paths: list[str]) -> None:
         for b in full:
             f = b.fields.index("bin")
             for r, i in enumerate(b.global_index.tolist()):
-                want = ss.get(i)
+                want = ss.sample(i)
                 got = b.data[b.offsets[f, r] : b.offsets[f, r + 1]].tobytes()
                 assert got == want["bin"] and b.ints["cls"][r] == i % 10
                 assert b.keys[r] == want["__key__"] and b.shards[r] == want["__shard__"]

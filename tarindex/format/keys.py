@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "split_key",
     "normalize_name",
+    "lookup_key",
     "check_key",
     "check_ext",
     "no_sample_members",
@@ -46,6 +47,25 @@ def normalize_name(name: bytes) -> bytes:
             name = name[1:]
         else:
             return name
+
+
+def lookup_key(key: str) -> bytes:
+    """A key asked for (a lookup's argument), as the index stores keys (FORMAT.md §4).
+
+    UTF-8 with ``surrogateescape`` (so a key read from a non-UTF-8 name round-trips), then
+    :func:`normalize_name`. The one rule of every key lookup (``ShardReader.find_key``,
+    ``ShardSet.index_of``/``get``, ``TarDataset.get``).
+
+    Raises:
+        TypeError: If ``key`` is not a ``str`` (a sample *index* is read with
+            ``sample(i)`` or ``ds[i]``, not looked up).
+    """
+    if not isinstance(key, str):
+        raise TypeError(
+            f"a sample key is a str, not {type(key).__name__} ({key!r}): read sample i with "
+            f"sample(i) (or ds[i]); get(key) and index_of(key) look a key up"
+        )
+    return normalize_name(key.encode("utf-8", "surrogateescape"))
 
 
 def split_key(name: bytes) -> tuple[bytes, bytes] | None:

@@ -16,20 +16,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..format.keyhash import LOOKUP_SEED, key_hashes
-from ..format.keys import normalize_name
+from ..format.keys import lookup_key, normalize_name
 from ..format.keytable import KeyTable
 from .shard import ShardReader
 from .spanner import locate, shards_of
 
-__all__ = ["normalized", "joined_table", "find_all", "find_many"]
+__all__ = ["joined_table", "find_all", "find_many"]
 
 Open = Callable[[int], ShardReader]
 """``reader(s)``: the open reader of shard ``s``."""
-
-
-def normalized(key: str) -> bytes:
-    """A key as the index stores it: UTF-8 (surrogateescape), normalised (FORMAT.md §4)."""
-    return normalize_name(key.encode("utf-8", "surrogateescape"))
 
 
 def joined_table(reader: Open, starts: list[int]) -> KeyTable:
@@ -75,8 +70,16 @@ def find_many(
 
     Returns:
         ``int64 (len(keys),)`` and ``bool (len(keys),)`` (held by more than one sample).
+
+    Raises:
+        TypeError: If a key is not a ``str`` (:func:`tarindex.format.keys.lookup_key`).
     """
-    raw = [k.encode("utf-8", "surrogateescape") for k in keys]
+    try:  # lookup_key's rule, vectorised: normalize_name only where it changes something
+        raw = [k.encode("utf-8", "surrogateescape") for k in keys]
+    except AttributeError:
+        for key in keys:
+            lookup_key(key)  # raises the one TypeError
+        raise
     raw = [normalize_name(b) if b.startswith((b"./", b"/")) else b for b in raw]
     out = np.full(len(raw), -1, np.int64)
     if not raw:

@@ -9,7 +9,7 @@ Numbering, one contract for every operation:
 
 - A *position* ``i``, ``0 <= i < len(src)`` (negative counts from the end where a single
   index is taken), numbers the source's samples shard by shard in shard order, within a
-  shard in the shard's sample order. :meth:`~SampleSource.get`,
+  shard in the shard's sample order. :meth:`~SampleSource.sample`,
   :meth:`~SampleSource.gather`, :meth:`~SampleSource.gather_packed`,
   :meth:`~SampleSource.take`, :meth:`~SampleSource.prefetch` and
   :meth:`~SampleSource.locate` take positions; the key lookups return them.
@@ -86,7 +86,7 @@ class SampleSource(Protocol):
     def locate(self, i: int) -> tuple[int, int]:
         """Map position ``i`` (negative counts from the end) to its shard position ``(s, j)``.
 
-        ``read_samples(s, j, j + 1)`` is then ``[get(i)]``.
+        ``read_samples(s, j, j + 1)`` is then ``[sample(i)]``.
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
@@ -102,12 +102,21 @@ class SampleSource(Protocol):
         """
         ...
 
-    def get(self, i: int, fields: Fields = None) -> Sample:
+    def get(self, key: str, fields: Fields = None) -> Sample:
+        """The sample whose key is ``key``: ``sample(index_of(key), fields)``.
+
+        Raises:
+            TypeError: If ``key`` is not a ``str``.
+            KeyNotFoundError, AmbiguousKeyError: As :meth:`index_of`.
+        """
+        ...
+
+    def sample(self, i: int, fields: Fields = None) -> Sample:
         """Sample at position ``i``: ``__key__``, ``__shard__``, ``__index__`` and raw bytes.
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
-            StaleIndexError, FormatError: As :meth:`ShardSet.get`.
+            StaleIndexError, FormatError: As :meth:`ShardSet.sample`.
         """
         ...
 
@@ -164,7 +173,7 @@ class SampleSource(Protocol):
         """Samples at positions ``indices``, in order (a streaming window's).
 
         Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`sample`.
         """
         ...
 

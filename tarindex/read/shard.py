@@ -28,7 +28,7 @@ from ..errors import (
     SampleIndexError,
     TarIndexError,
 )
-from ..format.keys import normalize_name
+from ..format.keys import lookup_key
 from ..format.keytable import KeyTable, key_table
 from ..format.spec import BLOCK
 from ..format.zstd_dict import check_dict, dict_entry
@@ -584,10 +584,11 @@ class ShardReader(ShardOpener):
         collision; the candidate's chunk of the tables passes the guards first.
 
         Raises:
+            TypeError: If ``key`` is not a ``str``.
             FormatError: If the key table, or the index tables of a candidate's chunk, are
                 corrupt.
         """
-        kb = normalize_name(key.encode("utf-8", "surrogateescape"))
+        kb = lookup_key(key)
         return self.find_normalized(kb) if kb else None
 
     def find_normalized(self, kb: bytes) -> int | None:

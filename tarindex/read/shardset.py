@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from ..errors import AmbiguousKeyError, KeyNotFoundError
 from ..format.index import read_header
+from ..format.keys import lookup_key
 from ..format.keytable import KeyTable
 from ..format.spec import HEADER, INDEX_SUFFIX
 from ..storage.bytesource import MmapSource, cold_cache
@@ -236,9 +237,10 @@ class ShardSet:
         candidate's key bytes are compared.
 
         Raises:
+            TypeError: If ``key`` is not a ``str`` (an index is read with :meth:`sample`).
             FormatError, StaleIndexError: As :meth:`reader`.
         """
-        kb = keylookup.normalized(key)
+        kb = lookup_key(key)
         if not kb:
             return []
         if self.n_shards == 1:
@@ -300,7 +302,20 @@ class ShardSet:
             self.index_of(keys[int(np.argmax(dup))])  # raises, naming every place
         return out
 
-    def get(self, i: int, fields: Fields = None) -> Sample:
+    def get(self, key: str, fields: Fields = None) -> Sample:
+        """Return the sample whose key is ``key``: ``sample(index_of(key), fields)``.
+
+        ``get`` is a key lookup everywhere in tarindex (here, on a view, on
+        :class:`tarindex.TarDataset`); a global index is read with :meth:`sample`.
+
+        Raises:
+            TypeError: If ``key`` is not a ``str``.
+            KeyNotFoundError, AmbiguousKeyError: As :meth:`index_of`.
+            FormatError, StaleIndexError: As :meth:`sample`.
+        """
+        return self.sample(self.index_of(key), fields)
+
+    def sample(self, i: int, fields: Fields = None) -> Sample:
         """Return global sample ``i`` with ``__key__``, ``__shard__``, ``__index__`` and raw bytes.
 
         Args:
@@ -441,7 +456,7 @@ class ShardSet:
         raises :class:`TruncatedError`, not ``SIGBUS``.
 
         Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`get`.
+            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`sample`.
         """
         indices = check_indices(indices, self._starts_list[-1]).tolist()  # the one index rule
         got = kernel.kernel.take(indices, self._starts_bytes, self._per, self._readers, self.paths)

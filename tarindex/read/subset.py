@@ -34,7 +34,7 @@ class ShardSubset:
     repeats), so the view keeps the base's shard order and, within a shard, its sample order.
     Numbering (the contract of :mod:`tarindex.read.sample_source`, the same for every method):
 
-    - positions ``0 <= i < len(view)``: :meth:`get`, :meth:`gather`, :meth:`gather_packed`,
+    - positions ``0 <= i < len(view)``: :meth:`sample`, :meth:`gather`, :meth:`gather_packed`,
       :meth:`take`, :meth:`prefetch`, :meth:`locate` take them, the key lookups return them;
     - shard positions ``(s, j)``, ``0 <= j < counts[s]``, are position ``starts[s] + j``
       (``counts``, ``starts``: the view's); :meth:`locate` returns them and the block reads
@@ -129,7 +129,7 @@ class ShardSubset:
     def locate(self, i: int) -> tuple[int, int]:
         """Map position ``i`` to its shard position ``(s, j)``: ``j`` counts the view's samples.
 
-        ``read_samples(s, j, j + 1)`` is ``[get(i)]``; ``s`` is also the base's shard.
+        ``read_samples(s, j, j + 1)`` is ``[sample(i)]``; ``s`` is also the base's shard.
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
@@ -144,14 +144,24 @@ class ShardSubset:
         out: NDArray[np.int64] = self.indices[check_indices(indices, len(self.indices))]
         return out
 
-    def get(self, i: int, fields: Fields = None) -> Sample:
+    def get(self, key: str, fields: Fields = None) -> Sample:
+        """The view's sample whose key is ``key``: ``sample(index_of(key), fields)``.
+
+        Raises:
+            TypeError: If ``key`` is not a ``str``.
+            KeyNotFoundError, AmbiguousKeyError: As :meth:`index_of` (a key outside the view
+                is not found).
+        """
+        return self.sample(self.index_of(key), fields)
+
+    def sample(self, i: int, fields: Fields = None) -> Sample:
         """Sample at position ``i`` (``__index__``: its index in the base).
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
-            StaleIndexError, FormatError: As :meth:`ShardSet.get`.
+            StaleIndexError, FormatError: As :meth:`ShardSet.sample`.
         """
-        return self.base.get(self.base_index(i), fields)
+        return self.base.sample(self.base_index(i), fields)
 
     def gather(
         self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None

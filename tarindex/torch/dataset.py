@@ -1,6 +1,6 @@
 """TarDataset: a map-style torch Dataset over indexed tar shards, O(1) per sample.
 
-Reads are the core's (:meth:`tarindex.ShardSet.get`, ``__getitems__`` batches through
+Reads are the core's (:meth:`tarindex.ShardSet.sample`, ``__getitems__`` batches through
 :func:`tarindex.torch.collate.fetch_batched`); decode, select and transform are
 :class:`tarindex.stream.finish.Finisher`'s, the same as the streaming datasets'.
 """
@@ -174,13 +174,13 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
     def raw(self, i: int) -> Sample:
         """Return sample ``i`` undecoded and untransformed (bytes per extension)."""
-        return self.shards.get(i, self.fields)
+        return self.shards.sample(i, self.fields)
 
     def __getitem__(self, i: int) -> Any:
         shards = self.shards
         if shards.remote:  # one ranged read for the sample's members
             shards.prefetch([i], self.fields)
-        sample = shards.get(i, self.fields)  # TypeError unless an int, as list indexing
+        sample = shards.sample(i, self.fields)  # TypeError unless an int, as list indexing
         if self.select is None and self.decoder is None and self.transform is None:
             return sample  # raw bytes: the common hot path, no call more
         return self.finisher(sample)
@@ -197,8 +197,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             from .collate import fetch_batched
 
             return fetch_batched(self.shards, indices, fields=self.fields)  # type: ignore[return-value]
-        get, fields = self.shards.get, self.fields
-        samples = [get(i, fields) for i in indices]
+        read, fields = self.shards.sample, self.fields
+        samples = [read(i, fields) for i in indices]
         if self.decoder is None and self.select is None and self.transform is None:
             return samples
         finish = self.finisher
@@ -234,7 +234,11 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     def get(self, key: str) -> Any:
         """Return the sample whose key is ``key``, as ``ds[ds.index_of(key)]`` (decoded, transformed).
 
+        ``get`` is a key lookup everywhere (:meth:`tarindex.ShardSet.get` gives the raw
+        sample); sample ``i`` is ``ds[i]``.
+
         Raises:
+            TypeError: If ``key`` is not a ``str``.
             KeyNotFoundError, AmbiguousKeyError: As :meth:`index_of`.
         """
         return self[self.shards.index_of(key)]

@@ -323,7 +323,7 @@ class View:
         if cls_ext and n:
             ext = sorted(cls_ext)[0]
             for i in np.unique(np.linspace(0, n - 1, min(n, CLS_SAMPLES)).astype(np.int64)):
-                smp = ss.get(int(i), (ext,))
+                smp = ss.sample(int(i), (ext,))
                 if ext in smp:
                     read += 1
                     cls_hist[bytes(smp[ext]).decode("utf-8", "replace").strip()[:40]] += 1

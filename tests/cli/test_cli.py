@@ -322,7 +322,7 @@ def test_pack_class_folders(tmp_path: Path, capsys: Cap) -> None:
     ds = tarindex.ShardSet(str(out / "train-*.tar"))
     got = {}
     for i in range(len(ds)):
-        s = ds.get(i)
+        s = ds.sample(i)
         got[s["__key__"]] = (s["png"], int(s["cls"]))
     assert got == {
         "bird/deep/x": (files["bird/deep/x.png"], 0),

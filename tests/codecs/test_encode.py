@@ -35,7 +35,7 @@ def _write_one(path: Path, sample: dict[str, Any]) -> str:
 
 
 def _ours(path: str, image: str = "pil", allow_pickle: bool = True) -> dict[str, Any]:
-    raw = tarindex.ShardSet(path).get(0)
+    raw = tarindex.ShardSet(path).sample(0)
     return ExtDecoder(image, allow_pickle=allow_pickle)(raw)
 
 
@@ -87,7 +87,7 @@ def test_pth_roundtrip(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     value = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": 4}
     path = _write_one(tmp_path / "one.tar", {"pth": value})
-    raw = tarindex.ShardSet(path).get(0)["pth"]
+    raw = tarindex.ShardSet(path).sample(0)["pth"]
     got = torch.load(io.BytesIO(raw), weights_only=True)
     assert torch.equal(got["w"], value["w"]) and got["step"] == 4
     ours = _ours(path, allow_pickle=False)["pth"]  # torch.load(weights_only=True)
@@ -101,7 +101,7 @@ def test_msgpack_roundtrip(tmp_path: Path, ext: str) -> None:
     msgpack = pytest.importorskip("msgpack")
     value = {"a": [1, 2], "b": b"\x01\x02", "s": "é"}
     path = _write_one(tmp_path / "one.tar", {ext: value})
-    raw = tarindex.ShardSet(path).get(0)[ext]
+    raw = tarindex.ShardSet(path).sample(0)[ext]
     assert msgpack.unpackb(raw) == value
     assert _ours(path)[ext] == value
     if ext != "msgpack":  # webdataset decodes mp and msg (its writer also writes msgpack)
@@ -112,7 +112,7 @@ def test_cbor_roundtrip(tmp_path: Path) -> None:
     cbor2 = pytest.importorskip("cbor2")
     value = {"a": [1, 2], "b": b"\x01", "f": 1.5}
     path = _write_one(tmp_path / "one.tar", {"cbor": value})
-    assert cbor2.loads(tarindex.ShardSet(path).get(0)["cbor"]) == value
+    assert cbor2.loads(tarindex.ShardSet(path).sample(0)["cbor"]) == value
     assert _ours(path)["cbor"] == value
 
 
@@ -160,7 +160,7 @@ def test_image_roundtrip(
     # the member is the format the extension names, and webdataset reads it
     fmt = {"jpg": "JPEG", "jpeg": "JPEG", "tif": "TIFF", "pgm": "PPM", "ppm": "PPM"}
     last = ext.rsplit(".", 1)[-1]
-    with Image.open(io.BytesIO(tarindex.ShardSet(path).get(0)[ext])) as im:
+    with Image.open(io.BytesIO(tarindex.ShardSet(path).sample(0)[ext])) as im:
         assert im.format == fmt.get(last, last.upper())
     if last != "webp":  # webdataset's image decoder opens webp too, but check the common ones
         spec = {"rgb8": "rgb8", "l8": "l8", "pilrgba": "rgba8"}[mode]
@@ -213,7 +213,7 @@ def test_tarwriter_single_file_any_name(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["100% data.tar", "100% data.tar.tidx"]
     assert sink.paths == [str(path)]
     ds = tarindex.ShardSet(str(path))
-    assert len(ds) == 2500 and int(ds.get(2499)["cls"]) == 9
+    assert len(ds) == 2500 and int(ds.sample(2499)["cls"]) == 9
     if have("tar"):
         out = subprocess.run(["tar", "-tf", str(path)], capture_output=True, check=True, text=True)
         assert out.stdout.split()[:2] == ["sample000000.cls", "sample000001.cls"]
@@ -248,12 +248,12 @@ def test_tutorial_tarwriter_with_pyd(tmp_path: Path) -> None:
     ours = tarindex.ShardSet("mnist.tar")
     dec = ExtDecoder(allow_pickle=True)
     for i in (0, 157, 299):
-        s = dec(ours.get(i))
+        s = dec(ours.sample(i))
         assert s["__key__"] == f"sample{i:06d}" and s["output.pyd"] == dataset[i][1]
         assert np.array_equal(np.asarray(s["input.pyd"]), np.asarray(dataset[i][0]))
     # without allow_pickle the pickles stay bytes
-    assert isinstance(ExtDecoder()(ours.get(0))["input.pyd"], bytes)
-    assert pickle.loads(ours.get(0)["output.pyd"]) == dataset[0][1]
+    assert isinstance(ExtDecoder()(ours.sample(0))["input.pyd"], bytes)
+    assert pickle.loads(ours.sample(0)["output.pyd"]) == dataset[0][1]
 
 
 def test_encoder_true_and_false_as_webdataset(tmp_path: Path) -> None:
@@ -261,7 +261,7 @@ def test_encoder_true_and_false_as_webdataset(tmp_path: Path) -> None:
         w.write({"__key__": "a", "txt": "é", "bin": b"\x00"})
         with pytest.raises(tarindex.errors.WriterError, match="encoder=False takes bytes or str"):
             w.write({"__key__": "b", "cls": 3})
-    assert tarindex.ShardSet(str(tmp_path / "f.tar")).get(0)["txt"] == "é".encode()
+    assert tarindex.ShardSet(str(tmp_path / "f.tar")).sample(0)["txt"] == "é".encode()
     with tarindex.TarWriter(str(tmp_path / "t.tar"), encoder=True) as w:
         w.write({"__key__": "a", "cls": 3})
-    assert tarindex.ShardSet(str(tmp_path / "t.tar")).get(0)["cls"] == b"3"
+    assert tarindex.ShardSet(str(tmp_path / "t.tar")).sample(0)["cls"] == b"3"

@@ -65,7 +65,7 @@ def test_compress_is_transparent_when_decoding(tmp_path: Path) -> None:
     data = samples(50)
     plain = write(tmp_path / "plain-%02d.tar", data)
     zst = write(tmp_path / "zst-%02d.tar", data, compress=("json", "txt"))
-    raw = tarindex.ShardSet(zst).get(3)
+    raw = tarindex.ShardSet(zst).sample(3)
     # raw samples show the members as stored: EXT.zst, one zstd frame each
     assert list(raw)[:5] == ["__key__", "json.zst", "txt.zst", "cls", "bin"]
     assert zstandard.frame_content_size(raw["json.zst"]) == len(json.dumps(data[3]["json"]))
@@ -76,9 +76,9 @@ def test_compress_is_transparent_when_decoding(tmp_path: Path) -> None:
     both = write(
         tmp_path / "all-%02d.tar", [{"__key__": "a", "json.zst": [1], "npy": np.arange(3)}]
     )
-    assert list(tarindex.ShardSet(both).get(0))[:3] == ["__key__", "json.zst", "npy"]
+    assert list(tarindex.ShardSet(both).sample(0))[:3] == ["__key__", "json.zst", "npy"]
     every = write(tmp_path / "every-%02d.tar", data[:2], compress=True)
-    assert sorted(tarindex.ShardSet(every).get(0)) == sorted(
+    assert sorted(tarindex.ShardSet(every).sample(0)) == sorted(
         ["__key__", "__shard__", "__index__", "json.zst", "txt.zst", "cls.zst", "bin.zst"]
     )
     assert decoded(every, 1) == decoded(plain, 1)
@@ -229,7 +229,7 @@ def test_each_shard_trains_its_own_dictionary(tmp_path: Path) -> None:
     assert len(set(ids)) == 3
     # 103 samples in the last shard: trained too; samples in order across shards
     ds = tarindex.ShardSet(paths)
-    assert [ds.get(i)["__key__"] for i in (0, 199, 200, 702)] == [
+    assert [ds.sample(i)["__key__"] for i in (0, 199, 200, 702)] == [
         data[i]["__key__"] for i in (0, 199, 200, 702)
     ]
     assert decoded(paths, 650)["json"] == data[650]["json"]
@@ -302,4 +302,4 @@ def test_ext_and_compressed_ext_in_one_sample(tmp_path: Path) -> None:
             w.write({"__key__": "a", "json": [1], "json.zst": [2]})
     (p,) = write(tmp_path / "y-%02d.tar", [{"__key__": "a", "txt": "x", "txt.zst": "y"}])
     with pytest.raises(tarindex.DecodeError, match="both decode to 'txt'"):
-        ExtDecoder()(tarindex.ShardSet(p).get(0))
+        ExtDecoder()(tarindex.ShardSet(p).sample(0))

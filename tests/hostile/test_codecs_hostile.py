@@ -386,7 +386,7 @@ import json, sys
 import tarindex
 from tarindex.codecs.decode import ExtDecoder
 shards = tarindex.ShardSet(sys.argv[1])
-sample = shards.get(0)
+sample = shards.sample(0)
 before = hwm_kib()
 try:
     ExtDecoder()(sample)

@@ -2,7 +2,7 @@
 
 The rule for indexes: the cheap checks at open (the ShardReader default) never lead to a
 crash, a hang, a short or wrong member returned silently, or a non-tarindex exception from
-``sample(j)`` / ``ShardSet.get(i)``; ``full_check=True`` catches every inconsistency up front.
+``sample(j)`` / ``ShardSet.sample(i)``; ``full_check=True`` catches every inconsistency up front.
 Filesystem problems surface as the usual ``OSError`` subclasses.
 """
 
@@ -153,7 +153,7 @@ def test_huge_header_counts_fail_fast_without_allocating(
     except FormatError:
         return
     with pytest.raises(TarIndexError):
-        ss.get(0)
+        ss.sample(0)
 
 
 @FAST
@@ -191,7 +191,7 @@ def test_zero_samples_reads_cleanly(tmp_path: Path) -> None:
     ss = tarindex.ShardSet(str(p))
     assert len(ss) == 0
     with pytest.raises(SampleIndexError):
-        ss.get(0)
+        ss.sample(0)
 
 
 # --- tables: pointers, ids, ranges ----------------------------------------------------------
@@ -250,7 +250,7 @@ def test_corrupt_tables_never_misread(tmp_path: Path, case: str, use_mmap: bool)
     ss = tarindex.ShardSet(str(tar), use_mmap=use_mmap)
     with pytest.raises(FormatError):
         for i in range(len(ss)):
-            ss.get(i)
+            ss.sample(i)
     with pytest.raises(FormatError) as e:
         tarindex.ShardReader(str(tar), full_check=True)
     _assert_names_file_offset_fix(e.value, idx)
@@ -348,7 +348,7 @@ def test_index_of_a_different_tar_is_stale(tmp_path: Path) -> None:
         tarindex.ShardReader(str(tar))
     ss = tarindex.ShardSet(str(tar))  # header only
     with pytest.raises(StaleIndexError):
-        ss.get(0)
+        ss.sample(0)
 
 
 def test_index_rebuilt_under_a_shardset_is_stale(tmp_path: Path) -> None:
@@ -368,7 +368,7 @@ def test_index_rebuilt_under_a_shardset_is_stale(tmp_path: Path) -> None:
     )
     tarindex.ShardReader(str(tar), full_check=True).close()
     with pytest.raises(StaleIndexError, match="ShardSet"):
-        ss.get(n - 1)
+        ss.sample(n - 1)
 
 
 @pytest.mark.timeout(10)
@@ -764,14 +764,14 @@ def test_sources_that_match_nothing(tmp_path: Path) -> None:
 def test_shardset_index_types(tmp_path: Path) -> None:
     tar, _ = _golden(tmp_path)
     ss = tarindex.ShardSet(str(tar))
-    assert ss.get(cast(int, np.int64(2)))["__key__"] == "s002"  # numpy ints are accepted too
-    assert ss.get(-1)["__key__"] == EXPECTED[-1]["__key__"]
+    assert ss.sample(cast(int, np.int64(2)))["__key__"] == "s002"  # numpy ints are accepted too
+    assert ss.sample(-1)["__key__"] == EXPECTED[-1]["__key__"]
     for bad in (1.5, "1", None):
         with pytest.raises(TypeError):
-            ss.get(bad)  # type: ignore[arg-type]
+            ss.sample(bad)  # type: ignore[arg-type]
     for bad_i in (len(ss), -len(ss) - 1, 2**70):
         with pytest.raises(SampleIndexError):
-            ss.get(bad_i)
+            ss.sample(bad_i)
     with tarindex.ShardReader(str(tar)) as r:
         for j in (-1, 6, 2**70):
             for f in (r.sample, r.key, r.member_slice):

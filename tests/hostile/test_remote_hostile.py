@@ -74,14 +74,14 @@ def test_a_reply_for_another_range_of_the_right_length_is_refused(
     url = f"{srv.url}/train-000000.tar"
     ss = tarindex.ShardSet(url)
     local = tarindex.ShardSet(paths[0])
-    assert ss.get(3)["bin"] == local.get(3)["bin"]
+    assert ss.sample(3)["bin"] == local.sample(3)["bin"]
     srv.shift = 512  # 206, Content-Range "bytes a+512-b+511/size", that many bytes
     msg = r"train-000000\.tar: asked for bytes \d+\.\.\d+, the reply says it holds bytes"
     with pytest.raises(RemoteError, match=msg):
-        ss.get(5)
+        ss.sample(5)
     with pytest.raises(RemoteError, match=msg):
         ss.prefetch([7, 9])
-        ss.get(7)
+        ss.sample(7)
 
 
 @pytest.mark.parametrize("honours_if_match", [True, False])
@@ -93,10 +93,10 @@ def test_an_object_replaced_after_open_is_stale_not_read(
     url = f"{srv.url}/train-000000.tar"
     ss = tarindex.ShardSet(url)
     j = _middle_sample(paths[0])
-    assert ss.get(0)["__key__"] == "00000000"
+    assert ss.sample(0)["__key__"] == "00000000"
     _replace_same_size(paths[0])
     with pytest.raises(StaleIndexError, match=r"train-000000\.tar: the remote object changed"):
-        ss.get(j)
+        ss.sample(j)
 
 
 def test_weak_etags_and_servers_without_head_are_read_and_still_pinned(
@@ -108,15 +108,15 @@ def test_weak_etags_and_servers_without_head_are_read_and_still_pinned(
     url = f"{srv.url}/train-000000.tar"
     ss = tarindex.ShardSet(url)
     local = tarindex.ShardSet(paths[0])
-    assert [ss.get(i)["bin"] for i in range(0, SIZES[0], 7)] == [
-        local.get(i)["bin"] for i in range(0, SIZES[0], 7)
+    assert [ss.sample(i)["bin"] for i in range(0, SIZES[0], 7)] == [
+        local.sample(i)["bin"] for i in range(0, SIZES[0], 7)
     ]
     pin = ss.reader(0).source.pin  # type: ignore[attr-defined]
     assert pin.size == os.path.getsize(paths[0]) and pin.etag.startswith("W/")
     j = _middle_sample(paths[0])
     _replace_same_size(paths[0])
     with pytest.raises(StaleIndexError, match=r"train-000000\.tar: the remote object changed"):
-        ss.get(j)
+        ss.sample(j)
 
 
 def test_a_replaced_object_is_stale_through_the_cache_too(
@@ -128,12 +128,12 @@ def test_a_replaced_object_is_stale_through_the_cache_too(
     local = tarindex.ShardSet(paths[0])
     ss = tarindex.ShardSet(url, remote=opts)
     j = _middle_sample(paths[0])
-    assert ss.get(0)["bin"] == local.get(0)["bin"]
+    assert ss.sample(0)["bin"] == local.sample(0)["bin"]
     key_before = ss.reader(0).source.key  # type: ignore[attr-defined]
     _replace_same_size(paths[0])
     with pytest.raises(StaleIndexError, match=r"train-000000\.tar: the remote object changed"):
-        ss.get(j)
-    assert ss.get(0)["bin"] == local.get(0)["bin"]  # a chunk of the version opened
+        ss.sample(j)
+    assert ss.sample(0)["bin"] == local.sample(0)["bin"]  # a chunk of the version opened
     # a new open pins the new version: its bytes are cached under another key
     src = remote.RemoteSource.open(url, opts, "same index")
     assert src.key != key_before and src.pin is not None
@@ -168,7 +168,7 @@ def test_a_trickling_server_meets_the_deadline(served: tuple[RangeServer, list[s
     srv.trickle = 0.3  # one byte every 0.3 s: never a read timeout, never done
     t0 = time.monotonic()
     with pytest.raises(RemoteError, match=r"train-000000\.tar: bytes \d+\.\.\d+: still failing.*deadline"):
-        ss.get(5)
+        ss.sample(5)
     assert time.monotonic() - t0 < 10
 
 
@@ -177,13 +177,13 @@ def test_a_503_on_the_size_request_is_retried(served: tuple[RangeServer, list[st
     url = f"{srv.url}/train-000000.tar"
     srv.fail_head = 2
     ss = tarindex.ShardSet(url, remote=RemoteOptions(backoff=0.01))
-    assert ss.get(4)["bin"] == tarindex.ShardSet(paths[0]).get(4)["bin"]
+    assert ss.sample(4)["bin"] == tarindex.ShardSet(paths[0]).sample(4)["bin"]
     assert srv.fail_head == 0
     srv.fail_head = 100
     remote.forget_process_state()
     ss2 = tarindex.ShardSet(url, remote=RemoteOptions(backoff=0.01, retries=2))
     with pytest.raises(RemoteError, match=r"train-000000\.tar: cannot get its size: .*503"):
-        ss2.get(4)
+        ss2.sample(4)
 
 
 def test_a_corrupt_cached_index_is_dropped_and_fetched_again(
@@ -202,7 +202,7 @@ def test_a_corrupt_cached_index_is_dropped_and_fetched_again(
     remote.forget_process_state()
     with pytest.warns(RuntimeWarning, match=f"{entry}: the cached index of .* is corrupt"):
         ss = tarindex.ShardSet(url, remote=opts)
-    assert ss.get(2)["bin"] == tarindex.ShardSet(paths[0]).get(2)["bin"]
+    assert ss.sample(2)["bin"] == tarindex.ShardSet(paths[0]).sample(2)["bin"]
     assert Path(entry).read_bytes() == Path(paths[0] + ".tidx").read_bytes()  # fetched again
 
 

@@ -28,7 +28,7 @@ def keys(s):
 
 for field in ("bin", "cls"):
     got = {
-        "get": keys(ss.get(1, field)),
+        "get": keys(ss.sample(1, field)),
         "gather": keys(ss.gather([1, 0], field).to_samples()[0]),
         "read_block": keys(ss.read_block(0, 0, 2, field).to_samples()[1]),
         "read_samples": keys(ss.read_samples(0, 0, 2, field)[1]),
@@ -45,7 +45,7 @@ for field in ("bin", "cls"):
         print(field, name, k, flush=True)
         assert k == [field], (name, k)
 try:
-    ss.get(0, [b"bin"])
+    ss.sample(0, [b"bin"])
 except TypeError as e:
     print("refused", e)
 else:

@@ -43,7 +43,7 @@ def _paths(shards: list[str]) -> dict[str, Callable[[Any], object]]:
 
     return {
         "ds[i]": lambda i: ds[i],
-        "get": lambda i: ss.get(i),
+        "get": lambda i: ss.sample(i),
         "locate": lambda i: ss.locate(i),
         "gather": lambda i: ss.gather([0, i]),
         "gather ndarray": lambda i: ss.gather(np.asarray([i])),
@@ -90,7 +90,7 @@ def test_good_indices_agree(make_shards: MakeShards, kernel_mode: str) -> None:
     keys = [f"{i:08d}" for i in range(10)]
     for i in (0, 7, -1, -10, np.int64(3), np.uint64(9), np.int8(-2)):
         want = keys[int(i)]
-        assert ss.get(i)["__key__"] == want  # type: ignore[arg-type]
+        assert ss.sample(i)["__key__"] == want  # type: ignore[arg-type]
         assert ss.gather([i]).to_samples()[0]["__key__"] == want  # type: ignore[list-item]
         assert ss.take([i])[0]["__key__"] == want  # type: ignore[list-item]
 
@@ -98,7 +98,7 @@ def test_good_indices_agree(make_shards: MakeShards, kernel_mode: str) -> None:
         def __index__(self) -> int:
             return 4
 
-    assert ss.get(Four())["__key__"] == keys[4]  # type: ignore[arg-type]  # as list indexing
+    assert ss.sample(Four())["__key__"] == keys[4]  # type: ignore[arg-type]  # as list indexing
     assert ss.gather([Four(), 1]).to_samples()[0]["__key__"] == keys[4]  # type: ignore[list-item]
     u = np.asarray([9, 0, 2**63 - 1], np.uint64)
     with pytest.raises(SampleIndexError, match="9223372036854775807 out of range"):
@@ -106,7 +106,7 @@ def test_good_indices_agree(make_shards: MakeShards, kernel_mode: str) -> None:
     got = ss.gather(np.asarray([9, 0], np.uint64)).to_samples()
     assert [s["__key__"] for s in got] == [keys[9], keys[0]]
     assert (
-        TarDataset(shards, subset=np.asarray([4, 1], np.uint64)).shards.get(0)["__key__"] == keys[1]
+        TarDataset(shards, subset=np.asarray([4, 1], np.uint64)).shards.sample(0)["__key__"] == keys[1]
     )
     with pytest.raises(SampleIndexError, match=r"-1 out of range \[0, 10\)"):
         TarDataset(shards, subset=[-1])  # a subset's indices do not count from the end

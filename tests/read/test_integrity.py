@@ -103,7 +103,7 @@ def test_flipped_index_bit_refused_at_first_open(tmp_path: Path) -> None:
             tarindex.ShardReader(str(tar))
         ds = tarindex.ShardSet(str(tar))
         with pytest.raises(ChecksumError):
-            ds.get(0)
+            ds.sample(0)
         # the documented opt-out for huge indexes skips the crc32 (the guards still apply)
         try:
             with tarindex.ShardReader(str(tar), check_crc=False) as r:
@@ -133,9 +133,9 @@ def test_data_checksums_verify_and_read(tmp_path: Path) -> None:
 
     assert main(["verify", "--data", str(tar)]) == 1
     ss = tarindex.ShardSet(str(tar), verify_data=True)
-    assert ss.get(10)["__key__"] == "0010"
+    assert ss.sample(10)["__key__"] == "0010"
     for read in (
-        lambda: ss.get(11),
+        lambda: ss.sample(11),
         lambda: ss.gather([3, 11]),
         lambda: ss.read_block(0, 8, 14),
         lambda: ss.reader(0).gather(np.array([11])),
@@ -143,7 +143,7 @@ def test_data_checksums_verify_and_read(tmp_path: Path) -> None:
         with pytest.raises(ChecksumError, match=f"byte {int(t.offset[m])}: member 0011.bin"):
             read()
     assert ss.read_block(0, 0, 11, ("bin",)).to_samples()[10]["__key__"] == "0010"
-    assert ss.get(11, ("cls",))["cls"] == b"11"  # the bad member is not read: no error
+    assert ss.sample(11, ("cls",))["cls"] == b"11"  # the bad member is not read: no error
 
 
 def test_verify_data_needs_checksums(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def _ref(paths: list[str]) -> list[dict[str, Any]]:
     ss = tarindex.ShardSet(paths)
-    return [ss.get(i) for i in range(len(ss))]
+    return [ss.sample(i) for i in range(len(ss))]
 
 
 def _project(s: dict[str, Any], fields: tuple[str, ...] | None) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def test_block_gather_sample_agree(
             want["__shard__"] = paths[s]
             assert got[k] == want
     for i in rng.integers(0, len(ss), 50).tolist():
-        assert ss.get(i, fields) == _project(ref[i], fields)
+        assert ss.sample(i, fields) == _project(ref[i], fields)
     # ShardSet.gather: one block across shards, in the order asked (repeats, negatives)
     order = rng.integers(-len(ss), len(ss), 64)
     g = ss.gather(order, fields)
@@ -200,7 +200,7 @@ _COUNT_FDS = textwrap.dedent(
     assert ds.n_shards == 200
     peak = 0
     for n, i in enumerate(np.random.default_rng(0).permutation(len(ds)).tolist()):
-        assert ds.get(i)["cls"] == str(i).encode()
+        assert ds.sample(i)["cls"] == str(i).encode()
         if n % 10 == 0:
             peak = max(peak, len(os.listdir("/proc/self/fd")))
     print(peak)
@@ -291,7 +291,7 @@ def test_emfile_closes_readers_and_warns(make_shards: MakeShards) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + 20, hard))
         with pytest.warns(ResourceWarning, match="too many open files"):
             for i in range(len(ss)):
-                assert ss.get(i)["cls"] == str(i % 10).encode()
+                assert ss.sample(i)["cls"] == str(i % 10).encode()
     finally:
         ss.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -442,10 +442,10 @@ def test_a_kernel_read_keeps_the_pools_lru_order(
     for read in ("get", "take"):
         ds = tarindex.ShardSet(paths, max_open=2)
         r0, r1 = ds.reader(0), ds.reader(1)  # opens shards 0, 1
-        ds.get(0), ds.get(4)  # checks their chunks; shard 0 the least recently used
+        ds.sample(0), ds.sample(4)  # checks their chunks; shard 0 the least recently used
         assert r0.hot.tables is not None  # mapped: the kernel reads it
-        again = ds.get(1) if read == "get" else ds.take([1, 2])[0]  # a kernel hit on shard 0
+        again = ds.sample(1) if read == "get" else ds.take([1, 2])[0]  # a kernel hit on shard 0
         assert again["__shard__"] == paths[0]
-        ds.get(8)  # opens shard 2: the least recently used (shard 1) is closed
+        ds.sample(8)  # opens shard 2: the least recently used (shard 1) is closed
         assert (r0.index is not None, r1.index is None) == (True, True), read
         ds.close()

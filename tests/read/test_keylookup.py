@@ -205,6 +205,36 @@ def test_shardset_and_dataset_index_of_get_and_duplicates(tmp_path: Path) -> Non
     assert "_keyidx" not in ds2.shards.__dict__ and ds2.index_of("00000007") == 7
 
 
+def test_get_is_a_key_lookup_everywhere_and_sample_reads_an_index(tmp_path: Path) -> None:
+    """Issue 18: ``get(key)`` looks a key up on every reader of samples; ``sample(i)`` reads
+    index ``i``. An index passed to ``get`` (the old ``ShardSet.get(i)``) is a TypeError that
+    names ``sample(i)``, never a silent read of another sample."""
+    paths = write_shards(tmp_path, 250, 100)
+    ss = tarindex.ShardSet(paths)
+    got = ss.get("00000123", ("cls",))
+    assert got == ss.sample(123, ("cls",)) and got["__index__"] == 123
+    assert ss.get("./00000007")["__key__"] == "00000007"  # the key rule of index_of
+    sub = tarindex.read.subset.ShardSubset(ss, [5, 123, 200])
+    assert sub.get("00000200")["__index__"] == 200 == sub.sample(2)["__index__"]
+    with pytest.raises(KeyNotFoundError):
+        sub.get("00000006")  # in the dataset, not in the view
+    for src in (ss, sub):
+        for bad in (3, np.int64(3), b"00000003", None):
+            with pytest.raises(TypeError, match=r"sample\(i\)"):
+                src.get(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"sample\(i\)"):
+            src.index_of(3)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"sample\(i\)"):
+            src.index_of_many(["00000001", 3])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"sample\(i\)"):
+        ss.reader(0).find_key(3)  # type: ignore[arg-type]
+    pytest.importorskip("torch")
+    ds = tarindex.TarDataset(paths)
+    assert ds.get("00000042") == ds[42]
+    with pytest.raises(TypeError, match=r"sample\(i\)"):
+        ds.get(42)
+
+
 def cli(capsysbinary: pytest.CaptureFixture[bytes], *argv: str) -> tuple[int, bytes, str]:
     code = main(list(argv))
     got = capsysbinary.readouterr()

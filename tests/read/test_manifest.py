@@ -64,7 +64,7 @@ def test_a_manifest_over_10000_shards_opens_in_one_read(tmp_path: Path) -> None:
     ss = tarindex.ShardSet(m)
     assert len(ss) == 30_000 and ss.paths[1234].endswith("s-001234.tar")
     with pytest.raises(StaleManifestError, match=r"s-000003\.tar: shard 3 of manifest .*missing"):
-        ss.get(10)
+        ss.sample(10)
 
 
 def test_relative_paths_survive_moving_the_dataset(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_relative_paths_survive_moving_the_dataset(tmp_path: Path) -> None:
         os.chdir(tmp_path)  # a relative manifest path resolves too
         ss = tarindex.ShardSet("moved/data.json")
         assert ss.paths[0] == "moved/train-000000.tar"
-        assert [ss.get(i)["__key__"] for i in (0, 25, 49)] == [
+        assert [ss.sample(i)["__key__"] for i in (0, 25, 49)] == [
             "train000000",
             "train000025",
             "train000049",
@@ -149,8 +149,8 @@ def test_stale_manifest_samples_count(tmp_path: Path) -> None:
             w.write({"__key__": f"n{i}", "cls": i})
     ss = tarindex.ShardSet(m)
     with pytest.raises(StaleManifestError, match=r"\(samples now 21, the manifest says 20\)"):
-        ss.get(0)
-    assert ss.get(20)["__key__"] == "train000020"
+        ss.sample(0)
+    assert ss.sample(20)["__key__"] == "train000020"
 
 
 def test_bad_manifests_are_refused_with_the_field(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ def write(root: Path, ids: range | list[int], per: int, name: str = "s") -> list
 
 
 def parts_by_key(ss: tarindex.ShardSet, parts: dict[str, Any]) -> dict[str, set[str]]:
-    return {p: {ss.get(int(i))["__key__"] for i in idx} for p, idx in parts.items()}
+    return {p: {ss.sample(int(i))["__key__"] for i in idx} for p, idx in parts.items()}
 
 
 def test_thresholds_and_parts() -> None:
@@ -105,21 +105,21 @@ def test_subset_view_map_style(tmp_path: Path) -> None:
     assert val.paths == ss.paths and val.open_bound == ss.open_bound
     assert len(val) == len(parts["val"]) and int(val.counts.sum()) == len(val)
     for i in (0, 7, -1):
-        smp = val.get(i)
+        smp = val.sample(i)
         assert (
             smp["__index__"] == int(parts["val"][i])
-            and smp["__key__"] == ss.get(int(parts["val"][i]))["__key__"]
+            and smp["__key__"] == ss.sample(int(parts["val"][i]))["__key__"]
         )
     blk = val.gather([3, 0, 3])
     assert blk.index.tolist() == [int(parts["val"][j]) for j in (3, 0, 3)]
-    k = val.get(5)["__key__"]
+    k = val.sample(5)["__key__"]
     assert val.index_of(k) == 5
-    outside = ss.get(int(parts["train"][0]))["__key__"]
+    outside = ss.sample(int(parts["train"][0]))["__key__"]
     assert val.index_of_many([k, outside, "nope"]).tolist() == [5, -1, -1]
     with pytest.raises(KeyNotFoundError):
-        val.index_of(ss.get(int(parts["train"][0]))["__key__"])  # in the dataset, not the part
+        val.index_of(ss.sample(int(parts["train"][0]))["__key__"])  # in the dataset, not the part
     with pytest.raises(SampleIndexError):
-        val.get(len(val))
+        val.sample(len(val))
     with pytest.raises(SampleIndexError):
         ShardSubset(ss, [500])
     twice = ShardSubset(val, [1, 2])  # a subset of a subset is a subset of the base
@@ -222,6 +222,6 @@ def test_subset_take_reads_the_view_samples(tmp_path: Path) -> None:
     order = [0, 3, -1, 2, 2, 6, 1, 4, 5]
     got = val.take(order)
     assert [s["__index__"] for s in got] == [idx[i] for i in order]
-    assert [s["cls"] for s in got] == [ss.get(idx[i])["cls"] for i in order]
+    assert [s["cls"] for s in got] == [ss.sample(idx[i])["cls"] for i in order]
     with pytest.raises(SampleIndexError):
         val.take([7])

@@ -61,19 +61,19 @@ def check_contract(src: SampleSource, whole: tarindex.ShardSet, index: NDArray[n
     assert src.paths == whole.paths and src.n_shards == whole.n_shards == len(src.counts)
     assert src.remote is whole.remote and src.open_bound == whole.open_bound
     for i in [*range(n), -1, -n]:
-        want = items(whole.get(int(index[i])))
-        assert items(src.get(i)) == want and want["__index__"] == int(index[i])
+        want = items(whole.sample(int(index[i])))
+        assert items(src.sample(i)) == want and want["__index__"] == int(index[i])
         s, j = src.locate(i)
         assert s == whole.locate(int(index[i]))[0] == shard_of_index(src, int(index[i]))
         assert src.starts[s] + j == i % n and 0 <= j < src.counts[s]
         assert [items(x) for x in src.read_samples(s, j, j + 1)] == [want]
         assert src.reader(s) is whole.reader(s)
-        assert items(src.get(i, {"cls"})) == items(whole.get(int(index[i]), {"cls"}))
+        assert items(src.sample(i, {"cls"})) == items(whole.sample(int(index[i]), {"cls"}))
     pos = [n // 2, 0, n - 1, n // 2, -min(2, n)]
-    assert [items(x) for x in src.take(pos)] == [items(src.get(i)) for i in pos]
+    assert [items(x) for x in src.take(pos)] == [items(src.sample(i)) for i in pos]
     blk = src.gather(pos)
     assert blk.index.tolist() == index[pos].tolist()
-    assert [items(x) for x in blk.to_samples()] == [items(src.get(i)) for i in pos]
+    assert [items(x) for x in blk.to_samples()] == [items(src.sample(i)) for i in pos]
     got = packed(src.gather_packed(pos, None, ("cls",), alloc))
     assert got == packed(whole.gather_packed(index[pos], None, ("cls",), alloc))
     if got is not None:
@@ -81,7 +81,7 @@ def check_contract(src: SampleSource, whole: tarindex.ShardSet, index: NDArray[n
     for s in range(src.n_shards):
         c = int(src.counts[s])
         rows = list(range(int(src.starts[s]), int(src.starts[s]) + c))
-        want_s = [items(src.get(i)) for i in rows]
+        want_s = [items(src.sample(i)) for i in rows]
         assert [items(x) for x in src.read_samples(s, 0, c)] == want_s
         b = src.read_block(s, 0, c)
         assert b.index.tolist() == index[rows].tolist() and b.paths == [src.paths[s]]
@@ -106,13 +106,13 @@ def check_contract(src: SampleSource, whole: tarindex.ShardSet, index: NDArray[n
     src.prefetch(pos)
     src.drop_prefetched()
     for i in (0, n // 2, n - 1):
-        k = src.get(i)["__key__"]
+        k = src.sample(i)["__key__"]
         assert src.index_of(k) == i and src.indices_of(k) == [i]
-    keys = [src.get(i)["__key__"] for i in range(n)]
+    keys = [src.sample(i)["__key__"] for i in range(n)]
     assert src.index_of_many([*keys, "nope"]).tolist() == [*range(n), -1]
     for bad in (n, -n - 1):
         with pytest.raises(SampleIndexError):
-            src.get(bad)
+            src.sample(bad)
         with pytest.raises(SampleIndexError):
             src.locate(bad)
         with pytest.raises(SampleIndexError):
@@ -122,7 +122,7 @@ def check_contract(src: SampleSource, whole: tarindex.ShardSet, index: NDArray[n
     with pytest.raises(TypeError):
         src.locate(1.5)  # type: ignore[arg-type]
     src.close()
-    assert items(src.get(0)) == items(whole.get(int(index[0])))  # reopened lazily
+    assert items(src.sample(0)) == items(whole.sample(int(index[0])))  # reopened lazily
 
 
 def test_locate_names_what_read_samples_reads(tmp_path: Path) -> None:
@@ -165,11 +165,11 @@ def test_a_set_and_its_subsets_keep_one_contract(tmp_path: Path, use_mmap: bool)
 def test_subset_pickles_small_and_reads_the_same(tmp_path: Path) -> None:
     ss = tarindex.ShardSet(write(tmp_path))
     sub = ShardSubset(ss, IDX)
-    sub.get(0)  # a reader open: not pickled
+    sub.sample(0)  # a reader open: not pickled
     back = pickle.loads(pickle.dumps(sub))
     assert back.indices.tolist() == IDX and back.counts.tolist() == sub.counts.tolist()
-    assert [items(back.get(i)) for i in range(len(IDX))] == [
-        items(sub.get(i)) for i in range(len(IDX))
+    assert [items(back.sample(i)) for i in range(len(IDX))] == [
+        items(sub.sample(i)) for i in range(len(IDX))
     ]
     assert repr(back) == "ShardSubset(8 of 200 samples, 4 shards)"
 

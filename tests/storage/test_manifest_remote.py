@@ -33,7 +33,7 @@ def test_remote_shards_in_a_manifest_and_a_remote_manifest(
         srv.reset()
         ss = tarindex.ShardSet(m)
         assert srv.bytes_for(".tidx") == 0  # counts from the manifest: no index fetched
-        assert len(ss) == 75 and ss.get(31)["__key__"] == "00000031"
+        assert len(ss) == 75 and ss.sample(31)["__key__"] == "00000031"
         # 2. a manifest beside the shards, read through its URL: relative names resolve
         tarindex.write_manifest(paths, str(d / "data.json"))
         assert json.loads((d / "data.json").read_text())["shards"]["path"][0] == "train-000000.tar"
@@ -43,7 +43,7 @@ def test_remote_shards_in_a_manifest_and_a_remote_manifest(
         assert srv.bytes_for(".tidx") == 0
         local = tarindex.ShardSet(paths)
         for i in (0, 40, 74):
-            got, ref = ss.get(i), local.get(i)
+            got, ref = ss.sample(i), local.sample(i)
             assert got["__key__"] == ref["__key__"] and got["bin"] == ref["bin"]
         assert ss.index_of("00000060") == 60
         # 3. a remote shard changed since: named when opened
@@ -53,5 +53,5 @@ def test_remote_shards_in_a_manifest_and_a_remote_manifest(
         remote.forget_process_state()
         fresh = tarindex.ShardSet(f"{srv.url}/data.json")
         with pytest.raises(StaleManifestError, match=r"train-000001\.tar: shard 1 of manifest"):
-            fresh.get(30)
+            fresh.sample(30)
         assert os.path.exists(paths[1])

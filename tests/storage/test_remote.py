@@ -67,7 +67,7 @@ def test_random_access_reads_only_the_samples_bytes(served: tuple[RangeServer, l
     want_bytes = members = 0
     for i in picks:
         got = ds[i]
-        ref = local.get(i)
+        ref = local.sample(i)
         assert {k: v for k, v in got.items() if k != "__shard__"} == {
             k: v for k, v in ref.items() if k != "__shard__"
         }
@@ -96,8 +96,8 @@ def test_batch_is_one_concurrent_round_of_coalesced_ranges(
     local = tarindex.ShardSet(paths)
     batch = [3, 4, 5, 6, 20, 41, 42, 100]  # 3..6 neighbours, 41/42 neighbours in shard 1
     out = ds.__getitems__(batch)
-    assert [o["__key__"] for o in out] == [local.get(i)["__key__"] for i in batch]
-    assert all(o["bin"] == local.get(i)["bin"] for o, i in zip(out, batch, strict=True))
+    assert [o["__key__"] for o in out] == [local.sample(i)["__key__"] for i in batch]
+    assert all(o["bin"] == local.sample(i)["bin"] for o, i in zip(out, batch, strict=True))
     assert srv.requests == 4  # 3..6 | 20 | 41..42 | 100
     # fields: only the cls members are fetched (no image bytes)
     ds2 = tarindex.TarDataset(f"{srv.url}/{PAT}", fields=("cls",))
@@ -121,7 +121,7 @@ def test_batched_fetch_and_block_read(served: tuple[RangeServer, list[str]]) -> 
     ss = ds.shards
     blk = ss.read_block(1, 0, SIZES[1])
     for smp in blk.to_samples():
-        assert smp["bin"] == local.get(smp["__index__"])["bin"]
+        assert smp["bin"] == local.sample(smp["__index__"])["bin"]
 
 
 def test_subset_drops_what_the_base_fetched_ahead(served: tuple[RangeServer, list[str]]) -> None:
@@ -147,7 +147,7 @@ def test_streaming_reads_each_shard_once(served: tuple[RangeServer, list[str]]) 
     local = tarindex.ShardSet(paths)
     assert len(seen) == sum(SIZES)
     for i in range(len(local)):
-        ref = local.get(i)
+        ref = local.sample(i)
         assert seen[ref["__key__"]] == ref["bin"]
     tar_bytes = sum(os.path.getsize(p) for p in paths)
     # each byte once, plus per shard the open-time checks: 2 x 4 KiB fingerprint, the
@@ -168,7 +168,7 @@ def test_dropped_connections_are_retried_and_data_is_exact(
     for s in range(len(paths)):
         blk = ss.read_block(s, 0, SIZES[s])
         for smp in blk.to_samples():
-            assert smp["bin"] == local.get(smp["__index__"])["bin"]
+            assert smp["bin"] == local.sample(smp["__index__"])["bin"]
     assert srv.drop == 0
     assert remote.stats()["retries"] - before >= 4
 
@@ -197,19 +197,19 @@ def test_server_ignoring_range_is_refused_or_downloaded_whole(
     ss = tarindex.ShardSet(url)  # the index is one whole-file read: fine
     msg = r"train-000000\.tar: .*ignores HTTP Range.*download_whole=True"
     with pytest.raises(RangeNotSupportedError, match=msg):
-        ss.get(0)
+        ss.sample(0)
     srv.reset()
     opts = RemoteOptions(download_whole=True, cache_dir=str(tmp_path / "cache"))
     ss2 = tarindex.ShardSet(url, remote=opts)
     local = tarindex.ShardSet(paths[0])
-    assert [ss2.get(i)["bin"] for i in range(SIZES[0])] == [
-        local.get(i)["bin"] for i in range(SIZES[0])
+    assert [ss2.sample(i)["bin"] for i in range(SIZES[0])] == [
+        local.sample(i)["bin"] for i in range(SIZES[0])
     ]
     assert srv.bytes_for(".tar") <= 2 * os.path.getsize(paths[0])  # probe + one download
     _fresh()
     srv.reset()
     ss3 = tarindex.ShardSet(url, remote=opts)  # a later run: from the cache
-    assert ss3.get(3)["bin"] == local.get(3)["bin"]
+    assert ss3.sample(3)["bin"] == local.sample(3)["bin"]
     assert srv.bytes_for(".tar") <= os.path.getsize(paths[0])  # only the probe of Range
 
 
@@ -235,7 +235,7 @@ def test_changed_remote_shard_is_stale(
     shutil.copy(other[0], paths[0])
     Path(paths[0] + ".tidx").write_bytes(old_index)
     with pytest.raises(StaleIndexError, match=r"train-000000\.tar: .*tarindex index --force"):
-        tarindex.ShardSet(url).get(0)
+        tarindex.ShardSet(url).sample(0)
 
 
 def test_index_kept_locally_with_index_dir(
@@ -250,7 +250,7 @@ def test_index_kept_locally_with_index_dir(
     srv.reset()
     ss = tarindex.ShardSet(f"{srv.url}/{PAT}", index_dir=str(idx))
     assert len(ss) == sum(SIZES)
-    assert ss.get(50)["__key__"] == f"{50:08d}"
+    assert ss.sample(50)["__key__"] == f"{50:08d}"
     assert srv.bytes_for(".tidx") == 0
 
 
@@ -259,7 +259,7 @@ def test_file_urls_are_local_paths(make_shards: MakeShards) -> None:
     d = os.path.dirname(paths[0])
     ss = tarindex.ShardSet(f"file://{d}/train-{{000000..000001}}.tar")
     assert ss.paths == paths
-    assert ss.get(5)["__key__"] == f"{5:08d}"
+    assert ss.sample(5)["__key__"] == f"{5:08d}"
 
 
 def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
@@ -281,7 +281,7 @@ def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
     assert len(lines) == sum(SIZES) and lines[41].split("\t")[1] == f"{41:08d}"
     assert main(["cat", src, f"{44:08d}", "txt"]) == 0
     assert capsys.readouterr().out == "sample 44"
-    ref = tarindex.ShardSet(paths).get(7)["bin"]
+    ref = tarindex.ShardSet(paths).sample(7)["bin"]
     assert main(["verify", src]) == 0
     assert "verified 3 shard(s): 3 ok" in capsys.readouterr().out
     # a tar one cannot write beside: index it into a local directory, read with index_dir
@@ -299,7 +299,7 @@ def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
     assert main(["index", src, "--out", str(out), "-q"]) == 0
     assert "3 up to date" in capsys.readouterr().out
     ss = tarindex.ShardSet(src, index_dir=str(out))
-    assert ss.get(7)["bin"] == ref
+    assert ss.sample(7)["bin"] == ref
     assert main(["info", src, "--index-dir", str(out)]) == 0
     assert f"samples:     {sum(SIZES)}" in capsys.readouterr().out
     assert main(["verify", src, "--index-dir", str(out)]) == 0
@@ -350,7 +350,7 @@ def test_cached_bytes_do_not_hide_a_changed_remote_shard(
     ss = tarindex.ShardSet(url, remote=opts)
     for i in range(SIZES[0]):  # every chunk of the shard is in the cache now
         ss.prefetch([i])
-        ss.get(i)
+        ss.sample(i)
     ss.close()
     other = make_shards([SIZES[0]], seed=9, name="other")
     old_index = Path(paths[0] + ".tidx").read_bytes()
@@ -358,4 +358,4 @@ def test_cached_bytes_do_not_hide_a_changed_remote_shard(
     Path(paths[0] + ".tidx").write_bytes(old_index)
     _fresh()
     with pytest.raises(StaleIndexError, match=r"train-000000\.tar: "):
-        tarindex.ShardSet(url, remote=opts).get(0)
+        tarindex.ShardSet(url, remote=opts).sample(0)

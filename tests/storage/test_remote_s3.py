@@ -74,8 +74,8 @@ def test_s3_random_access_reads_only_the_samples_bytes(s3: tuple[RemoteOptions, 
     span = 0
     for i in picks:
         ss.prefetch([i])
-        got = ss.get(i)
-        assert got["bin"] == local.get(i)["bin"]
+        got = ss.sample(i)
+        assert got["bin"] == local.sample(i)["bin"]
         s, j = local.locate(i)
         r = local.reader(s)
         lo, hi = r.member_slice(j)
@@ -97,7 +97,7 @@ def test_s3_glob_and_streaming_read_each_shard_once(s3: tuple[RemoteOptions, lis
     before = remote.stats()["bytes"]
     seen = {s["__key__"]: s["bin"] for s in it}
     local = tarindex.ShardSet(paths)
-    assert seen == {local.get(i)["__key__"]: local.get(i)["bin"] for i in range(len(local))}
+    assert seen == {local.sample(i)["__key__"]: local.sample(i)["bin"] for i in range(len(local))}
     tar_bytes = sum(os.path.getsize(p) for p in paths)
     checks = len(paths) * (2 * 4096 + 10 * 1024 + 5 * 512)
     assert remote.stats()["bytes"] - before <= tar_bytes + checks
@@ -119,7 +119,7 @@ def test_s3_object_overwritten_after_open_is_stale(s3: tuple[RemoteOptions, list
     url = f"s3://{BUCKET}/data/train-000000.tar"
     ss = tarindex.ShardSet(url, remote=opts)
     local = tarindex.ShardSet(paths[0])
-    assert ss.get(0)["bin"] == local.get(0)["bin"]
+    assert ss.sample(0)["bin"] == local.sample(0)["bin"]
     data = bytearray(open(paths[0], "rb").read())
     for k in range(8192, len(data) - 8192):
         data[k] ^= 0xFF  # same size, other bytes
@@ -127,4 +127,4 @@ def test_s3_object_overwritten_after_open_is_stale(s3: tuple[RemoteOptions, list
     fs.pipe_file(f"{BUCKET}/data/train-000000.tar", bytes(data))
     j = SIZES[0] // 2
     with pytest.raises(tarindex.StaleIndexError, match=r"s3://shards/data/train-000000\.tar: "):
-        ss.get(j)
+        ss.sample(j)

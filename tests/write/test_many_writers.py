@@ -44,11 +44,11 @@ def test_independent_writers_then_one_manifest(tmp_path: Path) -> None:
     assert t.n_samples == n and t.n_shards == n_tasks * 7  # 250 samples per task, 37 a shard
     assert len(set(t.shard_id)) == t.n_shards  # random ids: no two shards share one
     ss = tarindex.ShardSet(m)
-    keys = [ss.get(i)["__key__"] for i in range(len(ss))]
+    keys = [ss.sample(i)["__key__"] for i in range(len(ss))]
     assert sorted(keys) == [f"{i:06d}" for i in range(n)]
     # sample order is fixed by the names (task, then shard), not by who finished first
     assert keys[:3] == ["000000", "000004", "000008"] and keys[250] == "000001"
-    assert ss.get(ss.index_of("000777"))["txt"] == b"task 1"
+    assert ss.sample(ss.index_of("000777"))["txt"] == b"task 1"
 
 
 def test_one_pattern_one_writer(tmp_path: Path) -> None:

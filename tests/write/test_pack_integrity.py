@@ -76,7 +76,7 @@ def _samples(pattern: str) -> dict[str, dict[str, bytes]]:
     try:
         out = {}
         for i in range(len(ss)):
-            s = ss.get(i)
+            s = ss.sample(i)
             out[s["__key__"]] = {k: bytes(v) for k, v in s.items() if not k.startswith("__")}
         return out
     finally:

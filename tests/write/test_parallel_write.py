@@ -63,7 +63,7 @@ def samples(n: int) -> Iterator[dict[str, Any]]:
 
 def keys_and_labels(paths: list[str]) -> list[tuple[str, bytes]]:
     ss = tarindex.ShardSet(paths)
-    return [(ss.get(i)["__key__"], bytes(ss.get(i)["cls"])) for i in range(len(ss))]
+    return [(ss.sample(i)["__key__"], bytes(ss.sample(i)["cls"])) for i in range(len(ss))]
 
 
 def leftovers(d: Path) -> list[str]:
@@ -219,8 +219,8 @@ def test_tutorial_dataset2tar_several_processes(tmp_path: Path) -> None:
         dataset, "mnist-%06d.tar", jobs=num_workers, maxcount=100, to_sample=to_sample
     )
     ds = tarindex.ShardSet(res.paths)
-    assert [ds.get(i)["__key__"] for i in range(240)] == [f"sample{i:06d}" for i in range(240)]
-    s = tarindex.codecs.decode.ExtDecoder("l8", allow_pickle=True)(ds.get(77))
+    assert [ds.sample(i)["__key__"] for i in range(240)] == [f"sample{i:06d}" for i in range(240)]
+    s = tarindex.codecs.decode.ExtDecoder("l8", allow_pickle=True)(ds.sample(77))
     assert np.array_equal(s["png"], make_item(77)[0]) and s["pyd"] == {"i": 77}
 
 
@@ -306,7 +306,7 @@ def test_cli_pack_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     text = capsys.readouterr().out
     assert "packed 30 samples" in text and "5 shard(s)" in text
     ds = tarindex.ShardSet(str(tmp_path / "out" / "c-{00..04}.tar"))
-    assert [ds.get(i)["__key__"] for i in (0, 29)] == ["cat/0000", "emu/0009"]
+    assert [ds.sample(i)["__key__"] for i in (0, 29)] == ["cat/0000", "emu/0009"]
 
 
 class SlowItems(Items):

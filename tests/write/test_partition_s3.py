@@ -82,7 +82,7 @@ def test_s3_output_holds_two_shards_locally_and_reads_back(s3: S3, tmp_path: Pat
     picks = np.random.default_rng(1).choice(100, 10, replace=False).tolist()
     for i in picks:
         ss.prefetch([i])  # as a DataLoader batch does: the sample's members in one read
-        got = ss.get(i)
+        got = ss.sample(i)
         assert got["__key__"] == sample(i)["__key__"] and got["bin"] == sample(i)["bin"]
     assert remote.stats()["requests"] - before == len(picks)  # one ranged read per sample
     assert prune(out, m, remote=opts) == []
@@ -114,5 +114,5 @@ def test_s3_failed_and_duplicate_attempts(s3: S3, tmp_path: Path) -> None:  # no
     assert not fs.exists(f"{BUCKET}/dup/attempt-00000-x2/part-00000-000000.tar")
     remote.forget_process_state()
     ss = tarindex.ShardSet(m, remote=opts)
-    assert [ss.get(i)["__key__"] for i in range(40)] == [f"{i:06d}" for i in range(40)]
+    assert [ss.sample(i)["__key__"] for i in range(40)] == [f"{i:06d}" for i in range(40)]
     ss.close()

@@ -60,18 +60,18 @@ def test_many_shapes_roundtrip_byte_exact(tmp_path: Path) -> None:
     ds = tarindex.ShardSet(str(tmp_path / "s-{000..002}.tar"))
     assert len(ds) == len(samples)
     for i, s in enumerate(samples):
-        got = ds.get(i)
+        got = ds.sample(i)
         assert got["__key__"] == s["__key__"] and got["__index__"] == i
         want = {k: tarindex.codecs.encode_value(k, v) for k, v in s.items() if k != "__key__"}
         assert {k: v for k, v in got.items() if not k.startswith("__")} == want
     # decoded
     from tarindex.codecs.decode import ExtDecoder
 
-    t = ExtDecoder("rgb8")(ds.get(5))
+    t = ExtDecoder("rgb8")(ds.sample(5))
     assert t["txt"] == "héllo" and t["cls"] == 7 and t["json"] == {"a": [1, 2]}
     np.testing.assert_array_equal(t["npy"], arr)
     np.testing.assert_array_equal(t["png"], np.asarray(img))
-    assert ExtDecoder("l8")(ds.get(5))["png"].shape == (6, 5)
+    assert ExtDecoder("l8")(ds.sample(5))["png"].shape == (6, 5)
 
 
 def _all_names(samples: list[dict[str, object]]) -> dict[str, bytes]:
@@ -166,7 +166,7 @@ def test_property_roundtrip_and_rebuild(
     ss = tarindex.ShardSet(paths)
     assert len(ss) == len(samples)
     for i, s in enumerate(samples):
-        got = ss.get(i)
+        got = ss.sample(i)
         assert {k: v for k, v in got.items() if not k.startswith("__")} == {
             k: v for k, v in s.items() if k != "__key__"
         }
@@ -259,7 +259,7 @@ def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> N
     gz = gzip.compress(b"hello", mtime=0)
     with tarindex.TarWriter(str(tmp_path / "raw.tar"), encoder=False) as w:
         w.write({"__key__": "z", "bin.zst": frame, "txt.gz": gz, "json.zst": frame})
-    got = tarindex.ShardSet(str(tmp_path / "raw.tar")).get(0)
+    got = tarindex.ShardSet(str(tmp_path / "raw.tar")).sample(0)
     assert got["bin.zst"] == frame and got["json.zst"] == frame and got["txt.gz"] == gz
     dec = tarindex.codecs.decode.ExtDecoder()(got)
     assert dec["json"] == {"a": 1} and dec["txt"] == "hello"
@@ -273,10 +273,10 @@ def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> N
     ss = tarindex.ShardSet(src)
     with tarindex.ShardWriter(str(tmp_path / "copy-%d.tar"), encoder=False, mtime=0) as w:
         for i in range(len(ss)):
-            w.write(ss.get(i))
+            w.write(ss.sample(i))
     copy = tarindex.ShardSet(w.paths)
     for i in range(len(ss)):
-        a, b = ss.get(i), copy.get(i)
+        a, b = ss.sample(i), copy.sample(i)
         assert a["json.zst"] == b["json.zst"] and a["cls"] == b["cls"]
         assert tarindex.codecs.decode.ExtDecoder()(b)["json"] == {"i": i}
 
@@ -290,7 +290,7 @@ def test_encoder_false_stores_compressed_values_as_they_are(tmp_path: Path) -> N
         compress=("json",),
         zstd_dict=True,
     )
-    framed = tarindex.ShardSet(dsrc).get(0)
+    framed = tarindex.ShardSet(dsrc).sample(0)
     with tarindex.ShardWriter(str(tmp_path / "dcopy-%d.tar"), encoder=False) as w:
         with pytest.raises(tarindex.errors.WriterError, match="compressed with dictionary .* never be"):
             w.write(framed)
