@@ -119,6 +119,15 @@ class _Chunk:
         self.sink.abort()
 
 
+def _remove_temps(path: str, pid: int) -> None:
+    """Remove the temp files process ``pid`` made for shard ``path`` (``temp_path_for``'s names)."""
+    for p in glob.glob(f"{glob.escape(path)}.{pid}.*.tmp"):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+
+
 def _worker(
     w: int,
     source: Any,
@@ -139,6 +148,7 @@ def _worker(
     exit_with_parent()
     cur: _Chunk | None = None
     k, i, told = -1, 0, 0
+    begun: int | None = None  # the shard being written, from before its temp file exists
     stopped = False
     try:
         while True:
@@ -149,6 +159,7 @@ def _worker(
                 if msg[0] == "map":
                     _, k, lo, hi = msg
                     results.send(("begin", k, os.getpid()))
+                    begun = k
                     cur = _Chunk(pattern, k, writer_kw)
                     for i in range(lo, hi):
                         cur.write(_sample(i, source[i], to_sample))
@@ -159,6 +170,7 @@ def _worker(
                 elif msg[0] == "begin":
                     _, k, i = msg
                     results.send(("begin", k, os.getpid()))
+                    begun = k
                     cur = _Chunk(pattern, k, writer_kw)
                 elif msg[0] == "batch":
                     assert cur is not None
@@ -172,7 +184,7 @@ def _worker(
                     cur.close()
                     results.send(("n", cur.n - told))
                     results.send(("done", k, cur.n))
-                    cur, told = None, 0
+                    cur, told, begun = None, 0, None
             except Exception as e:
                 if cur is not None:
                     cur.abort()
@@ -186,6 +198,10 @@ def _worker(
     finally:
         if cur is not None:
             cur.abort()
+        if begun is not None:
+            # a stop between the temp file's creation and ``cur = ...`` (inside the writer's
+            # constructor) leaves a temp file no writer object knows: remove this process's
+            _remove_temps(pattern % begun, os.getpid())
         if not stopped:
             try:
                 results.send(("exit",))
@@ -324,8 +340,9 @@ class _Run:
     def _remove(self, k: int, pid: int | None) -> None:
         """Remove what a failed shard left: its temp file, lock file, a tar without index."""
         path = self.pattern % k
-        left = glob.glob(f"{glob.escape(path)}.{pid}.*.tmp") if pid is not None else []
-        for p in [*left, lock_path_for(path), index_path_for(path), path]:
+        if pid is not None:
+            _remove_temps(path, pid)
+        for p in [lock_path_for(path), index_path_for(path), path]:
             try:
                 os.remove(p)
             except FileNotFoundError:

@@ -391,8 +391,11 @@ class ShardWriter:
             sid = hashlib.blake2b(
                 f"tarindex:{self.seed}:{self.shard}".encode(), digest_size=SHARD_ID_BYTES
             ).digest()
-        cur = TarShardWriter(self._path(self.shard), self.mtime, durable=self.durable, shard_id=sid)
-        self._cur = cur
+        # one statement: no signal can land between the temp file's creation and ``_cur``
+        # (``abort`` then removes it)
+        self._cur = cur = TarShardWriter(
+            self._path(self.shard), self.mtime, durable=self.durable, shard_id=sid
+        )
         zd = self._train() if self._dict_size else None
         if zd is not None:
             cur.write_zstd_dict(zd.as_bytes())

@@ -105,7 +105,6 @@ class TarShardWriter:
         if len(self.shard_id) != SHARD_ID_BYTES:
             raise WriterError(f"shard_id must be {SHARD_ID_BYTES} bytes, got {len(self.shard_id)}")
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._f = open(self.tmp, "wb")
         self.pos = 0
         self.count = 0
         self._head = bytearray()
@@ -119,6 +118,9 @@ class TarShardWriter:
         """Where the shard's zstd dictionary was written (:meth:`write_zstd_dict`), or None."""
         self.row: ManifestRow | None = None
         """After :meth:`close`: the shard's manifest row (FORMAT.md §9), from what was written."""
+        # opened last: nothing in this constructor runs after the temp file exists, so a signal
+        # (Ctrl-C, a write_shards worker's Stop) cannot leave a temp file no writer object knows
+        self._f = open(self.tmp, "wb")
 
     def _write(self, data: bytes) -> None:
         try:
