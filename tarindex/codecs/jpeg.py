@@ -65,7 +65,7 @@ def image_backend() -> str:
     return f"{_NAME} ({_WHY})"
 
 
-def _pil_open(data: bytes) -> Any:
+def _pil_open(data: Any) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -86,7 +86,7 @@ def _check_pixels(w: int, h: int, max_pixels: int) -> None:
         )
 
 
-def jpeg_size(data: bytes, backend: str | None = None) -> tuple[int, int]:
+def jpeg_size(data: Any, backend: str | None = None) -> tuple[int, int]:
     """``(width, height)`` of a JPEG from its header, without decoding any pixel.
 
     Raises:
@@ -104,7 +104,7 @@ def jpeg_size(data: bytes, backend: str | None = None) -> tuple[int, int]:
     return int(w), int(h)
 
 
-def _pil_scaled(data: bytes, min_w: int, min_h: int, max_pixels: int) -> NDArray[np.uint8]:
+def _pil_scaled(data: Any, min_w: int, min_h: int, max_pixels: int) -> NDArray[np.uint8]:
     img = _pil_open(data)
     w, h = img.size
     _check_pixels(w, h, max_pixels)
@@ -115,12 +115,12 @@ def _pil_scaled(data: bytes, min_w: int, min_h: int, max_pixels: int) -> NDArray
 
 
 def decode_scaled(
-    data: bytes, min_w: int, min_h: int, max_pixels: int, backend: str | None = None
+    data: Any, min_w: int, min_h: int, max_pixels: int, backend: str | None = None
 ) -> NDArray[np.uint8]:
     """Decode a JPEG at the smallest DCT scale whose output is at least ``min_w x min_h``.
 
     Args:
-        data: The JPEG's bytes.
+        data: The JPEG's bytes (any bytes-like object).
         min_w: Smallest output width in pixels (``<= 0``: any; above the image's width:
             full size).
         min_h: Smallest output height in pixels, likewise.

@@ -33,7 +33,8 @@ from ..storage.remote import RemoteOptions
 from .epochs import Env, Layouts, StreamEpochOwner
 from .executor import Executor
 from .finish import SKIP, Finisher, check_on_error
-from .pack import INT_FIELDS, Packed, numpy_alloc
+from .images import PackedImages, decode_packed, image_spec
+from .pack import INT_FIELDS, Alloc, Packed, numpy_alloc
 from .shards import check_fields, open_shards
 
 __all__ = ["StreamDataset"]
@@ -111,12 +112,16 @@ class StreamDataset(StreamEpochOwner):
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
         self.select, fields = select_fields(select, fields)
+        self.image_spec = image_spec(self.decoder) if batched else None
         if batched:
-            if self.decoder is not None or transform is not None or self.select is not None:
+            if (
+                self.decoder is not None and self.image_spec is None
+            ) or transform is not None or self.select is not None:
                 raise ValueError(
-                    f"{self._name}(batched=True) yields raw bytes: drop "
-                    "decode/transform/select (decode the BatchedSamples in the training loop; "
-                    "fields= projects the read)"
+                    f"{self._name}(batched=True) yields raw bytes: drop decode/transform/select "
+                    "(decode the BatchedSamples in the training loop; fields= projects the "
+                    "read), or decode=tarindex.ImageDecode(...) alone for one image tensor "
+                    "per batch"
                 )
             if batch_size is None:
                 raise ValueError("batch_size=None: batched=True needs an integer batch_size >= 1")
@@ -328,11 +333,25 @@ class StreamDataset(StreamEpochOwner):
         self._consumed = pos
 
     def _generate_batched(self, p: WorkerPlan, start: int) -> Iterator[Any]:
-        wrap = self._wrap_batch
+        wrap = self._wrap_batch if self.image_spec is None else self._images
         for b in self.executor.batches(
-            p, start, int(self.batch_size), self.int_fields, self._alloc, self._passed  # type: ignore[arg-type]
+            p, start, int(self.batch_size), self.int_fields, self._raw_alloc(), self._passed  # type: ignore[arg-type]
         ):
             yield wrap(b)
+
+    def _raw_alloc(self) -> Alloc:
+        """Raw batches: the batch's buffer, or the worker's own when images are made of them."""
+        return numpy_alloc if self.image_spec is not None else self._alloc
+
+    def _images(self, packed: Packed) -> Any:
+        """A raw batch decoded into one image array (:mod:`tarindex.stream.images`)."""
+        dec, spec = self.decoder, self.image_spec
+        assert isinstance(dec, ExtDecoder) and spec is not None
+        got = decode_packed(packed, spec, dec.epoch, dec.max_image_pixels, self._alloc, self._alloc)
+        return self._wrap_images(got)
+
+    def _wrap_images(self, packed: PackedImages) -> Any:
+        return packed
 
     def iter_batches(self, p: WorkerPlan, start: int = 0) -> Iterator[Any]:
         """With ``batched=True``: the batches of plan ``p`` from position ``start``, in order.
@@ -345,9 +364,12 @@ class StreamDataset(StreamEpochOwner):
         """
         if self.batch_size is None:
             raise ValueError("iter_batches: this dataset yields samples (batched=False)")
+        wrap = self._wrap_batch if self.image_spec is None else self._images
+        if isinstance(self.decoder, ExtDecoder):
+            self.decoder.set_epoch(p.epoch)
         return map(
-            self._wrap_batch,
-            self.executor.batches(p, start, self.batch_size, self.int_fields, self._alloc),
+            wrap,
+            self.executor.batches(p, start, self.batch_size, self.int_fields, self._raw_alloc()),
         )
 
     # -- batch buffers (the torch layer puts them in shared memory) ---------------------------

@@ -3,6 +3,7 @@
 from .batch import BatchedSamples
 from .collate import collate_batched
 from .dataset import TarDataset
+from .images import ImageBatch
 from .iterable import TarIterableDataset
 from .mix import MixedDataset, MixSampler
 from .sampler import BlockSampler
@@ -12,6 +13,7 @@ __all__ = [
     "TarIterableDataset",
     "BlockSampler",
     "BatchedSamples",
+    "ImageBatch",
     "collate_batched",
     "MixedDataset",
     "MixSampler",

@@ -41,6 +41,7 @@ from ..read.sample_source import SampleSource
 from ..stream import pack as core
 from ..stream.pack import INT_FIELDS
 from .batch import BatchedSamples
+from .images import ImageBatch
 from .transport import alloc_buffer
 
 __all__ = [
@@ -124,19 +125,21 @@ def pack_samples(
     return BatchedSamples(*core.pack_samples(samples, int_fields, tensor_alloc))
 
 
-def collate_batched(batch: Any) -> BatchedSamples:
+def collate_batched(batch: Any) -> BatchedSamples | ImageBatch:
     """``collate_fn`` for raw tarindex samples: returns a :class:`BatchedSamples`.
 
-    Accepts what ``TarDataset(batched=True).__getitems__`` returns (passed through as is), or
-    a list of sample dicts (packed with :func:`pack_samples`, one copy per member).
+    Accepts what ``TarDataset(batched=True).__getitems__`` returns (passed through as is: a
+    :class:`BatchedSamples`, or with ``decode=ImageDecode(...)`` an
+    :class:`~tarindex.torch.images.ImageBatch`, so collating costs no copy), or a list of
+    sample dicts (packed with :func:`pack_samples`, one copy per member).
 
     Raises:
         TypeError: If ``batch`` is neither.
     """
-    if isinstance(batch, BatchedSamples):
+    if isinstance(batch, (BatchedSamples, ImageBatch)):
         return batch
     if isinstance(batch, (list, tuple)):
-        if len(batch) == 1 and isinstance(batch[0], BatchedSamples):
+        if len(batch) == 1 and isinstance(batch[0], (BatchedSamples, ImageBatch)):
             return batch[0]
         if all(isinstance(s, dict) for s in batch):
             return pack_samples(batch)

@@ -22,7 +22,9 @@ from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
 from ..stream.finish import Finisher
+from ..stream.images import image_spec
 from ..stream.shards import check_fields, open_shards
+from .images import fetch_images
 
 __all__ = ["TarDataset"]
 
@@ -78,9 +80,14 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             with checksums (the writer's, or ``tarindex index --checksums``). Defaults to
             ``False``.
         batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
-            :class:`tarindex.torch.batch.BatchedSamples` per batch, read straight into one buffer, instead
-            of a list of dicts; use it with ``collate_fn=tarindex.collate_batched``. Raw bytes only: not with
-            ``decode`` or ``transform``. ``ds[i]`` is unchanged. Defaults to ``False``.
+            :class:`tarindex.torch.batch.BatchedSamples` per batch, read straight into one
+            buffer, instead of a list of dicts; use it with
+            ``collate_fn=tarindex.collate_batched``. Raw bytes, or with
+            ``decode=tarindex.ImageDecode(...)`` one
+            :class:`tarindex.torch.images.ImageBatch`: the images decoded straight into one
+            ``uint8 (B, 3, H, W)`` tensor (shared memory in a worker), the same pixels as
+            ``ds[i]``, plus ``int64`` labels. Not with ``transform``, ``select`` or other
+            decoders. ``ds[i]`` is unchanged. Defaults to ``False``.
         index_dir: Where the indexes are, if not beside the tars (``<index_dir>/<tar
             name>.tidx``; see :class:`tarindex.ShardSet`). Defaults to ``None``.
         remote: How URL shards are read (:class:`tarindex.RemoteOptions`: storage options,
@@ -105,7 +112,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         IndexError: ``ds[i]`` with ``i`` outside ``[-len(ds), len(ds))``
             (:class:`tarindex.errors.SampleIndexError`).
         MissingFieldError: A sample without a field ``select`` asks for (a ``KeyError``).
-        ValueError: ``batched=True`` together with ``decode``, ``transform`` or ``select``;
+        ValueError: ``batched=True`` together with ``transform``, ``select`` or a ``decode``
+            other than an ``ImageDecode``;
             a ``fields`` entry that is not a ``str``;
             ``select`` together with ``fields``; an unknown ``decode`` mode; open options
             together with a ready ``ShardSet``.
@@ -145,12 +153,16 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         self.fields = None if fields is None else frozenset(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
+        self.image_spec = image_spec(self.decoder) if batched else None
         if batched and (
-            self.decoder is not None or transform is not None or self.select is not None
+            (self.decoder is not None and self.image_spec is None)
+            or transform is not None
+            or self.select is not None
         ):
             raise ValueError(
                 "TarDataset(batched=True) returns raw bytes: drop decode/transform/select "
-                "(fields= projects a batched read)"
+                "(fields= projects a batched read), or pass decode=tarindex.ImageDecode(...) "
+                "alone for one image tensor per batch"
             )
         self.batched = batched
         self.finisher = Finisher(self.shards, self.decoder, self.select, self.transform)
@@ -194,6 +206,11 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         if self.shards.remote:
             self.shards.prefetch(indices, self.fields)
         if self.batched:
+            if self.image_spec is not None:
+                assert isinstance(self.decoder, ExtDecoder)
+                return fetch_images(  # type: ignore[return-value]
+                    self.shards, indices, self.decoder, self.image_spec, self.fields
+                )
             from .collate import fetch_batched
 
             return fetch_batched(self.shards, indices, fields=self.fields)  # type: ignore[return-value]

@@ -15,10 +15,12 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from ..stream.dataset import StreamDataset
+from ..stream.images import PackedImages
 from ..stream.pack import Packed
 from ._dist import TORCH
 from .batch import BatchedSamples
 from .collate import tensor_alloc
+from .images import ImageBatch
 
 __all__ = ["TarIterableDataset"]
 
@@ -177,3 +179,7 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
 
     def _wrap_batch(self, packed: Packed) -> BatchedSamples:
         return BatchedSamples(*packed)
+
+    def _wrap_images(self, packed: PackedImages) -> ImageBatch:
+        assert self.image_spec is not None
+        return ImageBatch(packed, self.image_spec)

@@ -51,6 +51,15 @@ def photos() -> dict[tuple[int, int], list[bytes]]:
     return {size: photo_jpegs(40, size, quality=90, seed=1) for size in SIZES}
 
 
+def _resizers() -> list[str]:
+    try:
+        import tarindex.torch  # noqa: F401  (registers the "torch" resize)
+    except ImportError:
+        return ["pil"]
+    return ["pil", "torch"]
+
+
+@pytest.mark.parametrize("resize", _resizers())
 @pytest.mark.parametrize("backend", AVAILABLE)
 @pytest.mark.parametrize("crop", ["random-resized", "center", None])
 @pytest.mark.parametrize("size", SIZES)
@@ -59,19 +68,23 @@ def test_within_tolerance_of_full_decode(
     size: tuple[int, int],
     crop: str | None,
     backend: str,
+    resize: str,
 ) -> None:
-    spec = ImageDecode(224, crop=crop, backend=backend)
+    spec = ImageDecode(224, crop=crop, backend=backend, resize=resize)
+    worst = 0
     mads = []
     for i, data in enumerate(photos[size]):
         got = spec.decode("jpg", data, epoch=3, index=i)
         assert got.shape == (3, 224, 224) and got.dtype == np.uint8 and got.flags.c_contiguous
         diff = np.abs(got.astype(np.int16) - reference(spec, data, 3, i).astype(np.int16))
         mads.append(float(diff.mean()))
+        worst = max(worst, int(diff.max()))
         assert diff.mean() <= 2.5, (i, diff.mean())
         assert diff.max() <= 40, (i, diff.max())
     assert np.mean(mads) <= 1.0
-    if size == (500, 375):  # no box of a 375-pixel-high image is >= 2 x 224: full size, exact
-        assert max(mads) == 0.0
+    if size == (500, 375):  # no box of a 375-pixel-high image is >= 2 x 224: full size
+        # Pillow's resize is the reference's, exactly; torch's uint8 kernel within 1
+        assert worst == (0 if resize == "pil" else 1) or (resize == "torch" and worst == 0)
 
 
 def test_scaled_decode_is_used_for_large_photos(photos: dict[tuple[int, int], list[bytes]]) -> None:
@@ -161,12 +174,15 @@ def test_options_and_errors() -> None:
 
 def test_png_and_webp_through_pillow() -> None:
     src = Image.open(io.BytesIO(photo_jpegs(1, (500, 375))[0])).convert("RGB")
-    spec = ImageDecode(224)
-    for fmt, ext in (("PNG", "png"), ("WEBP", "webp")):
-        buf = io.BytesIO()
-        src.save(buf, fmt, lossless=True) if fmt == "WEBP" else src.save(buf, fmt)
-        got = spec.decode(ext, buf.getvalue(), epoch=0, index=5)
-        np.testing.assert_array_equal(got, reference(spec, buf.getvalue(), 0, 5))
+    for resize in _resizers():
+        spec = ImageDecode(224, resize=resize)
+        for fmt, ext in (("PNG", "png"), ("WEBP", "webp")):
+            buf = io.BytesIO()
+            src.save(buf, fmt, lossless=True) if fmt == "WEBP" else src.save(buf, fmt)
+            got = spec.decode(ext, buf.getvalue(), epoch=0, index=5)
+            want = reference(spec, buf.getvalue(), 0, 5)
+            diff = np.abs(got.astype(np.int16) - want.astype(np.int16))
+            assert diff.max() <= (0 if resize == "pil" else 1)  # Pillow's exactly; torch's +-1
 
 
 def _write(tmp_path: Path, n: int) -> str:
