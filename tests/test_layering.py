@@ -23,6 +23,7 @@ RANKS = {
     "stream": 5,
     "torch": 6,
     "spark": 6,  # engine adapters, over write/ and read/
+    "ray": 6,
     "__init__": 7,  # the public API
     "view": 6,  # the viewer: over read/ and codecs/, never torch
     "cli": 8,  # over the public API

@@ -22,6 +22,7 @@ from ..format.manifest import ManifestTable
 from ..format.url import is_url
 from ..read.manifest import write_manifest_rows
 from ..storage.remote import RemoteOptions
+from ..stream.arrow import samples_of
 from ..write.partition import ShardRow, write_partition
 
 __all__ = ["ROW_SCHEMA", "write"]
@@ -31,20 +32,6 @@ ROW_SCHEMA = (
     "tar_bytes long, index_bytes long, head_crc long, tail_crc long, shard_id string"
 )
 """The Spark DDL schema of the rows each task returns: :class:`ShardRow`'s fields."""
-
-
-def _rows_to_samples(
-    batches: Iterator[Any], key: str, to_sample: Callable[[int, Any], Any] | None
-) -> Iterator[Any]:
-    """A partition's Arrow batches as sample dicts (or as row dicts for ``to_sample``)."""
-    for b in batches:
-        for row in b.to_pylist():
-            if to_sample is not None:
-                yield row
-                continue
-            s = {"__key__": row.pop(key, None)}
-            s.update((ext, v) for ext, v in row.items() if v is not None)
-            yield s
 
 
 def write(
@@ -110,7 +97,7 @@ def write(
         if tc is None:  # pragma: no cover - mapInArrow always runs inside a task
             raise RuntimeError("tarindex.spark.write: no TaskContext (not inside a Spark task)")
         rows = write_partition(
-            _rows_to_samples(batches, key, to_sample),
+            samples_of(batches, key, to_sample),
             base,
             tc.partitionId(),
             attempt=f"{token}-{tc.attemptNumber()}-{tc.taskAttemptId()}",

@@ -48,6 +48,7 @@ __all__ = [
     "ShardRow",
     "attempt_dir",
     "commit",
+    "remove_attempts",
     "task_pattern",
     "write_partition",
 ]
@@ -301,3 +302,43 @@ def commit(rows: Iterable[ShardRow]) -> list[ShardRow]:
             f"attempt"
         )
     return out
+
+
+def remove_attempts(out: str, token: str, remote: RemoteOptions | None = None) -> list[str]:
+    """Delete every attempt directory under ``out`` whose attempt name starts with ``token``.
+
+    An engine job names its attempts ``{token}-...`` (a random token of the job): when the
+    job fails or is aborted, this removes all it wrote (committed attempts and leftovers
+    alike) and nothing of another job's. A task still running may write after this returns;
+    :func:`tarindex.read.manifest.prune` removes that later.
+
+    Returns:
+        The attempt directories deleted (paths or URLs), sorted.
+
+    Raises:
+        ValueError: If ``token`` is not 1 to 64 of ``[A-Za-z0-9_.-]``.
+        OSError: Listing or deleting failed.
+    """
+    if not _ATTEMPT.fullmatch(token):
+        raise ValueError(f"token={token!r}: expected 1 to 64 of [A-Za-z0-9_.-]")
+    out = local_path(out).rstrip("/")
+    mine = re.compile(re.escape(ATTEMPT_PREFIX) + r"\d{5,}-" + re.escape(token) + r"(?:-|$)")
+    if is_url(out):
+        fs = filesystem(out, remote or RemoteOptions())
+        scheme = out.split("://", 1)[0]
+        root = fs_path(out).rstrip("/")
+        if not fs.exists(root):
+            return []
+        found = sorted(
+            str(p).rstrip("/") for p in fs.ls(root, detail=False)
+            if mine.match(posixpath.basename(str(p).rstrip("/")))
+        )
+        for d in found:
+            fs.rm(d, recursive=True)
+        return [f"{scheme}://{d}" for d in found]
+    if not os.path.isdir(out):
+        return []
+    gone = sorted(e.path for e in os.scandir(out) if e.is_dir(follow_symlinks=False) and mine.match(e.name))
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone

@@ -1,0 +1,193 @@
+"""``tarindex.ray.read(source)``: a Ray Dataset whose read tasks are sample ranges, not shards.
+
+The driver reads the manifest (or the index headers) only: the dataset's ``n`` samples are
+cut into contiguous global ranges (:func:`tarindex.stream.arrow.cut_ranges`), as many as Ray
+asks for (its ``parallelism``) but at least ``block_rows`` samples each, so the number of read
+tasks is not capped by the number of shards, and each task's metadata holds its exact row
+count (``Dataset.count()`` reads no data). A task yields Arrow tables of ``block_rows``
+samples read by the read kernel (:func:`tarindex.stream.arrow.read_range`): ``fields=``
+leaves the other members' bytes unread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import os
+import threading
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ray.data import Dataset, read_datasource
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from ..read import ShardSet
+from ..read.block import Fields
+from ..storage.remote import RemoteOptions
+from ..stream.arrow import (
+    BLOCK_ROWS,
+    INT_FIELDS,
+    arrow_schema,
+    bytes_per_sample,
+    columns_of,
+    cut_ranges,
+    read_range,
+)
+
+__all__ = ["TarIndexDatasource", "read"]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What a read task needs to open the dataset in its worker (small: pickled per task)."""
+
+    source: Any
+    remote: RemoteOptions
+    use_mmap: bool
+    verify_data: bool
+
+
+_OPEN: dict[str, ShardSet] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _shards(spec: _Spec) -> ShardSet:
+    """This process's ShardSet of ``spec`` (a Ray worker runs many read tasks: opened once)."""
+    key = repr(spec)
+    with _OPEN_LOCK:
+        got = _OPEN.get(key)
+        if got is None:
+            got = _OPEN[key] = ShardSet(
+                spec.source, remote=spec.remote, use_mmap=spec.use_mmap, verify_data=spec.verify_data
+            )
+        return got
+
+
+def _read_task(
+    spec: _Spec, start: int, stop: int, columns: list[str], int_fields: tuple[str, ...], rows: int
+) -> Iterator[Any]:
+    yield from read_range(_shards(spec), start, stop, columns, int_fields, rows)
+
+
+class TarIndexDatasource(Datasource):
+    """A Ray ``Datasource`` over indexed tar shards: read tasks are global sample ranges.
+
+    Columns: ``__key__`` (``string``), ``__index__`` (``int64``, the global sample index),
+    then one per member extension (``fields``, or the first shard's extensions):
+    ``int64`` for ``int_fields``, ``binary`` (the stored bytes) for the others, null where a
+    sample lacks the member (:mod:`tarindex.stream.arrow`).
+
+    Args:
+        source: Shards, as :class:`~tarindex.read.ShardSet` takes them; a manifest
+            (``data.json``) is best: the driver and every worker then read one file to open
+            the dataset, whatever the shard count.
+        fields: Extensions to read (others are never read). Defaults to ``None`` (the first
+            shard's extensions; a member outside them fails the read, naming it).
+        int_fields: Extensions read as ``int64``. Defaults to ``("cls",)``; ``()`` keeps
+            every member as bytes.
+        block_rows: Samples per Arrow table a task yields, and the fewest a read task gets.
+            Defaults to ``1024``.
+        remote: How remote shards are read (:class:`~tarindex.remote.RemoteOptions`).
+        use_mmap: See :class:`~tarindex.read.ShardReader`. Defaults to ``True``.
+        verify_data: Check each member's crc32 as read. Defaults to ``False``.
+
+    Raises:
+        FileNotFoundError, IndexMissingError, FormatError: As :class:`~tarindex.read.ShardSet`
+            (on the driver, at construction).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        fields: Fields = None,
+        int_fields: Collection[str] = INT_FIELDS,
+        block_rows: int = BLOCK_ROWS,
+        remote: RemoteOptions | None = None,
+        use_mmap: bool = True,
+        verify_data: bool = False,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        src = [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else source
+        src = os.fspath(src) if isinstance(src, os.PathLike) else src
+        self._spec = _Spec(src, remote or RemoteOptions(), use_mmap, verify_data)
+        shards = ShardSet(src, remote=self._spec.remote, use_mmap=use_mmap)
+        self.columns = columns_of(shards, fields)
+        """The member columns, in order."""
+        self.int_fields = tuple(int_fields)
+        self.block_rows = int(block_rows)
+        self.starts: list[int] = shards.starts.tolist()
+        self.paths: list[str] = list(shards.paths)
+        self.schema = arrow_schema(self.columns, self.int_fields)
+        """The tables' ``pyarrow.Schema``."""
+        self.row_bytes = bytes_per_sample(shards, self.columns)
+        """Estimated in-memory bytes per row (from the first shard's index)."""
+        shards.close()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def get_name(self) -> str:
+        """``"TarIndex"``: Ray names the read operator ``ReadTarIndex``."""
+        return "TarIndex"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        """Rows times :attr:`row_bytes`: an estimate (Ray sizes its read parallelism by it)."""
+        return int(len(self) * self.row_bytes)
+
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+    ) -> list[ReadTask]:
+        """One :class:`ReadTask` per range of :func:`~tarindex.stream.arrow.cut_ranges`."""
+        tasks = []
+        for a, b in cut_ranges(len(self), max(1, int(parallelism)), self.block_rows):
+            s0 = bisect.bisect_right(self.starts, a) - 1
+            s1 = bisect.bisect_left(self.starts, b)
+            meta = BlockMetadata(
+                num_rows=b - a,
+                size_bytes=int((b - a) * self.row_bytes),
+                input_files=tuple(self.paths[s0:s1]),
+                exec_stats=None,
+            )
+            fn = functools.partial(
+                _read_task, self._spec, a, b, list(self.columns), self.int_fields, self.block_rows
+            )
+            tasks.append(ReadTask(fn, meta, schema=self.schema, per_task_row_limit=per_task_row_limit))
+        return tasks
+
+
+def read(
+    source: Any,
+    *,
+    fields: Fields = None,
+    int_fields: Collection[str] = INT_FIELDS,
+    block_rows: int = BLOCK_ROWS,
+    remote: RemoteOptions | None = None,
+    use_mmap: bool = True,
+    verify_data: bool = False,
+    parallelism: int = -1,
+    **read_kw: Any,
+) -> Dataset:
+    """Read indexed tar shards as a ``ray.data.Dataset`` (:class:`TarIndexDatasource`).
+
+    ``parallelism`` (``override_num_blocks`` in Ray's newer words, passed through
+    ``**read_kw``) asks for that many read tasks; each gets at least ``block_rows`` samples.
+    ``ds.count()`` comes from the tasks' metadata, reading no data.
+
+    Raises:
+        As :class:`TarIndexDatasource` (on the driver); a read task raises as
+        :func:`tarindex.stream.arrow.block_table`.
+    """
+    ds = TarIndexDatasource(
+        source,
+        fields=fields,
+        int_fields=int_fields,
+        block_rows=block_rows,
+        remote=remote,
+        use_mmap=use_mmap,
+        verify_data=verify_data,
+    )
+    got: Dataset = read_datasource(ds, parallelism=parallelism, **read_kw)
+    return got

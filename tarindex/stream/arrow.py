@@ -1,0 +1,247 @@
+"""Contiguous sample ranges as Arrow tables: what every engine's read task runs (docs/SCALE.md).
+
+A dataset of ``n`` samples is cut into read tasks of contiguous *global* sample ranges
+(:func:`cut_ranges`), not into shards, so 4 shards can feed 64 tasks and a task may span the
+end of one shard and the start of the next. A task reads its range in blocks of ``block_rows``
+samples through the read kernel (:meth:`~tarindex.read.ShardSet.read_block`, only the members
+``fields`` names), packs each block with one copy per member byte
+(:func:`~tarindex.stream.pack.pack_blocks`) and hands the packed buffer to Arrow without another
+copy (:func:`block_table`): one table per block, never one per sample.
+
+Columns (:func:`arrow_schema`): ``__key__`` (``string``), ``__index__`` (``int64``, the global
+sample index), then one column per extension: ``int64`` for ``int_fields`` (decimal text, as
+``cls`` is written), ``binary`` (the member's bytes as stored) for the others; null where a
+sample has no such member. Needs ``pyarrow`` (imported when called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+from ..plan.checks import check_int
+from ..plan.epoch import worker_shares
+from ..read import ShardSet, field_set
+from ..read.block import Fields
+from .pack import pack_blocks
+
+__all__ = [
+    "BLOCK_ROWS",
+    "INT_FIELDS",
+    "KEY",
+    "INDEX",
+    "arrow_schema",
+    "block_table",
+    "bytes_per_sample",
+    "columns_of",
+    "cut_ranges",
+    "read_range",
+    "samples_of",
+]
+
+BLOCK_ROWS = 1024
+"""Default samples per Arrow table a read task yields."""
+INT_FIELDS: tuple[str, ...] = ("cls",)
+"""Default extensions read as ``int64`` columns (decimal text, as the writers store labels)."""
+KEY = "__key__"
+"""The key column (``string``)."""
+INDEX = "__index__"
+"""The global sample index column (``int64``)."""
+_MAX_BINARY = (1 << 31) - 1  # Arrow ``binary`` offsets are int32
+
+
+def cut_ranges(n_samples: int, tasks: int, min_rows: int = BLOCK_ROWS) -> list[tuple[int, int]]:
+    """Cut samples ``0 .. n_samples - 1`` into contiguous ``[start, stop)`` ranges, one per task.
+
+    ``k = min(tasks, ceil(n_samples / min_rows))`` ranges (at least one when there are
+    samples), of equal sizes up to one sample (the first ``n_samples % k`` one larger). Shard
+    boundaries play no part: read parallelism is not capped by the number of shards.
+
+    Args:
+        n_samples: Samples in the dataset, ``>= 0``.
+        tasks: Ranges wanted, ``>= 1`` (an engine's requested parallelism).
+        min_rows: Samples a range should hold at least (so a task yields full blocks),
+            ``>= 1``. Defaults to :data:`BLOCK_ROWS`.
+
+    Returns:
+        The ranges in order; ``[]`` when ``n_samples == 0``.
+
+    Raises:
+        ValueError: If an argument is not an integer in its range.
+    """
+    n = check_int("n_samples", n_samples, 0)
+    t = check_int("tasks", tasks, 1)
+    m = check_int("min_rows", min_rows, 1)
+    if n == 0:
+        return []
+    k = max(1, min(t, -(-n // m)))
+    stops = np.cumsum(worker_shares(n, k)).tolist()
+    return list(zip([0, *stops[:-1]], stops, strict=True))
+
+
+def columns_of(shards: ShardSet, fields: Fields = None) -> list[str]:
+    """The member columns of a dataset: ``fields`` in order, or the first shard's extensions.
+
+    Without ``fields``, the extensions of the first non-empty shard's index (in its
+    extension table's order, FORMAT.md §2.4): opening that one shard is the only read. A
+    read task that meets a member outside these columns raises (:func:`block_table`).
+
+    Raises:
+        ValueError: If a field name starts with ``__`` (those are the key and index columns).
+    """
+    fs = field_set(fields)
+    if fs is not None:
+        names = list(dict.fromkeys([fields] if isinstance(fields, str) else list(fields or ())))
+        bad = [f for f in names if f.startswith("__")]
+        if bad:
+            raise ValueError(f"fields={bad!r}: names starting with '__' are not member fields")
+        return names
+    for s in range(shards.n_shards):
+        if shards.counts[s]:
+            return [e for e in shards.reader(s).exts if not e.startswith("__")]
+    return []
+
+
+def bytes_per_sample(shards: ShardSet, columns: Sequence[str]) -> float:
+    """Estimated bytes of one sample's ``columns`` (plus key and index), from the first shard.
+
+    The first non-empty shard's index only (no member read): its selected members' bytes
+    per sample. ``0.0`` for an empty dataset. An engine's estimate of its in-memory size.
+    """
+    for s in range(shards.n_shards):
+        n = int(shards.counts[s])
+        if n:
+            r = shards.reader(s)
+            blk = r.read_block(0, n, list(columns), data=False)
+            return (float(blk.size.sum()) + sum(map(len, blk.keys))) / n + 16.0
+    return 0.0
+
+
+def arrow_schema(columns: Sequence[str], int_fields: Collection[str] = INT_FIELDS) -> Any:
+    """The ``pyarrow.Schema`` of :func:`block_table`'s tables for these member columns."""
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+    ints = frozenset(int_fields)
+    return pa.schema(
+        [pa.field(KEY, pa.string(), nullable=False), pa.field(INDEX, pa.int64(), nullable=False)]
+        + [pa.field(c, pa.int64() if c in ints else pa.binary()) for c in columns]
+    )
+
+
+def block_table(
+    shards: ShardSet,
+    start: int,
+    stop: int,
+    columns: Sequence[str],
+    int_fields: Collection[str] = INT_FIELDS,
+) -> Any:
+    """Read global samples ``start <= i < stop`` into one ``pyarrow.Table`` (:func:`arrow_schema`).
+
+    Each shard's part is one :meth:`~tarindex.read.ShardSet.read_block` of ``columns`` only
+    (the other members' bytes are not read); the parts are packed field-major with one copy
+    per member byte, and each binary column is a zero-copy view of that buffer.
+
+    Raises:
+        SampleIndexError: If the range is outside the dataset.
+        FormatError: A member whose extension is not a column (the message names the shard,
+            the extension and the fix: ``fields=``), an ``int_fields`` member that is not a
+            decimal integer, a column of one table over 2 GiB (lower ``block_rows``), or a
+            corrupt index (as the read kernel).
+    """
+    import pyarrow as pa
+
+    parts = []
+    i = start
+    while i < stop:
+        s, j = shards.locate(i)
+        j1 = min(int(shards.counts[s]), j + (stop - i))
+        parts.append((shards.read_block(s, j, j1, columns), None))
+        i += j1 - j
+    p = pack_blocks(parts, None, ())
+    extra = [f for f in p.fields if f not in columns]
+    if extra:
+        k = int(np.flatnonzero(p.present[p.fields.index(extra[0])])[0])
+        raise FormatError(
+            f"{p.shards[k]}: sample {p.keys[k]!r} has a {extra[0]!r} member, not one of the "
+            f"columns {list(columns)} (taken from the first shard); pass fields=(...) naming "
+            f"every extension to read"
+        )
+    n = len(p.keys)
+    buf = pa.py_buffer(p.data)
+    arrays: list[Any] = [pa.array(p.keys, pa.string()), pa.array(p.global_index, pa.int64())]
+    ints = frozenset(int_fields)
+    for c in columns:
+        if c not in p.fields:
+            arrays.append(pa.nulls(n, pa.int64() if c in ints else pa.binary()))
+            continue
+        f = p.fields.index(c)
+        off = p.offsets[f]
+        lo, hi = int(off[0]), int(off[-1])
+        if hi - lo > _MAX_BINARY:
+            raise FormatError(
+                f"{p.shards[0]}: column {c!r} of samples {start}..{stop - 1} holds {hi - lo} "
+                f"bytes, over Arrow binary's 2 GiB; pass a smaller block_rows"
+            )
+        present = p.present[f]
+        valid = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
+        col = pa.Array.from_buffers(
+            pa.binary(), n, [valid, pa.py_buffer((off - lo).astype(np.int32)), buf.slice(lo, hi - lo)]
+        )
+        if c in ints:
+            col = _ints(col, c, p.shards[0], start, stop)
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=arrow_schema(columns, int_fields))
+
+
+def _ints(col: Any, name: str, shard: str | None, start: int, stop: int) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped,unused-ignore]
+
+    try:
+        return pc.cast(col.cast(pa.string()), pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise FormatError(
+            f"{shard}: a {name!r} member of samples {start}..{stop - 1} is not a decimal "
+            f"integer ({e}); pass int_fields=() to read it as bytes"
+        ) from e
+
+
+def read_range(
+    shards: ShardSet,
+    start: int,
+    stop: int,
+    columns: Sequence[str],
+    int_fields: Collection[str] = INT_FIELDS,
+    block_rows: int = BLOCK_ROWS,
+) -> Iterator[Any]:
+    """Yield global samples ``start <= i < stop`` as tables of ``block_rows`` samples.
+
+    An engine's read task: the last table may be shorter. Raises as :func:`block_table`.
+    """
+    b = check_int("block_rows", block_rows, 1)
+    for a in range(start, stop, b):
+        yield block_table(shards, a, min(stop, a + b), columns, int_fields)
+
+
+def samples_of(
+    batches: Iterable[Any], key: str = KEY, to_sample: Callable[[int, Any], Any] | None = None
+) -> Iterator[Any]:
+    """Arrow record batches (or tables) of rows as sample dicts: what an engine's write task writes.
+
+    Column ``key`` is the sample's ``__key__``, every other column one member named by the
+    column (encoded by extension when written: ``int`` for ``cls``, ``bytes`` as they are,
+    ``str`` UTF-8, dicts as JSON); a null leaves that member out, and columns starting with
+    ``__`` (``__index__`` of a table :func:`read_range` made) are not members. With
+    ``to_sample``, each row as a dict of its columns instead (``to_sample`` converts it).
+    """
+    for b in batches:
+        for row in b.to_pylist():
+            if to_sample is not None:
+                yield row
+                continue
+            s = {"__key__": row.pop(key, None)}
+            s.update((c, v) for c, v in row.items() if v is not None and not c.startswith("__"))
+            yield s
