@@ -14,7 +14,9 @@ from __future__ import annotations
 import bisect
 import functools
 import os
+import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from ray.data import Dataset, read_datasource
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from ..format.url import is_url
 from ..read import ShardSet
 from ..read.block import Fields
 from ..storage.remote import RemoteOptions
@@ -43,25 +46,30 @@ __all__ = ["TarIndexDatasource", "read"]
 class _Spec:
     """What a read task needs to open the dataset in its worker (small: pickled per task)."""
 
+    token: str
+    """Unique per datasource: a worker never reuses another read's (maybe older) ShardSet."""
     source: Any
     remote: RemoteOptions
     use_mmap: bool
     verify_data: bool
 
 
-_OPEN: dict[str, ShardSet] = {}
+_OPEN: OrderedDict[str, ShardSet] = OrderedDict()
 _OPEN_LOCK = threading.Lock()
+_KEEP_OPEN = 4  # datasets a worker keeps open (each holds at most ShardSet's max_open shards)
 
 
 def _shards(spec: _Spec) -> ShardSet:
     """This process's ShardSet of ``spec`` (a Ray worker runs many read tasks: opened once)."""
-    key = repr(spec)
     with _OPEN_LOCK:
-        got = _OPEN.get(key)
+        got = _OPEN.get(spec.token)
         if got is None:
-            got = _OPEN[key] = ShardSet(
+            got = _OPEN[spec.token] = ShardSet(
                 spec.source, remote=spec.remote, use_mmap=spec.use_mmap, verify_data=spec.verify_data
             )
+            while len(_OPEN) > _KEEP_OPEN:
+                _OPEN.popitem(last=False)[1].close()
+        _OPEN.move_to_end(spec.token)
         return got
 
 
@@ -69,6 +77,11 @@ def _read_task(
     spec: _Spec, start: int, stop: int, columns: list[str], int_fields: tuple[str, ...], rows: int
 ) -> Iterator[Any]:
     yield from read_range(_shards(spec), start, stop, columns, int_fields, rows)
+
+
+def _absolute(p: Any) -> Any:
+    p = os.fspath(p) if isinstance(p, os.PathLike) else p
+    return os.path.abspath(p) if isinstance(p, str) and not is_url(p) else p
 
 
 class TarIndexDatasource(Datasource):
@@ -110,9 +123,9 @@ class TarIndexDatasource(Datasource):
         verify_data: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        src = [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else source
-        src = os.fspath(src) if isinstance(src, os.PathLike) else src
-        self._spec = _Spec(src, remote or RemoteOptions(), use_mmap, verify_data)
+        # absolute on the driver: workers run in other directories
+        src = [_absolute(p) for p in source] if isinstance(source, (list, tuple)) else _absolute(source)
+        self._spec = _Spec(secrets.token_hex(8), src, remote or RemoteOptions(), use_mmap, verify_data)
         shards = ShardSet(src, remote=self._spec.remote, use_mmap=use_mmap)
         self.columns = columns_of(shards, fields)
         """The member columns, in order."""
