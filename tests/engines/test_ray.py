@@ -60,7 +60,7 @@ def same_as_shards(rows: list[dict[str, Any]], manifest: str) -> None:
     ref = tarindex.ShardSet(manifest)
     assert sorted(r["__index__"] for r in rows) == list(range(len(ref)))
     for r in rows:
-        s = ref.get(r["__index__"])
+        s = ref.sample(r["__index__"])
         assert r["__key__"] == s["__key__"]
         assert r["bin"] == s["bin"] and r["cls"] == int(s["cls"])
         assert r["json"] == s.get("json")
@@ -160,7 +160,7 @@ def test_fields_cls_reads_no_payload_bytes(cluster: None, tmp_path: Path) -> Non
             continue  # the open-time checks: first and last 4 KiB, the end (FORMAT.md §3)
         hit = [x for x in payload_ranges if x[0] == name and x[1] < b and a < x[2]]
         assert not hit, f"GET {name} bytes {a}-{b} overlaps payload members {hit[:3]}"
-    assert sent < total / 50
+    assert sent < total / 20  # cls members, headers between them, the open-time checks
 
 
 def test_write_empty_blocks_and_a_retried_task(cluster: None, tmp_path: Path) -> None:
@@ -183,9 +183,9 @@ def test_write_empty_blocks_and_a_retried_task(cluster: None, tmp_path: Path) ->
     want = [i for i in range(3000) if not (500 <= i < 1000 or 2000 <= i < 2500)]
     assert t.n_samples == len(want)
     ss = tarindex.ShardSet(str(out / "data.json"))
-    keys = [ss.get(j)["__key__"] for j in range(len(ss))]
+    keys = [ss.sample(j)["__key__"] for j in range(len(ss))]
     assert sorted(keys) == [f"{i:06d}" for i in want]  # every row exactly once
-    assert all(ss.get(j)["bin"] == payload(int(k)) for j, k in enumerate(keys))
+    assert all(ss.sample(j)["bin"] == payload(int(k)) for j, k in enumerate(keys))
     # the failed attempt removed its own files; nothing is left for prune
     assert prune(str(out), str(out / "data.json")) == []
 
