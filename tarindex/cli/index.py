@@ -41,6 +41,7 @@ def command(args: argparse.Namespace) -> int:
             up_to_date=None if args.force else is_up_to_date,
             require_end=args.require_end,
             checksums=args.checksums,
+            gzip_spacing=args.gzip_spacing,
             on_result=report,
         )
     except ValueError as e:  # a URL without --out

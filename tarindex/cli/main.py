@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import PackError, TarIndexError
+from ..format.spec import GZIP_SPACING, MIN_GZIP_SPACING
 from ..read import read_kernel
 from ..write.pack import LAYOUTS
 from . import cat, demo, index, info, ls, manifest, pack, verify, view
@@ -84,6 +85,13 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _gzip_spacing(text: str) -> int:
+    v = _positive_int(text)
+    if v < MIN_GZIP_SPACING:
+        raise argparse.ArgumentTypeError(f"{v} must be >= {MIN_GZIP_SPACING} (64 KiB)")
     return v
 
 
@@ -180,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also record each member's crc32 (reads all the data), for `tarindex verify "
         "--data` and reads with verify_data=True",
+    )
+    s.add_argument(
+        "--gzip-spacing",
+        type=_gzip_spacing,
+        default=GZIP_SPACING,
+        metavar="BYTES",
+        help="gzip-compressed tars (.tar.gz, .tgz): decompressed bytes between seek points; a "
+        "random read inflates at most this much, the index keeps 32 KiB per point "
+        "(default: 1048576, at least 65536; docs/FORMAT.md section 10)",
     )
     s.add_argument(
         "-o",

@@ -13,7 +13,8 @@ Layout (little-endian; every section starts on an 8-byte boundary)::
     | ext_ptr     <u8[n_exts + 1]                    |  §2.4
     | ext_blob    u8[ext_bytes]    (+pad)            |  §2.4
     | meta        JSON, meta_bytes (+pad)            |  §2.6
-    | records (1.1+): TARX, DCRC, KHSH (1.2)         |  §2.8
+    | records (1.1+): TARX, DCRC, KHSH (1.2), GZIX   |  §2.8
+    |   (1.3)                                        |
     | footer  <I4s>: crc32 of all bytes above, TIDX  |  §2.7
     +-----------------------------------------------+
 """
@@ -37,6 +38,7 @@ from ..errors import (
     UnsupportedVersionError,
 )
 from .guards import check_samples
+from .gzindex import GzipIndex, decode_gzip_record, encode_gzip_record
 from .hints import rebuild_hint
 from .keytable import check_key_table, key_table_of
 from .spec import (
@@ -59,6 +61,7 @@ from .spec import (
     RECORD,
     SHARD_ID_BYTES,
     TAG_DATA_CRC,
+    TAG_GZIP,
     TAG_KEY_HASH,
     TAG_TAR,
     TAR_RECORD,
@@ -192,6 +195,9 @@ class IndexTables:
     always computes it from the keys."""
     key_order: NDArray[np.uint32] | None = None
     """Shape ``(n_samples,)``, ``<u4``: the sample numbers in the order of :attr:`key_hash`."""
+    gzip: GzipIndex | None = None
+    """A gzip-compressed shard's fingerprint and seek points (FORMAT.md §2.8.4), or ``None``
+    for a plain tar. When set, every offset and ``tar_size`` are of the decompressed tar."""
     crc: int = -1
     """The index file's crc32 (its footer, FORMAT.md §2.7) when decoded from one, else -1."""
     index_bytes: int = -1
@@ -222,8 +228,8 @@ def encode_index(t: IndexTables, records: bool = True, key_table: bool = True) -
         t: The tables.
         records: Write the records of FORMAT.md §2.8 (``TARX`` when ``t.end >= 0`` or a shard
             id is set, ``DCRC`` when ``t.member_crc`` is set, and ``KHSH``, the key table
-            computed from the keys, when the shard has fewer than ``2**32`` samples).
-            Defaults to ``True``.
+            computed from the keys, when the shard has fewer than ``2**32`` samples, and
+            ``GZIX`` when ``t.gzip`` is set). Defaults to ``True``.
         key_table: Write the ``KHSH`` record (with ``records``). ``False`` writes what a
             format 1.1 writer wrote. Defaults to ``True``.
 
@@ -310,6 +316,8 @@ def encode_index(t: IndexTables, records: bool = True, key_table: bool = True) -
         kt = key_table_of(key_blob, kptr)
         data = kt.hash.astype(KEY_HASH_DTYPE).tobytes() + kt.order.astype(KEY_HASH_DTYPE).tobytes()
         out += _record(TAG_KEY_HASH, data)
+    if records and t.gzip is not None:
+        out += _record(TAG_GZIP, encode_gzip_record(t.gzip))
     out += FOOTER.pack(zlib.crc32(out), END_MAGIC)
     return bytes(out)
 
@@ -541,6 +549,8 @@ def decode_index(
         korder = np.frombuffer(
             data, dtype=KEY_HASH_DTYPE, count=h.n_samples, offset=4 * h.n_samples
         )
+    rec = records.get(TAG_GZIP)
+    gz = None if rec is None else decode_gzip_record(rec[1], rec[0], path)
     t = IndexTables(
         sample_ptr=sample_ptr,
         offset=arr("offset", OFFSET_DTYPE, h.n_members),
@@ -559,6 +569,7 @@ def decode_index(
         member_crc=member_crc,
         key_hash=khash,
         key_order=korder,
+        gzip=gz,
         crc=int(crc),
         index_bytes=len(buf),
     )

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_BLOB_BYTES",
     "FINGERPRINT_BYTES",
     "INDEX_SUFFIX",
+    "SHARD_SUFFIXES",
     "MAX_META_BYTES",
     "RECORD",
     "TAG_TAR",
@@ -33,6 +34,12 @@ __all__ = [
     "CRC_DTYPE",
     "TAG_KEY_HASH",
     "KEY_HASH_DTYPE",
+    "TAG_GZIP",
+    "GZIP_RECORD",
+    "GZIP_SEEK_MAGIC",
+    "GZIP_SPACING",
+    "MIN_GZIP_SPACING",
+    "GZIP_WINDOW",
     "SHARD_ID_BYTES",
     "END_CHECK_BYTES",
     "HEADER_CHECKS",
@@ -92,7 +99,7 @@ __all__ = [
 MAGIC = b"\x89TIDX\r\n\x1a"  # §2.1: non-ASCII first byte and CR/LF/^Z, as PNG does
 END_MAGIC = b"TIDX"  # §2.7: last 4 bytes of every index file
 FORMAT_MAJOR = 1  # §2.1: readers refuse an unknown major version
-FORMAT_MINOR = 2  # §2.1: minor versions only add records (§2.8); readers skip unknown ones
+FORMAT_MINOR = 3  # §2.1: minor versions only add records (§2.8); readers skip unknown ones
 
 # §2.1: magic, major, minor, flags, n_samples, n_members, n_exts, key_bytes, ext_bytes,
 #       meta_bytes, tar_size, head_crc32, tail_crc32
@@ -106,6 +113,7 @@ MAX_MEMBERS = 1 << 42  # §2.1
 MAX_BLOB_BYTES = 1 << 44  # key/ext/meta lengths: a reader limit, not stated in FORMAT.md
 FINGERPRINT_BYTES = 4096  # §3: crc32 of the first and of the last 4096 bytes of the tar
 INDEX_SUFFIX = ".tidx"  # §1: the index of ``x.tar`` is ``x.tar.tidx``
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")  # §1, §10: the shards a directory listing yields
 MAX_META_BYTES = 1 << 20  # §2.6: the JSON metadata is small; checked before it is read
 RECORD = struct.Struct("<4sIQ")  # §2.8: tag, reserved (0), length in bytes; data follows
 TAG_TAR = b"TARX"  # §2.8.1 (1.1): shard id, end of the archive's data
@@ -114,6 +122,13 @@ TAG_DATA_CRC = b"DCRC"  # §2.8.2 (1.1): crc32 of every member's data
 CRC_DTYPE = np.dtype("<u4")  # §2.8.2
 TAG_KEY_HASH = b"KHSH"  # §2.8.3 (1.2): key table, sorted 32-bit key hashes + sample numbers
 KEY_HASH_DTYPE = np.dtype("<u4")  # §2.8.3: both columns of the key table
+TAG_GZIP = b"GZIX"  # §2.8.4 (1.3): a gzip-compressed shard's fingerprint and seek points
+# §2.8.4: compressed size, crc32 of its first and last 4096 bytes, spacing, reserved (0)
+GZIP_RECORD = struct.Struct("<QIIQQ")
+GZIP_SEEK_MAGIC = b"GZIDX"  # §2.8.4: the seek points are an indexed_gzip/zran export (v0, v1)
+GZIP_SPACING = 1 << 20  # §10: default bytes of uncompressed data between two seek points
+MIN_GZIP_SPACING = 1 << 16  # §10: smallest spacing accepted (each point holds a 32 KiB window)
+GZIP_WINDOW = 1 << 15  # §10: uncompressed bytes a seek point keeps (deflate's window, RFC 1951)
 SHARD_ID_BYTES = 16  # §1, §2.8.1: random id the writer puts in the shard's first block
 END_CHECK_BYTES = 64 * 1024  # §3: bytes after ``end`` read at open; they must be zeros
 HEADER_CHECKS = 5  # §3: member headers re-read at open (first, quartiles, last)

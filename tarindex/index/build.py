@@ -20,21 +20,25 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._version import __version__
-from ..errors import TarIndexError
+from ..errors import NotATarError, TarIndexError
 from ..format.group import group_members
 from ..format.index import IndexTables, encode_index
 from ..format.keys import NO_SAMPLE, no_sample_reason, normalize_name
-from ..format.spec import MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
+from ..format.spec import GZIP_SPACING, MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
+from ..format.tar import compression_of
 from ..format.url import is_url
 from ..format.zstd_dict import DictEntry, dict_id_of, entry_for
+from ..storage.bytesource import open_regular
 from ..storage.indexfile import index_path_for, write_atomic
 from ..storage.remote import download, local_path
+from .gzbuild import check_spacing, gunzipped
 from .scan import Members, scan_members
 
 __all__ = [
     "IndexResult",
     "build_index",
     "build_indexes",
+    "compression_of_file",
     "find_zstd_dict",
     "index_tables_for",
     "local_tar",
@@ -142,42 +146,88 @@ def build_index(
     *,
     require_end: bool = True,
     checksums: bool = False,
+    gzip_spacing: int = GZIP_SPACING,
+    tmp_dir: str | None = None,
+    on_read: Callable[[int], None] | None = None,
 ) -> IndexTables:
     """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
 
-    The tar is opened and mapped once: the header walk also takes the fingerprint. Warnings
+    A plain tar is opened and mapped once: the header walk also takes the fingerprint. A
+    gzip-compressed tar (``.tar.gz``, ``.tgz``: found by its magic bytes, whatever its name)
+    is indexed without recompressing it (FORMAT.md §10): its seek points are recorded (one
+    every ``gzip_spacing`` decompressed bytes), a temporary decompressed copy in ``tmp_dir``
+    is walked, and the index records the offsets of the tar inside, the data crc32s (the
+    data is read anyway) and the compressed file's fingerprint (``GZIX``, §2.8.4). Warnings
     as :func:`index_tables_for` and :func:`tarindex.index.scan.scan_members`.
 
     Args:
         tar_path: A plain tar made by any common tool (GNU tar, bsdtar, Python tarfile,
-            webdataset, tarindex); the dialects are in docs/TAR_DIALECTS.md.
+            webdataset, tarindex; docs/TAR_DIALECTS.md), or such a tar compressed with gzip.
         index_path: Where to write. Defaults to ``<tar_path>.tidx`` (FORMAT.md §1).
         require_end: Refuse a tar that ends without the end-of-archive zero blocks (a copy
             cut at a member boundary looks the same: ``TruncatedError``). ``False`` indexes
             it with a warning (``tarindex index --no-require-end``). Defaults to ``True``.
             docs/TAR_DIALECTS.md, "End of archive".
         checksums: Also record each member's crc32 (FORMAT.md §2.8.2; reads all the data,
-            so ``tarindex verify --data`` and ``verify_data=True`` can check them). Defaults
-            to ``False``.
+            so ``tarindex verify --data`` and ``verify_data=True`` can check them). Always
+            on for a gzip-compressed tar. Defaults to ``False``.
+        gzip_spacing: Decompressed bytes between two seek points of a gzip-compressed tar,
+            at least 64 KiB: a random read decompresses at most this much, and the index
+            holds 32 KiB per point (FORMAT.md §10). Defaults to ``1 MiB``.
+        tmp_dir: Directory of the temporary decompressed copy. Defaults to ``None`` (the
+            system's temp directory).
+        on_read: Called with each count of compressed bytes read while indexing a
+            compressed tar (twice its size in all), e.g. for a progress bar. Defaults to
+            ``None``.
 
     Returns:
         The tables written (FORMAT.md §2).
 
     Raises:
         FormatError: Any of the scan errors of :func:`tarindex.index.scan.scan_members` (truncated,
-            corrupt, compressed, not a tar); each names the file and the byte offset. No
-            index file is written then.
+            corrupt, not a tar); each names the file and the byte offset. No index file is
+            written then. Invalid gzip data raises ``TruncatedError``/``ChecksumError``.
+        CompressedTarError: bzip2, xz, zstd or lz4 data (no random access: the message gives
+            the command that converts it).
+        ValueError: ``gzip_spacing`` is below 64 KiB.
         OSError: The tar cannot be read or the index cannot be written.
     """
     tar_path = os.fspath(tar_path)
-    members = scan_members(tar_path, require_end=require_end, checksums=checksums)
+    if compression_of_file(tar_path) == "gzip":
+        check_spacing(gzip_spacing)
+        with gunzipped(tar_path, gzip_spacing, tmp_dir, on_read) as (plain, gz):
+            tables = _tables(plain, require_end, True, tar_path)
+            tables.gzip = gz
+    else:
+        tables = _tables(tar_path, require_end, checksums, tar_path)
+    write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
+    return tables
+
+
+def compression_of_file(path: str) -> str | None:
+    """The compression a file's first bytes announce (``"gzip"``, ``"zstd"``, ...), or None.
+
+    Raises:
+        OSError: The file cannot be opened (a FIFO or device is refused, never read).
+    """
+    fd = open_regular(path, "a tar", NotATarError)
+    try:
+        comp = compression_of(os.pread(fd, 8, 0))
+    finally:
+        os.close(fd)
+    return None if comp is None else comp[0]
+
+
+def _tables(path: str, require_end: bool, checksums: bool, shown: str) -> IndexTables:
+    """Scan the plain tar at ``path`` into index tables; messages name ``shown``."""
+    members = scan_members(path, require_end=require_end, checksums=checksums)
+    entry = find_zstd_dict(members)  # reads from ``path``
+    members.path = shown
     tables = index_tables_for(members)
-    entry = find_zstd_dict(members)
     if entry is not None:
         tables.meta[ZSTD_DICT_META] = entry.meta()
     if not require_end:
         tables.meta["require_end"] = False  # verify rescans it the same way
-    write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables
 
 
@@ -250,7 +300,12 @@ def _one_line(e: BaseException) -> str:
 
 
 def _build_one(
-    path: str, index_path: str, out: str | None, require_end: bool, checksums: bool
+    path: str,
+    index_path: str,
+    out: str | None,
+    require_end: bool,
+    checksums: bool,
+    gzip_spacing: int = GZIP_SPACING,
 ) -> IndexResult:
     """Build one tar's index; never raises (it runs in a worker process)."""
     tmp = path
@@ -258,7 +313,14 @@ def _build_one(
         warnings.simplefilter("always")
         try:
             with local_tar(path, out) as tmp:
-                tables = build_index(tmp, index_path, require_end=require_end, checksums=checksums)
+                tables = build_index(
+                    tmp,
+                    index_path,
+                    require_end=require_end,
+                    checksums=checksums,
+                    gzip_spacing=gzip_spacing,
+                    tmp_dir=out,
+                )
             res = IndexResult(
                 path, "built", index_path, tables.n_samples, f"{tables.n_samples} samples"
             )
@@ -273,12 +335,17 @@ def _build_one(
 
 
 def _run(
-    todo: list[tuple[str, str]], jobs: int, out: str | None, require_end: bool, checksums: bool
+    todo: list[tuple[str, str]],
+    jobs: int,
+    out: str | None,
+    require_end: bool,
+    checksums: bool,
+    gzip_spacing: int,
 ) -> Iterator[IndexResult]:
     """Yield the result of every ``(tar, index path)``, in completion order."""
     if jobs <= 1 or len(todo) <= 1:
         for p, ip in todo:
-            yield _build_one(p, ip, out, require_end, checksums)
+            yield _build_one(p, ip, out, require_end, checksums, gzip_spacing)
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -290,7 +357,8 @@ def _run(
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
         futures = {
-            pool.submit(_build_one, p, ip, out, require_end, checksums): (p, ip) for p, ip in todo
+            pool.submit(_build_one, p, ip, out, require_end, checksums, gzip_spacing): (p, ip)
+            for p, ip in todo
         }
         for fut in as_completed(futures):
             try:
@@ -314,6 +382,7 @@ def build_indexes(
     up_to_date: Callable[[str, str | None], bool] | None = None,
     require_end: bool = True,
     checksums: bool = False,
+    gzip_spacing: int = GZIP_SPACING,
     on_result: Callable[[IndexResult], None] | None = None,
 ) -> list[IndexResult]:
     """Build the sidecar index of many tars, in parallel processes (``tarindex index``).
@@ -338,6 +407,7 @@ def build_indexes(
             tar. Defaults to ``None``: every tar is built (``tarindex index --force``).
         require_end: As :func:`build_index`. Defaults to ``True``.
         checksums: As :func:`build_index`. Defaults to ``False``.
+        gzip_spacing: As :func:`build_index` (gzip-compressed tars). Defaults to 1 MiB.
         on_result: Called in this process with each result as it is ready (completion
             order; skipped tars first), e.g. for a progress bar. Defaults to ``None``.
 
@@ -351,6 +421,7 @@ def build_indexes(
     """
     if jobs < 1:
         raise ValueError(f"jobs={jobs!r}: expected at least 1 worker process")
+    check_spacing(gzip_spacing)
     remote = [p for p in paths if is_url(p)]
     if remote and out is None:
         raise ValueError(
@@ -374,7 +445,7 @@ def build_indexes(
                 on_result(results[p])
         else:
             todo.append((p, ip))
-    for res in _run(todo, jobs, out, require_end, checksums):
+    for res in _run(todo, jobs, out, require_end, checksums, gzip_spacing):
         results[res.path] = res
         if on_result is not None:
             on_result(res)

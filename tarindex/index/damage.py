@@ -34,17 +34,42 @@ __all__ = [
 def fail_head(path: str, head: bytes) -> None:
     """Raise :class:`~tarindex.errors.CompressedTarError` if ``head`` starts a compressed stream.
 
+    Called where a plain tar is expected: gzip data is indexed before the walk
+    (:func:`tarindex.index.build.build_index`, seek points); bzip2, xz, zstd and lz4 have no
+    random access here, and the message gives two commands that work: recompress it with
+    gzip (kept compressed, read at random through seek points) or decompress it.
+
     Raises:
-        CompressedTarError: gzip, bzip2, xz, zstd or lz4 data (the message names the command
-            that decompresses it).
+        CompressedTarError: gzip, bzip2, xz, zstd or lz4 data.
     """
     comp = compression_of(head)
     if comp is not None:
         fmt, cmd = comp
+        stem = _stem(path)
+        if fmt == "gzip":
+            fix = (
+                f"index it with build_index or `tarindex index {path}` (seek points, FORMAT.md §10)"
+            )
+        else:
+            fix = (
+                f"recompress it with gzip, which tarindex reads at random through seek points: "
+                f"`{cmd} < {path} | gzip > {stem}.tar.gz` then `tarindex index {stem}.tar.gz`; "
+                f"or decompress it: `{cmd} < {path} > {stem}.tar`"
+            )
         raise CompressedTarError(
-            f"{path}: byte 0: found a {fmt} stream, expected a plain tar header; tarindex indexes "
-            f"uncompressed tars only: run `{cmd} < {path} > plain.tar` and index that"
+            f"{path}: byte 0: found a {fmt} stream, expected a plain tar header; tarindex reads "
+            f"plain and gzip-compressed tars at random, not {fmt} ones (no seek points): {fix}"
         )
+
+
+def _stem(path: str) -> str:
+    """``path`` without its compression suffixes: ``x.tar.zst``, ``x.tzst`` -> ``x``."""
+    base = path
+    for suf in (".zst", ".zstd", ".xz", ".bz2", ".lz4", ".tzst", ".txz", ".tbz2", ".tbz"):
+        if base.endswith(suf):
+            base = base[: -len(suf)]
+            break
+    return base.removesuffix(".tar")
 
 
 def checksum_error(path: str, block: bytes, pos: int) -> TarIndexError:

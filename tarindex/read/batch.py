@@ -74,6 +74,7 @@ def gather(
     crcs: list[Any] = [None] * n_slots  # with verify_data: the recorded member crc32s
     tables: dict[int, tuple[ShardReader, HotTables]] = {}
     seen = bytearray(n_slots)
+    verify = pool.verify_data  # or a shard whose reader always verifies (compressed)
     if not copy:
         for slot, s in enumerate(slots):
             r = pool.reader(s)
@@ -81,6 +82,7 @@ def gather(
             h = r.hot
             tables[s] = (r, h)
             slot_exts[slot], crcs[slot] = h.exts, r.index.member_crc
+            verify = verify or r.verify_data
     col = col.astype(np.int64, copy=False)
     got = None if copy else _gather_compiled(slots, tables, col, local)
     if got is not None:
@@ -100,6 +102,7 @@ def gather(
             col,
             fields,
             copy,
+            verify,
         )
     # One scalar pass: per sample its key and member count; its run of member offsets,
     # sizes and extension ids is appended as raw little-endian table bytes (one memcpy
@@ -114,6 +117,7 @@ def gather(
             if not seen[slot]:
                 seen[slot] = 1
                 slot_exts[slot], crcs[slot] = h.exts, r.index.member_crc
+                verify = verify or r.verify_data
         else:
             r, h = tables[s]
         checked, kp, sp, imm, kb, _, _, _, _, _, _, ob, sb, eb, _, _ = h
@@ -140,6 +144,7 @@ def gather(
         col,
         fields,
         copy,
+        verify,
     )
 
 
@@ -254,8 +259,13 @@ def _assemble(
     shard_col: NDArray[np.int64],
     fields: Fields,
     copy: bool,
+    verify: bool,
 ) -> Block:
-    """The vectorised half of :func:`gather`: member arrays, projection, reads, the block."""
+    """The vectorised half of :func:`gather`: member arrays, projection, reads, the block.
+
+    ``verify``: check members against their recorded crc32s (``verify_data``, or a
+    compressed shard, whose reader always does).
+    """
     cnt = np.asarray(cnts, np.int64) if isinstance(cnts, list) else np.frombuffer(cnts, np.int64)
     tar_off = np.frombuffer(off_b, OFFSET_DTYPE).astype(np.int64)
     size = np.frombuffer(size_b, OFFSET_DTYPE).astype(np.int64)
@@ -277,7 +287,7 @@ def _assemble(
         eid = np.asarray(codes, np.int64)[eid + np.asarray(ebase, np.int64)[src]]
     names = list(ext_code)
     mid = None  # with verify_data: each member's number in its index
-    if pool.verify_data:  # each member's number in its index: sample_ptr[j] + rank
+    if verify:  # each member's number in its index: sample_ptr[j] + rank
         sps = [pool.reader(s).index.sample_ptr for s in slots] if copy else None
         first = np.empty(len(keys), np.int64)
         for c in range(len(slots)):

@@ -61,6 +61,7 @@ __all__ = [
     "check_opened",
     "check_fingerprint",
     "check_size",
+    "check_gzip",
     "open_ranges",
     "missing_index",
     "stale_count",
@@ -147,6 +148,36 @@ def check_size(t: IndexTables, size: int, tar_path: str, index_path: str) -> Non
             f"{tar_path}: tar is {size} bytes, its index {index_path} was "
             f"made for {t.tar_size} bytes (the tar was replaced, appended to or cut); "
             f"rebuild it with: tarindex index --force {tar_path}"
+        )
+
+
+def check_gzip(t: IndexTables, size: int, read: Read, tar_path: str, index_path: str) -> None:
+    """Refuse a compressed shard that is not the file its index was made from (FORMAT.md §2.8.4).
+
+    The rule of :func:`check_size` and :func:`check_fingerprint` applied to the compressed
+    file: its size and the crc32 of its first and last 4 KiB (which hold the gzip trailer,
+    the crc32 and length of the data) against the index's ``GZIX`` record. A tar whose
+    index has no such record passes (its own checks apply).
+
+    Raises:
+        StaleIndexError: Naming what differs and the command that rebuilds the index.
+    """
+    gz = t.gzip
+    if gz is None:
+        return
+    fix = f"rebuild it with: tarindex index --force {tar_path}"
+    if size != gz.gz_size:
+        raise StaleIndexError(
+            f"{tar_path}: compressed file is {size} bytes, its index {index_path} was made for "
+            f"{gz.gz_size} bytes (the file was replaced, appended to or cut); {fix}"
+        )
+    head, tail = fingerprint(read, size)
+    if head != gz.head_crc or tail != gz.tail_crc:
+        n = min(FINGERPRINT_BYTES, size)
+        where = 0 if head != gz.head_crc else size - n
+        raise StaleIndexError(
+            f"{tar_path}: compressed bytes {where}..{where + n} differ from when {index_path} "
+            f"was made (the file was replaced or rewritten); {fix}"
         )
 
 

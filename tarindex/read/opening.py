@@ -15,9 +15,11 @@ import mmap
 import os
 
 from ..errors import FormatError, StaleIndexError, TruncatedError
+from ..format.gzindex import GzipIndex
 from ..format.index import IndexTables, decode_index
 from ..format.spec import HEADER
-from ..storage.bytesource import ByteSource, open_source
+from ..storage.bytesource import ByteSource, PreadSource, open_source
+from ..storage.gzsource import GzipSource
 from ..storage.remote import (
     RemoteOptions,
     RemoteSource,
@@ -71,6 +73,9 @@ class ShardOpener:
         try:
             self._decode(memoryview(self._imm), full_check, check_crc)
             fd = open_regular_file(tar_path)
+            if self.index.gzip is not None:  # the tar inside a gzip file (FORMAT.md §10)
+                self._open_gzip(PreadSource(tar_path, fd, os.fstat(fd).st_size), self.index.gzip)
+                return
             try:
                 self.tar_size = os.fstat(fd).st_size
                 checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
@@ -98,10 +103,20 @@ class ShardOpener:
                 else:
                     data = read_local_index(self.tar_path, self.index_path)
                 self._decode(memoryview(data), full_check, check_crc)
+                gz = self.index.gzip
                 if is_url(self.tar_path):
                     t = self.index
                     ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+                    if gz is not None:  # the compressed file is the object read
+                        ident = f"gz:{gz.gz_size}:{gz.head_crc}:{gz.tail_crc}"
                     self._src = RemoteSource.open(self.tar_path, opts, ident)
+                    if gz is not None:
+                        self._open_gzip(self._src, gz)
+                        return
+                elif gz is not None:
+                    fd = open_regular_file(local_path(self.tar_path))
+                    self._open_gzip(PreadSource(self.tar_path, fd, os.fstat(fd).st_size), gz)
+                    return
                 else:
                     fd = open_regular_file(local_path(self.tar_path))
                     self._src = open_source(self.tar_path, fd, os.fstat(fd).st_size, False)
@@ -128,6 +143,22 @@ class ShardOpener:
                 self.close()
                 raise
 
+    def _open_gzip(self, raw: ByteSource, gz: GzipIndex) -> None:
+        """Serve the tar inside the gzip file ``raw`` through its seek points (FORMAT.md §10).
+
+        The compressed file is checked against the ``GZIX`` record first, then the tar
+        inside against the index as any tar (FORMAT.md §3), through the decompressing source.
+        """
+        try:
+            self._src = raw
+            checks.check_gzip(self.index, raw.size, raw.read, self.tar_path, self.index_path)
+            self._src = GzipSource(self.tar_path, raw, gz, self.index.tar_size)
+        except BaseException:
+            raw.close()
+            raise
+        self.tar_size = self.index.tar_size
+        self._check_fingerprint()
+
     def _check_fingerprint(self) -> None:
         checks.check_fingerprint(
             self.index, self.tar_size, self._read_check, self.tar_path, self.index_path
@@ -142,6 +173,10 @@ class ShardOpener:
         self.index: IndexTables = decode_index(
             buf, self.index_path, full_check=full_check, check_crc=check_crc
         )
+        if self.index.gzip is not None:
+            # a compressed shard's members are always checked against their crc32s: bytes
+            # changed inside the compressed stream may inflate without an error (FORMAT.md §10)
+            self.verify_data = True
         if self.verify_data and self.index.member_crc is None:
             raise FormatError(
                 f"{self.index_path}: verify_data=True but the index records no data "

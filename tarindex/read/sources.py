@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..format.manifest import ManifestTable, decode_manifest, resolve_paths
-from ..format.spec import INDEX_SUFFIX
+from ..format.spec import INDEX_SUFFIX, SHARD_SUFFIXES
 from ..storage.remote import (
     DEFAULT,
     MANIFEST_MAX_BYTES,
@@ -250,7 +250,8 @@ def expand_shards(source: Source, remote: RemoteOptions | None = None) -> ShardL
 def expand_source(source: Source, remote: RemoteOptions | None = None) -> list[str]:
     """Return the shard paths (or URLs) of ``source``, in a stable order.
 
-    ``source`` may be a path, a directory (its ``*.tar`` files, sorted), a glob (sorted
+    ``source`` may be a path, a directory (its ``*.tar``, ``*.tar.gz`` and ``*.tgz`` files,
+    sorted), a glob (sorted
     matches; index files, manifests and temp files left out), a brace pattern (in pattern
     order), a dataset manifest (a path ending in ``.json``, FORMAT.md §9: its shards, in its
     order, not checked to exist), or a list of any of these (list order).
@@ -281,9 +282,13 @@ def expand_source(source: Source, remote: RemoteOptions | None = None) -> list[s
                 continue
             p = local_path(p)
             if os.path.isdir(p):
-                found = sorted(glob.glob(os.path.join(glob.escape(p), "*.tar")))
+                found = sorted(
+                    f
+                    for f in glob.glob(os.path.join(glob.escape(p), "*"))
+                    if f.endswith(SHARD_SUFFIXES) and not os.path.isdir(f)
+                )
                 if not found:
-                    raise FileNotFoundError(f"{p}: directory has no *.tar shards")
+                    raise FileNotFoundError(f"{p}: directory has no *.tar, *.tar.gz or *.tgz shards")
                 out.extend(found)
             elif any(c in p for c in "*?[") and not os.path.exists(p):
                 # 'out/*' means the shards: not their indexes, temp files or sub-directories

@@ -96,6 +96,24 @@ def test_golden_v1_still_reads(tmp_path: Path) -> None:
     assert rebuilt.tables_bytes() == stored.tables_bytes()
 
 
+def test_golden_v1_3_gzip_still_reads(tmp_path: Path) -> None:
+    """Format 1.3's compressed golden shard: the GZIX record, the tar inside, the same samples."""
+    golden = GOLDEN.parent / "v1.3"
+    for f in golden.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    gz = tarindex.ShardReader(str(tmp_path / "tiny.tar.gz"), full_check=True)
+    plain = tarindex.ShardReader(str(tmp_path / "tiny.tar"), full_check=True)
+    assert gz.index.gzip is not None and gz.index.gzip.spacing == 1 << 16
+    assert gz.index.gzip.gz_size == (golden / "tiny.tar.gz").stat().st_size
+    assert gz.n_samples == plain.n_samples == 6
+    assert [gz.sample(j) for j in range(6)] == [plain.sample(j) for j in range(6)]
+    gz.close()
+    plain.close()
+    stored = decode_index((golden / "tiny.tar.gz.tidx").read_bytes())
+    plain_t = decode_index((golden / "tiny.tar.tidx").read_bytes())
+    assert stored.tables_bytes() == plain_t.tables_bytes()
+
+
 def _golden_copy(tmp_path: Path) -> tuple[Path, Path]:
     for f in ("tiny.tar", "tiny.tar.tidx"):
         shutil.copy(GOLDEN / f, tmp_path / f)

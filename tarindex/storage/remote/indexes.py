@@ -196,7 +196,7 @@ def expand_remote(pattern: str, opts: RemoteOptions = DEFAULT) -> list[str]:
     Raises:
         FileNotFoundError: Nothing matches (names the pattern).
     """
-    from ...format.spec import INDEX_SUFFIX
+    from ...format.spec import INDEX_SUFFIX, SHARD_SUFFIXES
 
     proto = protocol_of(pattern)
     globby = any(ch in pattern.split("://", 1)[1] for ch in "*?[")
@@ -206,7 +206,7 @@ def expand_remote(pattern: str, opts: RemoteOptions = DEFAULT) -> list[str]:
     if globby:
         found = fs.glob(fs_path(pattern))
     else:
-        found = [p for p in fs.ls(fs_path(pattern), detail=False) if p.endswith(".tar")]
+        found = [p for p in fs.ls(fs_path(pattern), detail=False) if p.endswith(SHARD_SUFFIXES)]
     urls = sorted(
         (p if url_scheme(p) else f"{proto}://{p.lstrip('/')}")
         for p in found

@@ -1,0 +1,85 @@
+"""Index a gzip-compressed tar without recompressing it (docs/FORMAT.md §10).
+
+:func:`gunzipped` records the file's seek points (:func:`tarindex.storage.gzsource.decompress_indexed`)
+and hands the header walk a temporary decompressed copy, removed afterwards whatever happens;
+:func:`renamed_errors` makes every message about that copy name the ``.tar.gz`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from ..errors import TarIndexError
+from ..format.gzindex import GzipIndex
+from ..format.spec import MIN_GZIP_SPACING
+from ..storage.bytesource import PreadSource, open_regular
+from ..storage.gzsource import decompress_indexed
+
+__all__ = ["gunzipped", "renamed_errors", "check_spacing"]
+
+
+def check_spacing(spacing: int) -> int:
+    """``spacing`` as an int, refused below :data:`~tarindex.format.spec.MIN_GZIP_SPACING`.
+
+    Raises:
+        ValueError: ``spacing`` is not an integer of at least 64 KiB.
+    """
+    if type(spacing) is not int or spacing < MIN_GZIP_SPACING:
+        raise ValueError(
+            f"gzip_spacing={spacing!r}: expected an int of at least {MIN_GZIP_SPACING} bytes "
+            f"(each seek point keeps a 32 KiB window; FORMAT.md §10)"
+        )
+    return spacing
+
+
+@contextmanager
+def gunzipped(
+    path: str,
+    spacing: int,
+    tmp_dir: str | None = None,
+    on_read: Callable[[int], None] | None = None,
+) -> Iterator[tuple[str, GzipIndex]]:
+    """Yield ``(plain tar, GZIX record)`` for the gzip file at ``path``.
+
+    The plain tar is a temp file in ``tmp_dir`` (else the system's temp directory, ``$TMPDIR``)
+    as large as the decompressed tar, deleted on exit.
+
+    Raises:
+        TruncatedError, ChecksumError, FormatError: Invalid gzip data (as
+            :func:`~tarindex.storage.gzsource.decompress_indexed`), naming ``path``.
+        OSError: ``path`` cannot be read or the temp file written (``ENOSPC``).
+    """
+    fd = open_regular(path, "a gzip-compressed tar")
+    src = PreadSource(path, fd, os.fstat(fd).st_size)
+    tfd, tmp = tempfile.mkstemp(prefix=".tarindex-gunzip-", suffix=".tar", dir=tmp_dir)
+    try:
+        with os.fdopen(tfd, "wb") as out:
+            gz = decompress_indexed(src, out, check_spacing(spacing), on_read)
+        src.close()
+        with renamed_errors(tmp, path):
+            yield tmp, gz
+    finally:
+        src.close()
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+@contextmanager
+def renamed_errors(tmp: str, path: str) -> Iterator[None]:
+    """Re-raise a :class:`~tarindex.errors.TarIndexError` about ``tmp`` as one about ``path``.
+
+    Its class is kept; the message says the byte offsets are in the decompressed tar.
+    """
+    try:
+        yield
+    except TarIndexError as e:
+        msg = str(e)
+        if tmp not in msg:
+            raise
+        msg = msg.replace(f"{tmp}: byte", f"{path}: decompressed byte").replace(tmp, path)
+        raise type(e)(msg) from None
