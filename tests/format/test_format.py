@@ -47,7 +47,7 @@ def test_header_exact_bytes() -> None:
     assert enc[:8] == MAGIC == b"\x89TIDX\r\n\x1a"
     assert struct.unpack_from("<HHIQQQQQQQII", enc, 8) == (
         1,
-        2,
+        3,  # minor 3: the GZIX record of compressed shards (FORMAT.md §2.8.4)
         0,
         2,
         3,
