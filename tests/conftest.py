@@ -16,6 +16,12 @@ from tarindex.write.tar import TarShardWriter
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
+@pytest.fixture(autouse=True)
+def _whole_shard_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole remote shards (the fetch policy) go under the test's tmp_path, not ``/tmp``."""
+    monkeypatch.setenv("TARINDEX_CACHE_DIR", str(tmp_path / "tarindex-cache"))
+
+
 def sample_payload(i: int, rng: np.random.Generator) -> dict[str, object]:
     """A sample of varied shape: raw bytes of random size (0..3000), a label, text."""
     n = int(rng.integers(0, 3000))

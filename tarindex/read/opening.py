@@ -26,6 +26,7 @@ from ..storage.remote import (
     forget_index,
     is_url,
     load_indexes,
+    local_copy,
     local_path,
 )
 from . import checks
@@ -40,6 +41,7 @@ class ShardOpener:
     tar_path: str
     index_path: str
     verify_data: bool
+    use_mmap: bool
     index: IndexTables
     tar_size: int
     _imm: mmap.mmap | None
@@ -109,7 +111,13 @@ class ShardOpener:
                     ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
                     if gz is not None:  # the compressed file is the object read
                         ident = f"gz:{gz.gz_size}:{gz.head_crc}:{gz.tail_crc}"
-                    self._src = RemoteSource.open(self.tar_path, opts, ident)
+                    copy = None
+                    if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
+                        copy = local_copy(self.tar_path, opts, ident)
+                    if copy is not None:
+                        self._src = open_source(self.tar_path, copy[0], copy[1], self.use_mmap)
+                    else:
+                        self._src = RemoteSource.open(self.tar_path, opts, ident)
                     if gz is not None:
                         self._open_gzip(self._src, gz)
                         return

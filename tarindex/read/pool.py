@@ -20,6 +20,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..storage.remote import RemoteOptions, is_url
@@ -123,8 +124,12 @@ class ReaderPool:
         """Shard -> open reader, least recently used first (never rebound: cleared in place)."""
         self.evicts = True
         """More shards than the bound: a hit must keep the LRU order (``move_to_end``)."""
+        self.whole: set[int] = set()
+        """Remote shards this process reads from a whole copy in the cache (the fetch policy
+        of :mod:`tarindex.read.fetchpolicy` under ``RemoteOptions(fetch="auto")``)."""
         self._gen = _fork_generation[0]
         self._bound = 0  # this process's bound, sized on first open
+        self._opts: dict[bool, RemoteOptions] = {}
         _live_pools.add(self)
 
     def fresh(self) -> ReaderPool:
@@ -180,7 +185,7 @@ class ReaderPool:
                     use_mmap=self.use_mmap,
                     check_crc=self.check_crc,
                     verify_data=self.verify_data,
-                    remote=self.remote,
+                    remote=self.opts_for(s),
                 )
             except OSError as e:
                 if e.errno not in (errno.EMFILE, errno.ENFILE) or not readers:
@@ -238,6 +243,36 @@ class ReaderPool:
         readers[s] = r
         return r
 
+    def opts_for(self, s: int) -> RemoteOptions:
+        """The remote options shard ``s`` opens with: its fetch policy resolved.
+
+        ``"shard"`` and ``"range"`` as given; ``"auto"`` is ``"shard"`` for the shards in
+        :attr:`whole`, else ``"range"``.
+        """
+        opts = self.remote
+        if opts.fetch != "auto":
+            return opts
+        got = self._opts.get(s in self.whole)
+        if got is None:
+            got = self._opts[s in self.whole] = replace(
+                opts, fetch="shard" if s in self.whole else "range"
+            )
+        return got
+
+    def set_whole(self, s: int) -> None:
+        """Read shard ``s`` from a whole copy from now on (an open ranged reader is closed)."""
+        if s not in self.whole:
+            self.whole.add(s)
+            self.drop(s)
+
+    def drop(self, s: int) -> None:
+        """Close shard ``s``'s reader if it is open here (the next read opens it again)."""
+        if self._gen != _fork_generation[0]:
+            return
+        r = self.readers.pop(s, None)
+        if r is not None:
+            r.close()
+
     def touch(self, shards: Iterable[int]) -> None:
         """Mark ``shards`` (in order) as just used: the LRU order after a kernel read.
 
@@ -293,6 +328,7 @@ class ReaderPool:
         state = self.__dict__.copy()
         state["readers"] = OrderedDict()  # handles are reopened lazily, never pickled
         state["_bound"] = 0  # sized again from the receiving process's descriptor limit
+        state["whole"] = set()  # the fetch policy decides again in the receiving process
         state["evicts"] = True
         return state
 

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from ..storage.remote import RemoteSource, prefetch_many
 from .block import Fields
+from .fetchpolicy import FetchPolicy
 from .pool import ReaderPool
 from .spanner import shards_of
 
@@ -29,10 +30,14 @@ def prefetch(
     indices: Sequence[int] | NDArray[np.integer[Any]],
     fields: Fields,
     wait: bool,
+    policy: FetchPolicy | None = None,
+    reach: NDArray[np.int64] | None = None,
 ) -> None:
     """Fetch the members of global samples ``indices`` ahead (see ``ShardSet.prefetch``).
 
-    Out-of-range indices are left for the read to refuse.
+    ``policy`` sees the reads first (it may switch shards to whole-shard reads and start
+    downloads ahead); shards read whole are opened (concurrently: downloaded or found in
+    the cache) and need no ranges. Out-of-range indices are left for the read to refuse.
     """
     idx = np.asarray(indices).reshape(-1)
     if not idx.size or idx.dtype.kind not in "iu":
@@ -42,6 +47,8 @@ def prefetch(
     idx = np.where(idx < 0, idx + total, idx)
     idx = idx[(idx >= 0) & (idx < total)]
     sid = shards_of(starts, per, idx)
+    if policy is not None:
+        policy.before_read(idx, sid, reach)
     items = []
     shards = np.unique(sid).tolist()
     pool.open_many(shards)
@@ -63,8 +70,13 @@ def prefetch_blocks(pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: F
 
     Returns how many of ``pieces`` were queued (see ``ShardSet.prefetch_blocks``).
     """
-    pool.open_many([p[0] for p in pieces])
+    whole = pool.whole if pool.remote.fetch == "auto" else None
+    if pool.remote.fetch == "shard":
+        return len(pieces)  # whole shards: downloaded ahead by the fetch policy
+    pool.open_many([p[0] for p in pieces if whole is None or p[0] not in whole])
     for n, (s, j0, j1) in enumerate(pieces):
+        if whole is not None and s in whole:
+            continue  # read from its whole copy, downloaded ahead by the fetch policy
         r = pool.reader(s)
         src = r.source
         if not isinstance(src, RemoteSource) or j1 <= j0:

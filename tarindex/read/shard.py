@@ -111,6 +111,7 @@ class ShardReader(ShardOpener):
         self.tar_path = tar_path
         self.index_path = index_path or index_path_for(tar_path)
         self.verify_data = verify_data
+        self.use_mmap = use_mmap
         self._imm: mmap.mmap | None = None
         self._src: ByteSource | None = None
         self._checks: dict[tuple[int, int], bytes] | None = None  # remote: check bytes
@@ -139,11 +140,11 @@ class ShardReader(ShardOpener):
         # the kernel's one-sample and batch loops over the same validated tables (and the
         # mapping they read), or None: pread, remote, verify_data
         tables = None
-        if scalar and self._imm is not None:
+        if scalar:  # a local tar, or a remote one read from its whole copy in the cache
             tables = kernel.kernel.Tables(
                 t.key_ptr,
                 t.sample_ptr,
-                self._imm,
+                keys,
                 kbase,
                 kbase + len(t.key_blob),
                 t.ext_id,

@@ -28,6 +28,7 @@ from . import batch, kernel, prefetch
 from . import keys as keylookup
 from .block import Block, Fields, Sample, field_set
 from .checks import check_mapped
+from .fetchpolicy import FetchPolicy
 from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool
 from .shard import ShardReader
@@ -117,6 +118,7 @@ class ShardSet:
             remote=self.remote_options,
         )
         self._readers: OrderedDict[int, ShardReader] = self._pool.readers
+        self._policy = FetchPolicy(self._pool, self.starts, self._per)
 
     def _counts(self, known: NDArray[np.int64]) -> list[int]:
         """Sample counts from the index headers; remote indexes fetched together, once.
@@ -144,6 +146,7 @@ class ShardSet:
         fields: Fields = None,
         *,
         wait: bool = True,
+        reach: NDArray[np.int64] | None = None,
     ) -> None:
         """Fetch the members of global samples ``indices`` ahead, for remote shards.
 
@@ -152,14 +155,40 @@ class ShardSet:
         memory. ``wait=True`` fetches the whole batch now in one concurrent round trip across
         shards (``ds[i]``: one ranged read per sample; ``__getitems__``: one batch);
         ``False`` queues them to background threads within the read-ahead budget.
-        Out-of-range indices are left for the read to refuse.
+        Out-of-range indices are left for the read to refuse. The fetch policy
+        (:mod:`tarindex.read.fetchpolicy`, docs/REMOTE.md) sees every such read first: a
+        shard it reads whole is opened from its copy in the cache instead. ``reach``
+        (``int64 (n_shards,)``): the samples of each shard the caller can read at most (a
+        subset), so a sparse view stays on ranged reads.
 
         Raises:
             RemoteError: As :func:`tarindex.remote.fetch` (``wait=True``).
             FormatError, StaleIndexError: As :meth:`reader` for a shard opened here.
         """
         if self.remote:
-            prefetch.prefetch(self._pool, self.starts, self._per, indices, fields, wait)
+            prefetch.prefetch(
+                self._pool, self.starts, self._per, indices, fields, wait, self._policy, reach
+            )
+
+    def follow(self, order: Any) -> None:
+        """Hand the order of the coming reads to the fetch policy (docs/REMOTE.md).
+
+        With ``RemoteOptions(fetch="auto")`` (the default) a plan says which shards will be
+        read mostly (fetched whole into the cache, ahead of need, in the plan's order) and
+        which sparsely (ranged reads). Pickled with the set to DataLoader workers, where the
+        reads (``ds[i]``, ``__getitems__``) are matched to positions of the plan.
+
+        Args:
+            order: The global indices in the order they will be read (e.g. the list given
+                to ``DataLoader(ds, sampler=order)``), or a planned sampler of ours
+                (``tarindex.BlockSampler`` calls this itself), or ``None`` to forget.
+        """
+        self._policy.follow(order)
+
+    @property
+    def fetch_policy(self) -> FetchPolicy:
+        """This set's fetch policy (:class:`~tarindex.read.fetchpolicy.FetchPolicy`)."""
+        return self._policy
 
     def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
         """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order (remote only).
@@ -173,6 +202,19 @@ class ShardSet:
         if not self.remote:
             return len(pieces)
         return prefetch.prefetch_blocks(self._pool, pieces, fields)
+
+    def plan_blocks(self, pieces: NDArray[np.int64]) -> None:
+        """Hand a streaming plan's blocks ``(shard, j0, j1)``, in read order, to the fetch policy.
+
+        It decides which shards are read whole and starts their downloads (remote only).
+        """
+        if self.remote:
+            self._policy.follow_blocks(pieces)
+
+    def passed_blocks(self, shards: Sequence[int]) -> None:
+        """The streaming plan has read its last block of ``shards`` (remote: released)."""
+        if self.remote:
+            self._policy.passed_blocks(shards)
 
     def drop_prefetched(self) -> None:
         """Drop the bytes fetched ahead and not read yet, in this process's open remote shards."""
@@ -520,6 +562,7 @@ class ShardSet:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_pool"] = self._pool.fresh()  # handles are reopened lazily, never pickled
+        state["_policy"] = self._policy.copy_for(state["_pool"])
         del state["_readers"]
         state.pop("_keyidx", None)  # per process, made again on first lookup
         return state

@@ -213,7 +213,7 @@ class ShardSubset:
         n = len(self.indices)
         idx = np.where(idx < 0, idx + n, idx)
         idx = idx[(idx >= 0) & (idx < n)]
-        self.base.prefetch(self.indices[idx], fields, wait=wait)
+        self.base.prefetch(self.indices[idx], fields, wait=wait, reach=self.counts)
 
     # -- blocks of shard positions -------------------------------------------------------------
     def _shard_rows(self, s: int, j0: int, j1: int) -> NDArray[np.int64]:

@@ -15,6 +15,10 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
   recently used entries (oldest mtime; a hit touches its entry) are deleted until it fits.
   ``usage`` is rewritten before the rename, so a crash can only over-count, which the next
   scan corrects. The lock is released by the kernel if its holder dies.
+- One writer per entry across processes: :meth:`DirCache.lock` takes an exclusive ``flock``
+  of ``<root>/locks/<key>.<name>`` (released by the kernel if its holder dies), so two
+  processes (DataLoader workers, ranks) that want the same whole shard make one download: the
+  second waits for the lock, then finds the entry. Lock files are empty and not counted.
 - Links are never followed inside ``root``: every file is opened with ``O_NOFOLLOW``, every
   directory checked with ``lstat``; a symbolic link found where a directory or file of the
   cache belongs (planted by someone else) is removed, never written through, so nothing
@@ -176,6 +180,54 @@ class DirCache:
         self._real_dir(os.path.join(self.root, "tmp"))
         return os.path.join(self.root, "tmp", f"{os.getpid()}.{secrets.token_hex(6)}")
 
+    def lock(self, key: str, name: str, blocking: bool = True) -> int | None:
+        """Take the exclusive lock of entry ``(key, name)``: one writer per entry, machine-wide.
+
+        An ``flock`` of ``<root>/locks/<key>.<name>`` on a descriptor of its own, so it also
+        excludes other threads of this process; the kernel releases it if the holder dies.
+
+        Args:
+            key: Entry key (hex digest).
+            name: Entry name.
+            blocking: Wait for another holder. ``False`` returns ``None`` at once if the
+                lock is held. Defaults to ``True``.
+
+        Returns:
+            The descriptor holding the lock (give it to :meth:`unlock`), or ``None``.
+        """
+        import fcntl
+
+        d = os.path.join(self.root, "locks")
+        self._real_dir(d)
+        fd = self._open_nofollow(os.path.join(d, f"{key}.{name}"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def unlock(fd: int) -> None:
+        """Release a lock taken by :meth:`lock` (closing its descriptor releases the flock)."""
+        os.close(fd)
+
+    def release(self, key: str, name: str) -> None:
+        """Mark entry ``(key, name)`` as done with: it is evicted before every other entry.
+
+        Its mtime (the LRU order) is set to the epoch; a reader that has it open keeps
+        reading it (an evicted file lives until its last descriptor closes). Missing: nothing.
+        """
+        p = self.path(key, name)
+        if self._is_entry(p):
+            try:
+                os.utime(p, (0, 0), follow_symlinks=False)
+            except OSError:
+                pass
+
     def usage(self) -> int:
         """Bytes held by the entries now (a scan of the directory)."""
         return sum(n for _, n, _ in self._scan())
@@ -185,6 +237,7 @@ class DirCache:
         """Make ``d`` (under ``root``) a real directory: links and files in its way removed."""
         rel = os.path.relpath(d, self.root)
         cur = self.root
+        os.makedirs(cur, exist_ok=True)  # (deleted by hand while in use: made again)
         for part in rel.split(os.sep):
             cur = os.path.join(cur, part)
             try:
@@ -282,7 +335,7 @@ class DirCache:
         for d1 in os.scandir(self.root):
             if d1.is_symlink():
                 self._drop(d1.path)  # planted: removed, never followed
-            if not d1.is_dir(follow_symlinks=False) or d1.name == "tmp":
+            if not d1.is_dir(follow_symlinks=False) or d1.name in ("tmp", "locks"):
                 continue
             for d2 in os.scandir(d1.path):
                 if d2.is_symlink():

@@ -86,7 +86,7 @@ class Executor:
         end = p.n_samples if stop is None else min(int(stop), p.n_samples)
         if start >= end:
             return
-        ra = ReadAhead.over(self.shards, self.fields)
+        ra = ReadAhead.over(self.shards, self.fields, p.segments)
         try:
             if not (p.shuffle and p.buffer_size > 1):
                 pieces = slice_blocks(p.segments, start, end).tolist()
@@ -231,7 +231,7 @@ class Executor:
         mixing = p.shuffle and p.buffer_size > 1
         w = p.buffer_size if mixing else batch_size  # a window: mixed together (or one batch)
         wins: dict[int, _Window] = {}
-        ra = ReadAhead.over(self.shards, self.fields)
+        ra = ReadAhead.over(self.shards, self.fields, p.segments)
         try:
             yield from self._batches(
                 p, start, batch_size, mixing, w, wins, ra, int_fields, alloc, passed

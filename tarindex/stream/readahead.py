@@ -1,4 +1,10 @@
-"""Read-ahead of a worker's planned blocks over remote shards."""
+"""Read-ahead of a worker's planned blocks over remote shards.
+
+Two kinds, chosen per shard by the set's fetch policy (:mod:`tarindex.read.fetchpolicy`,
+docs/REMOTE.md "Fetch policy"): shards read whole are downloaded ahead into the cache in the
+order the plan first needs them and released once the plan is past them; the blocks of the
+others are fetched ahead as ranged reads within the read-ahead budget.
+"""
 
 from __future__ import annotations
 
@@ -25,25 +31,58 @@ class ReadAhead:
     Args:
         shards: The shards the blocks are read from.
         fields: Extensions the reads ask for (``None``: all).
+        plan: This worker's planned blocks ``int64 (m, 3)`` in read order, for the fetch
+            policy. Defaults to ``None``.
     """
 
     DEPTH = 256
     """Blocks looked at per pump at most."""
 
-    def __init__(self, shards: SampleSource, fields: Sequence[str] | None) -> None:
+    def __init__(
+        self,
+        shards: SampleSource,
+        fields: Sequence[str] | None,
+        plan: NDArray[np.int64] | None = None,
+    ) -> None:
         self.shards = shards
         self.fields = fields
         self.queue: deque[list[int]] = deque()
         self._windows: dict[int, tuple[NDArray[np.int64], Any]] = {}
+        self._added = self._done = 0
+        self._last: dict[int, int] = {}  # shard -> index of its last block in the plan
+        plan_blocks = getattr(shards, "plan_blocks", None)
+        self._passed = getattr(shards, "passed_blocks", None)
+        if plan is not None and len(plan) and plan_blocks is not None:
+            for k, s in enumerate(plan[:, 0].tolist()):
+                self._last[s] = k
+            plan_blocks(plan)
 
     @classmethod
-    def over(cls, shards: SampleSource, fields: Sequence[str] | None) -> ReadAhead | None:
+    def over(
+        cls,
+        shards: SampleSource,
+        fields: Sequence[str] | None,
+        plan: NDArray[np.int64] | None = None,
+    ) -> ReadAhead | None:
         """A read-ahead for ``shards``, or ``None`` if none is remote."""
-        return cls(shards, fields) if shards.remote else None
+        return cls(shards, fields, plan) if shards.remote else None
 
     def add(self, pieces: list[list[int]]) -> None:
-        """Append blocks ``(shard, j0, j1)``, in the order they will be read."""
+        """Append blocks ``(shard, j0, j1)``, in the order they will be read.
+
+        The blocks added before the previous call have been read (the executors add one
+        window ahead): shards whose last planned block lies there are passed to the fetch
+        policy as done.
+        """
+        done, self._done = self._done, self._added
+        self._added += len(pieces)
         self.queue.extend(pieces)
+        if done and self._last:
+            passed = [s for s, k in self._last.items() if k < done]
+            for s in passed:
+                del self._last[s]
+            if passed and self._passed is not None:
+                self._passed(passed)
 
     def window(
         self,

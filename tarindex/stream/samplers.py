@@ -22,7 +22,7 @@ from ..plan.state import STATE_VERSION, check_consumed, check_state, shard_layou
 from .epochs import EpochOwner, Layouts
 from .mix import source_spans
 
-__all__ = ["PlanSampler", "BlockPlanSampler", "MixPlanSampler", "shard_counts"]
+__all__ = ["PlanSampler", "BlockPlanSampler", "MixPlanSampler", "follow_plan", "shard_counts"]
 
 
 class PlanSampler(EpochOwner):
@@ -91,6 +91,20 @@ class PlanSampler(EpochOwner):
         """Return this rank's indices for a fresh ``epoch``: ``int64`` of shape ``(len(self),)``."""
         rank, ws = self._rank()
         return self.rank_order(epoch, rank, ws)
+
+    def planned_epochs(self) -> list[int]:
+        """The epochs a copy of this sampler (in a DataLoader worker) may be drawn for next.
+
+        The epoch being iterated, if any, then the next one and the one after (a persistent
+        worker's copy lags the parent's counter): what the fetch policy of a remote
+        dataset tries, in order, to match the reads it sees to this plan
+        (:meth:`tarindex.ShardSet.follow`).
+        """
+        nxt = self._re.peek()
+        out = [nxt, nxt + 1]
+        if self._active is not None:
+            out.insert(0, int(self._active["epoch"]))
+        return list(dict.fromkeys(out))
 
     def leg_order(
         self, epoch: int, legs: list[tuple[int, int]], rank: int, world_size: int
@@ -256,6 +270,7 @@ class BlockPlanSampler(PlanSampler):
         self.drop_last = bool(drop_last)
         self.buffer_size = buffer_size
         super().__init__(rank, world_size, "BlockSampler")
+        follow_plan(dataset_or_len, self)
 
     def plan_params(self) -> dict[str, Any]:
         """The block plan's parameters that a saved state must match."""
@@ -287,6 +302,18 @@ class BlockPlanSampler(PlanSampler):
             drop_last=self.drop_last,
         )
         return p.order(self.starts)
+
+
+def follow_plan(dataset: Any, sampler: PlanSampler) -> None:
+    """Hand ``sampler``'s plan to ``dataset``'s shards, if they take one (remote shards).
+
+    A ``TarDataset`` over remote shards then fetches the shards the plan reads mostly
+    whole, ahead of need, in the plan's order (docs/REMOTE.md, "Fetch policy").
+    """
+    shards = getattr(dataset, "shards", None)
+    follow = getattr(shards, "follow", None)
+    if callable(follow) and getattr(shards, "remote", False):
+        follow(sampler)
 
 
 def _source_counts(name: str, source: Sized | int | Any) -> NDArray[np.int64]:

@@ -16,6 +16,8 @@ The story is docs/REMOTE.md; the modules, bottom up:
   memory, and in the cache directory when there is one).
 - :mod:`.source`: :class:`RemoteSource`, the byte source of a remote tar (coalescing,
   read-ahead, cache), and :func:`prefetch_many`.
+- :mod:`.whole`: whole shards downloaded once per machine into the cache and read locally
+  (the ``"shard"`` fetch policy): :func:`local_copy`, :func:`fetch_ahead`, :func:`release`.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from . import fetch as _fetch
 from . import indexes as _idx
 from . import source as _src
 from . import transport as _tr
+from . import whole as _whole
 from .fetch import download, fetch, file_size, read_whole
 from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import filesystem
+from .whole import fetch_ahead, local_copy, release
 
 __all__ = [
     "DEFAULT",
@@ -37,6 +41,7 @@ __all__ = [
     "RemoteOptions",
     "RemoteSource",
     "download",
+    "fetch_ahead",
     "expand_remote",
     "fetch",
     "file_size",
@@ -46,9 +51,11 @@ __all__ = [
     "forget_index",
     "is_url",
     "load_indexes",
+    "local_copy",
     "local_path",
     "prefetch_many",
     "read_whole",
+    "release",
     "stats",
 ]
 
@@ -61,6 +68,8 @@ def forget_process_state() -> None:
     _idx.forget_all_indexes()
     _fetch.forget_range_checks()
     _src.drop_pool()
+    _whole.forget_pins()
+    _whole.forget_ahead()
 
 
 def filesystem_pids() -> list[int]:

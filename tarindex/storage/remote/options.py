@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from ..cache import DirCache
 __all__ = [
     "COALESCE_GAP",
     "DEFAULT",
+    "FETCH_POLICIES",
     "MANIFEST_MAX_BYTES",
     "RemoteOptions",
     "STATS",
@@ -80,6 +82,19 @@ class RemoteOptions:
             many bytes, each cached as one file. Defaults to 1 MiB.
         download_whole: For servers that ignore ``Range``: download each whole shard into
             ``cache_dir`` instead of refusing it. Defaults to ``False``.
+        fetch: The fetch policy (docs/REMOTE.md, "Fetch policy"). ``"shard"``: every shard
+            is downloaded whole into the cache directory (sequential multi-MB ranged reads,
+            one download per machine) and read from there; ``"range"``: only the bytes of
+            the samples read are fetched (ranged reads); ``"auto"``: chosen from the access
+            pattern: whole shards when the plan (a streaming epoch, a sampler of ours, an
+            order handed with ``ShardSet.follow``) or the reads so far say a shard will be
+            read mostly or wholly, ranges otherwise (``ds[i]``, ``get(key)``, subsets).
+            Defaults to ``"auto"``.
+        shards_ahead: Whole-shard downloads this process runs ahead of need, in the plan's
+            order, at most. Defaults to ``2``.
+        whole_cache_dir: Where whole shards go when ``cache_dir`` is ``None``. Defaults to
+            ``None``: ``$TARINDEX_CACHE_DIR``, else ``<tmp>/tarindex-cache-<uid>`` (bounded
+            by ``cache_bytes`` either way).
     """
 
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +109,17 @@ class RemoteOptions:
     cache_bytes: int = 10 << 30
     chunk_bytes: int = 1 << 20
     download_whole: bool = False
+    fetch: str = "auto"
+    shards_ahead: int = 2
+    whole_cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.fetch not in FETCH_POLICIES:
+            raise ValueError(
+                f"RemoteOptions(fetch={self.fetch!r}): expected one of {', '.join(FETCH_POLICIES)}"
+            )
+        if int(self.shards_ahead) < 0:
+            raise ValueError(f"RemoteOptions(shards_ahead={self.shards_ahead}): expected >= 0")
 
     def __hash__(self) -> int:
         return hash(repr(self))
@@ -111,16 +137,38 @@ class RemoteOptions:
         """This process's view of :attr:`cache_dir` (``None`` without one)."""
         if self.cache_dir is None:
             return None
-        key = (os.getpid(), self.cache_dir, self.cache_bytes)
-        c = _caches.get(key)
-        if c is None:
-            c = _caches[key] = DirCache(self.cache_dir, self.cache_bytes)
-        return c
+        return _cache_at(self.cache_dir, self.cache_bytes)
 
+    def whole_cache(self) -> DirCache:
+        """Where whole shards are kept (bounded by :attr:`cache_bytes` either way).
+
+        :attr:`cache_dir`, else :attr:`whole_cache_dir`, else the environment's
+        ``TARINDEX_CACHE_DIR``, else ``<tmp>/tarindex-cache-<uid>``.
+
+        Raises:
+            OSError: If the directory cannot be created.
+        """
+        d = self.cache_dir or self.whole_cache_dir or os.environ.get("TARINDEX_CACHE_DIR")
+        if not d:
+            uid = os.getuid() if hasattr(os, "getuid") else 0
+            d = os.path.join(tempfile.gettempdir(), f"tarindex-cache-{uid}")
+        return _cache_at(d, self.cache_bytes)
+
+
+FETCH_POLICIES = ("auto", "shard", "range")
+"""The values of :attr:`RemoteOptions.fetch`."""
 
 DEFAULT = RemoteOptions()
 
 _caches: dict[tuple[int, str, int], DirCache] = {}
+
+
+def _cache_at(root: str, limit: int) -> DirCache:
+    key = (os.getpid(), root, limit)
+    c = _caches.get(key)
+    if c is None:
+        c = _caches[key] = DirCache(root, limit)
+    return c
 
 
 def _protocols() -> set[str]:
@@ -142,6 +190,8 @@ class Stats:
     """Body bytes received."""
     retries: int = 0
     """Requests sent again after a transient failure."""
+    shards: int = 0
+    """Whole shards downloaded into the cache (the ``"shard"`` fetch policy)."""
 
 
 STATS = Stats()
@@ -149,8 +199,17 @@ STATS = Stats()
 
 
 def stats(reset: bool = False) -> dict[str, int]:
-    """This process's remote traffic: ``{"requests", "bytes", "retries"}`` since start/reset."""
-    out = {"requests": STATS.requests, "bytes": STATS.bytes, "retries": STATS.retries}
+    """This process's remote traffic since start/reset.
+
+    ``{"requests", "bytes", "retries", "shards"}`` (``shards``: whole shards downloaded
+    into the cache).
+    """
+    out = {
+        "requests": STATS.requests,
+        "bytes": STATS.bytes,
+        "retries": STATS.retries,
+        "shards": STATS.shards,
+    }
     if reset:
-        STATS.requests = STATS.bytes = STATS.retries = 0
+        STATS.requests = STATS.bytes = STATS.retries = STATS.shards = 0
     return out

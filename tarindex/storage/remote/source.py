@@ -23,8 +23,9 @@ from numpy.typing import NDArray
 
 from ...errors import RangeNotSupportedError, RemoteError, TruncatedError
 from .fetch import coalesce, coalesce_need, fetch, range_checked, stat
-from .options import STATS, RemoteOptions, cache_key, protocol_of
+from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
+from .whole import tar_key
 
 __all__ = ["RemoteSource", "prefetch_many"]
 
@@ -125,10 +126,7 @@ class RemoteSource:
         self.size = size
         self.opts = opts
         self.pin = pin
-        tag = pin.tag() if pin is not None else ""
-        self.key = (
-            cache_key("tar", url, size, ident, tag) if tag else cache_key("tar", url, size, ident)
-        )
+        self.key = tar_key(url, size, ident, pin)
         self.requests = 0
         self.bytes_fetched = 0
         self._entries: list[_Entry] = []  # sorted by start, non-overlapping

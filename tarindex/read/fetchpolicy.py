@@ -1,0 +1,311 @@
+"""Which remote shards are read whole and which by ranges: the fetch policy of a ShardSet.
+
+docs/REMOTE.md, "Fetch policy". :attr:`RemoteOptions.fetch` says:
+
+- ``"range"``: ranged reads of the samples read (never a whole shard).
+- ``"shard"``: every shard whole, from the cache (:mod:`tarindex.storage.remote.whole`),
+  downloaded ahead of need in the plan's order (or shard order without a plan).
+- ``"auto"``: from the access pattern. With a plan (a streaming epoch, a sampler of ours,
+  an order handed to :meth:`tarindex.ShardSet.follow`): the shards this machine will read
+  mostly (:data:`WHOLE_SHARE` of their samples or more) are fetched whole, ahead of need in
+  the plan's first-need order, and released once the plan is past them, if the plan's
+  largest working set fits the cache's limit; otherwise ranges. Without a plan: ranges,
+  until this process has read :data:`ADAPT` of a shard's samples, :data:`ADAPT_MIN` at
+  least (and could read most of
+  it: a subset that holds less of it stays on ranges), then that shard whole.
+
+The machine's share of a plan: a rank's plan times ``LOCAL_WORLD_SIZE / WORLD_SIZE`` (the
+environment torchrun sets; both default to 1), since ranks and DataLoader workers on one
+machine share the cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..format.index import read_header
+from ..format.spec import HEADER
+from ..storage.remote import fetch_ahead, is_url, load_indexes, release
+from .pool import ReaderPool
+from .spanner import shards_of
+
+__all__ = ["ADAPT", "ADAPT_MIN", "WHOLE_SHARE", "FetchPolicy", "machine_share"]
+
+ADAPT = 1 / 16
+"""Without a plan (``"auto"``): a shard is fetched whole once this process has read this
+fraction of its samples by ranges (and at least :data:`ADAPT_MIN` of them)."""
+
+ADAPT_MIN = 64
+"""Without a plan: samples of a shard read by ranges before it may be fetched whole."""
+
+WHOLE_SHARE = 0.5
+"""With a plan (``"auto"``): a shard the machine will read at least this fraction of is
+fetched whole."""
+
+
+def machine_share() -> float:
+    """The fraction of a rank-split plan this machine reads: local ranks over all ranks."""
+    try:
+        world = max(1, int(os.environ.get("WORLD_SIZE", "1")))
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1.0
+    return min(1.0, local / world) if world > 1 else 1.0
+
+
+class FetchPolicy:
+    """The fetch policy of one ShardSet's remote shards (module docs); per process.
+
+    Args:
+        pool: The set's readers (:attr:`ReaderPool.whole` holds the shards read whole).
+        starts: ``int64 (n_shards + 1,)``: the set's cumulative sample counts.
+        per: Samples per shard when all are equal (``0``: not).
+    """
+
+    def __init__(self, pool: ReaderPool, starts: NDArray[np.int64], per: int) -> None:
+        self.pool = pool
+        self.starts = starts
+        self.per = per
+        self.counts = np.diff(starts)
+        self.provider: Any = None
+        """What :meth:`follow` was given: an order (``int64`` global indices) or a sampler."""
+        self._fresh()
+
+    def _fresh(self) -> None:
+        n = len(self.counts)
+        self.reads = np.zeros(n, np.int64)
+        self._plan: dict[str, Any] | None = None
+        self._tries: list[Any] = []
+        self._ahead: list[int] = []  # shards to fetch whole, in order of need
+        self._futs: dict[int, Future[bool]] = {}
+        self._sizes: dict[int, tuple[int, str]] = {}
+        self._started = False
+
+    def copy_for(self, pool: ReaderPool) -> FetchPolicy:
+        """A policy of ``pool`` (a fresh copy of this one's pool) following the same plan."""
+        p = FetchPolicy(pool, self.starts, self.per)
+        p.provider = self.provider
+        return p
+
+    @property
+    def mode(self) -> str:
+        """:attr:`RemoteOptions.fetch` of the set."""
+        return self.pool.remote.fetch
+
+    # -- plans ----------------------------------------------------------------------------------
+    def follow(self, provider: Any) -> None:
+        """Read in the order ``provider`` gives (``None`` forgets it).
+
+        ``provider``: an ``int64`` array of global indices (the order the reads will come
+        in), or a planned sampler (``indices(epoch)``, ``planned_epochs()``).
+        """
+        if provider is not None and not hasattr(provider, "planned_epochs"):
+            provider = np.asarray(provider, dtype=np.int64).reshape(-1)
+        self.provider = provider
+        self._plan = None
+
+    def follow_blocks(self, pieces: NDArray[np.int64]) -> None:
+        """A streaming plan: ``(shard, j0, j1)`` rows in read order (this worker's)."""
+        if self.mode == "range" or not len(pieces):
+            return
+        sid = pieces[:, 0]
+        first = _first_need(sid)
+        if self.mode == "shard":
+            self._queue(first)
+            return
+        # every rank and worker reads its share of the same stream: the machine reads this
+        # share of every shard the stream holds
+        remote = [s for s in first if is_url(self.pool.paths[s])]
+        whole = remote if machine_share() >= WHOLE_SHARE else []
+        if whole and self._fits(whole):
+            for s in whole:
+                self.pool.set_whole(s)
+            self._queue(whole)
+
+    def passed_blocks(self, done: Sequence[int]) -> None:
+        """Streaming: the plan has read the last block of shards ``done`` in this worker."""
+        for s in done:
+            if s in self.pool.whole or self.mode == "shard":
+                self._release(s)
+        self._pump()
+
+    def _orders(self) -> list[NDArray[np.int64]]:
+        p = self.provider
+        if p is None:
+            return []
+        if isinstance(p, np.ndarray):
+            return [p]
+        return [p.indices(e) for e in p.planned_epochs()]
+
+    def _sync(self, idx: NDArray[np.int64]) -> dict[str, Any] | None:
+        """The plan these reads follow, and where in it they are (``None``: no plan fits)."""
+        plan = self._plan
+        if plan is not None:
+            pos = plan["where"][idx]
+            if _contiguous(pos):
+                plan["pos"] = int(pos.min())
+                return plan
+        if not self._tries:
+            self._tries = self._orders()
+        while self._tries:
+            order = self._tries.pop(0)
+            where = np.full(int(self.starts[-1]), -1, np.int64)
+            where[order] = np.arange(len(order), dtype=np.int64)
+            pos = where[idx]
+            if (pos < 0).any() or not _contiguous(pos):
+                continue
+            sid = shards_of(self.starts, self.per, order)
+            last = np.full(len(self.counts), -1, np.int64)
+            last[sid] = np.arange(len(sid), dtype=np.int64)  # last write wins: last need
+            self._plan = plan = {"where": where, "sid": sid, "last": last,
+                                 "pos": int(pos.min()), "decided": False}
+            return plan
+        return None
+
+    # -- reads --------------------------------------------------------------------------------
+    def before_read(
+        self, idx: NDArray[np.int64], sid: NDArray[np.int64], reach: NDArray[np.int64] | None
+    ) -> None:
+        """Called before samples ``idx`` (global, in range) of shards ``sid`` are read.
+
+        Args:
+            idx: ``int64 (k,)`` global indices about to be read.
+            sid: ``int64 (k,)`` their shards.
+            reach: ``int64 (n_shards,)``: samples of each shard the caller can read at most
+                (a subset), or ``None`` (all).
+        """
+        mode = self.mode
+        if mode == "range" or not len(idx):
+            return
+        plan = self._sync(idx) if self.provider is not None else None
+        if plan is not None:
+            if not plan["decided"]:
+                plan["decided"] = True
+                self._decide(plan)
+            pos = plan["pos"]
+            if self._ahead or mode == "shard":
+                done = np.nonzero((plan["last"] >= 0) & (plan["last"] < pos))[0]
+                for s in done.tolist():
+                    self._release(s)
+                sid_rest = plan["sid"][pos:]
+                self._ahead = [s for s in _first_need(sid_rest) if s in self.pool.whole
+                               or mode == "shard"]
+                self._pump()
+            return
+        if mode == "shard":
+            if not self._started:
+                self._started = True
+                first = _first_need(sid)
+                rest = [s for s in range(len(self.counts)) if s not in set(first)]
+                self._queue(first + rest)
+            return
+        np.add.at(self.reads, sid, 1)
+        cand = np.nonzero(self.reads >= np.maximum(ADAPT_MIN, ADAPT * self.counts))[0]
+        for s in cand.tolist():
+            if s in self.pool.whole or not is_url(self.pool.paths[s]):
+                continue
+            if reach is not None and reach[s] < WHOLE_SHARE * self.counts[s]:
+                continue
+            if self._fits([s]):
+                self.pool.set_whole(s)
+
+    def _decide(self, plan: dict[str, Any]) -> None:
+        if self.mode == "shard":
+            self._ahead = _first_need(plan["sid"][plan["pos"]:])
+            return
+        share = np.bincount(plan["sid"], minlength=len(self.counts)) / np.maximum(self.counts, 1)
+        share = share * machine_share()
+        whole = [s for s in _first_need(plan["sid"]) if share[s] >= WHOLE_SHARE
+                 and is_url(self.pool.paths[s])]
+        if whole and self._fits(whole, plan):
+            for s in whole:
+                self.pool.set_whole(s)
+
+    def _fits(self, shards: list[int], plan: dict[str, Any] | None = None) -> bool:
+        """Whether the shards, whole, fit the cache at the plan's largest working set."""
+        try:
+            limit = self.pool.remote.whole_cache().limit
+        except OSError:
+            return False
+        sizes = {s: self._info(s)[0] for s in shards}
+        if plan is None:
+            live = sum(sizes.values()) + sum(
+                self._info(s)[0] for s in self.pool.whole if s not in sizes
+            )
+            return live <= limit
+        first = np.full(len(self.counts), -1, np.int64)
+        sid = plan["sid"]
+        order = np.arange(len(sid), dtype=np.int64)
+        first[sid[::-1]] = order[::-1]
+        events = sorted(
+            [(int(first[s]), sizes[s]) for s in shards]
+            + [(int(plan["last"][s]) + 1, -sizes[s]) for s in shards]
+        )
+        live = peak = 0
+        for _, d in events:
+            live += d
+            peak = max(peak, live)
+        return peak <= limit
+
+    def _info(self, s: int) -> tuple[int, str]:
+        """Shard ``s``'s tar size (from its index header) and fingerprint string."""
+        got = self._sizes.get(s)
+        if got is None:
+            ip = self.pool.index_paths[s]
+            if is_url(ip):
+                data = load_indexes([ip], [self.pool.paths[s]], self.pool.remote)[0][0]
+                head = bytes(data[: HEADER.size])
+            else:
+                with open(ip, "rb") as f:
+                    head = f.read(HEADER.size)
+            h = read_header(head, ip)
+            got = self._sizes[s] = (h.tar_size, f"{h.tar_size}:{h.head_crc}:{h.tail_crc}")
+        return got
+
+    # -- whole-shard read-ahead ---------------------------------------------------------------
+    def _queue(self, shards: list[int]) -> None:
+        self._ahead = [s for s in shards if is_url(self.pool.paths[s])]
+        self._pump()
+
+    def _pump(self) -> None:
+        """Keep :attr:`RemoteOptions.shards_ahead` downloads of the next shards running."""
+        opts = self.pool.remote
+        room = opts.shards_ahead - sum(1 for f in self._futs.values() if not f.done())
+        for s in self._ahead:
+            if room <= 0:
+                break
+            f = self._futs.get(s)
+            if f is not None:
+                continue
+            url = self.pool.paths[s]
+            self._futs[s] = fetch_ahead(url, self.pool.opts_for(s), self._info(s)[1])
+            room -= 1
+
+    def _release(self, s: int) -> None:
+        if s in self._futs and is_url(self.pool.paths[s]):
+            release(self.pool.paths[s], self.pool.remote, self._info(s)[1])
+            self.pool.drop(s)
+            del self._futs[s]
+
+
+def _first_need(sid: NDArray[np.int64]) -> list[int]:
+    """The distinct shards of ``sid`` in the order of their first appearance."""
+    if not len(sid):
+        return []
+    u, first = np.unique(sid, return_index=True)
+    out: list[int] = u[np.argsort(first)].tolist()
+    return out
+
+
+def _contiguous(pos: NDArray[np.int64]) -> bool:
+    """Whether positions ``pos`` lie in a window about as long as they are (one batch)."""
+    if not len(pos):
+        return False
+    span = int(pos.max()) - int(pos.min()) + 1
+    return span <= 2 * len(pos) + 8

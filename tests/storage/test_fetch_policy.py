@@ -1,0 +1,266 @@
+"""The fetch policy of remote shards (docs/REMOTE.md, "Fetch policy"), against a real HTTP
+server on 127.0.0.1 that honours Range (tests/remote_server.py): which policy runs for each
+access pattern, the bounded cache, one download per machine, stale objects still refused."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex.errors import StaleIndexError
+from tarindex.read.fetchpolicy import ADAPT_MIN
+from tarindex.storage import remote
+from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import stat
+from tarindex.storage.remote.whole import WHOLE, tar_key
+
+from ..conftest import MakeShards
+from ..remote_server import RangeServer, serve
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+SIZES = [150, 120, 130, 140]
+PAT = "train-{000000..000003}.tar"
+
+
+@pytest.fixture
+def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
+    remote.forget_process_state()
+    paths = make_shards(SIZES)
+    with serve(str(tmp_path / "train")) as srv:
+        yield srv, paths
+    remote.forget_process_state()
+
+
+def _tar_gets(srv: RangeServer) -> dict[str, list[tuple[int, int]]]:
+    """The ranges of .tar bodies the server sent, per file."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    with srv.lock:
+        for m, p, a, b in srv.log:
+            if m == "GET" and p.endswith(".tar"):
+                out.setdefault(os.path.basename(p), []).append((a, b))
+    return out
+
+
+def _whole_downloads(srv: RangeServer, paths: list[str]) -> dict[str, int]:
+    """Per tar, how many times it was sent whole (one ranged read from 0 to its end: these
+    shards are smaller than one 8 MiB piece); tars never sent whole are left out."""
+    sizes = {os.path.basename(p): os.path.getsize(p) for p in paths}
+    out: dict[str, int] = {}
+    for name, rs in _tar_gets(srv).items():
+        n = sum(1 for a, b in rs if a == 0 and b == sizes[name])
+        if n:
+            out[name] = n
+    return out
+
+
+def test_sparse_random_access_stays_on_ranges(served: tuple[RangeServer, list[str]]) -> None:
+    srv, paths = served
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(ds), 20, replace=False).tolist():
+        ds[i]
+    assert ds.shards.pool.whole == set()
+    assert _whole_downloads(srv, paths) == {}
+    assert not os.path.isdir(os.environ["TARINDEX_CACHE_DIR"]) or not any(
+        f.endswith("whole") for _, _, fs in os.walk(os.environ["TARINDEX_CACHE_DIR"]) for f in fs
+    )
+
+
+def test_reading_most_of_a_shard_switches_it_to_a_whole_download(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    local = tarindex.ShardSet(paths)
+    for i in range(ADAPT_MIN + 5):  # shard 0 only
+        got = ds[i]
+        assert got["bin"] == local.get(i)["bin"]
+    assert ds.shards.pool.whole == {0}
+    assert _whole_downloads(srv, paths) == {"train-000000.tar": 1}
+    srv.reset()
+    for i in range(ADAPT_MIN + 5, SIZES[0]):  # the rest of shard 0: from its local copy
+        assert ds[i]["bin"] == local.get(i)["bin"]
+    assert _tar_gets(srv) == {}
+
+
+def test_a_sparse_subset_never_switches(served: tuple[RangeServer, list[str]]) -> None:
+    srv, paths = served
+    # every 4th sample of shard 0: at most a quarter of it, so ranges even when all are read
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}", subset=list(range(0, SIZES[0], 4)) * 1)
+    for _ in range(3):
+        for i in range(len(ds)):
+            ds[i]
+    assert ds.shards.base.pool.whole == set()
+    assert _whole_downloads(srv, paths) == {}
+
+
+def test_forced_range_and_forced_shard(served: tuple[RangeServer, list[str]]) -> None:
+    srv, paths = served
+    url = f"{srv.url}/{PAT}"
+    it = tarindex.TarIterableDataset(url, remote=RemoteOptions(fetch="range"), seed=0)
+    assert len(list(it)) == sum(SIZES)
+    assert _whole_downloads(srv, paths) == {}
+    srv.reset()
+    ds = tarindex.TarDataset(url, remote=RemoteOptions(fetch="shard", shards_ahead=0))
+    ds[0]  # one sample: its shard downloaded whole, the others left alone (no read-ahead)
+    assert _whole_downloads(srv, paths) == {"train-000000.tar": 1}
+    with pytest.raises(ValueError, match="fetch='all'"):
+        RemoteOptions(fetch="all")
+
+
+def test_a_streaming_epoch_downloads_each_shard_once_in_plan_order(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=3, block_size=16)
+    keys = [s["__key__"] for s in it]
+    assert sorted(keys) == [f"{i:08d}" for i in range(sum(SIZES))]
+    assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
+    # nothing else of the tars was read but the whole downloads
+    tar_bytes = sum(os.path.getsize(p) for p in paths)
+    assert sum(b - a for rs in _tar_gets(srv).values() for a, b in rs) == tar_bytes
+    # the downloads follow the plan's first-need order (two run at once: the default
+    # shards_ahead), not the shards' order
+    first = list(dict.fromkeys(it.plan(0).segments[:, 0].tolist()))
+    with srv.lock:
+        order = [os.path.basename(p) for m, p, _, _ in srv.log if m == "GET" and ".tar" in p]
+    order = [o for o in order if o.endswith(".tar")]
+    want = [os.path.basename(paths[s]) for s in first]
+    assert set(order[:2]) == set(want[:2]) and order[2:] == want[2:]
+
+
+def test_a_block_sampler_hands_its_plan_to_the_dataset(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    sampler = tarindex.BlockSampler(ds, block_size=16, seed=0)
+    order = list(sampler)
+    batches = [order[a : a + 32] for a in range(0, len(order), 32)]
+    ds.__getitems__(batches[0])
+    # the plan reads every shard wholly: all are fetched whole from the first batch on
+    assert ds.shards.pool.whole == set(range(len(paths)))
+    for b in batches[1:]:
+        ds.__getitems__(b)
+    assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
+
+
+def test_an_order_handed_with_follow(served: tuple[RangeServer, list[str]]) -> None:
+    srv, paths = served
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    half = [i for i in range(len(ds)) if i < SIZES[0] or i % 10 == 0]  # shard 0 wholly
+    perm = np.random.default_rng(0).permutation(half)
+    ds.shards.follow(perm)
+    for i in perm.tolist():
+        ds[i]
+    assert ds.shards.pool.whole == {0}  # the others are read a tenth: ranges
+    assert _whole_downloads(srv, paths) == {"train-000000.tar": 1}
+
+
+def test_the_cache_stays_within_its_bound(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    srv, paths = served
+    sizes = [os.path.getsize(p) for p in paths]
+    limit = max(sizes) * 2 + 1  # two shards at most
+    cache = tmp_path / "bounded"
+    opts = RemoteOptions(cache_dir=str(cache), cache_bytes=limit, fetch="shard", shards_ahead=1)
+    it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=0, block_size=200, shuffle=False,
+                                     remote=opts)
+    seen = 0
+    for _ in it:
+        seen += 1
+        used = sum(f.stat().st_size for f in cache.rglob("whole"))
+        assert used <= limit
+    assert seen == sum(SIZES)
+    # auto: a plan whose working set is larger than the cache stays on ranges
+    remote.forget_process_state()
+    before = remote.stats()["shards"]
+    auto = RemoteOptions(cache_dir=str(cache), cache_bytes=limit)
+    assert len(list(tarindex.TarIterableDataset(f"{srv.url}/{PAT}", remote=auto))) == seen
+    assert remote.stats()["shards"] == before  # (its cached chunks span these small tars)
+
+
+@pytest.mark.timeout(180)
+def test_two_dataloader_workers_download_each_shard_once(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    torch = pytest.importorskip("torch")
+    srv, paths = served
+    srv.latency = 0.01
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}", remote=RemoteOptions(fetch="shard"))
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=16, shuffle=True, num_workers=2, multiprocessing_context="fork",
+        collate_fn=_keys, generator=torch.Generator().manual_seed(0),
+    )
+    keys = sorted(k for b in loader for k in b)
+    assert keys == [f"{i:08d}" for i in range(sum(SIZES))]
+    # each byte of each tar sent once: two workers wanting one shard waited for one download
+    assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
+    tar_bytes = sum(os.path.getsize(p) for p in paths)
+    assert sum(b - a for rs in _tar_gets(srv).values() for a, b in rs) == tar_bytes
+
+
+def _keys(batch: list[Any]) -> list[str]:
+    return [s["__key__"] for s in batch]
+
+
+def test_a_replaced_object_is_stale_through_whole_shard_fetches(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    srv, paths = served
+    cache = tmp_path / "c"
+    opts = RemoteOptions(cache_dir=str(cache), fetch="shard", shards_ahead=0)
+    url = f"{srv.url}/train-000001.tar"
+    ident = "test-ident"
+    pin = stat(url, opts)
+    key = tar_key(url, pin.size, ident, pin)
+    dc = opts.whole_cache()
+    held = dc.lock(key, WHOLE)  # another process is downloading it
+    assert held is not None
+    got: list[BaseException | None] = []
+
+    def download() -> None:
+        try:
+            copy = remote.local_copy(url, opts, ident)  # pins, then waits for the lock
+            assert copy is not None
+            os.close(copy[0])
+            got.append(None)
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=download)
+    t.start()
+    deadline = time.monotonic() + 10
+    while sum(m == "HEAD" for m, *_ in srv.log) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    data = bytearray(Path(paths[1]).read_bytes())
+    data[5000] ^= 0xFF  # same size, other bytes: a new version (new ETag)
+    tmp = paths[1] + ".new"
+    Path(tmp).write_bytes(bytes(data))
+    os.replace(tmp, paths[1])
+    dc.unlock(held)  # the other download "failed": this one downloads, pinned to the old
+    t.join(30)
+    assert len(got) == 1 and isinstance(got[0], StaleIndexError), got
+    assert "train-000001.tar" in str(got[0])
+    assert not list(cache.rglob("whole"))  # nothing of either version kept
+    # through a dataset: a replaced tar whose first 4 KiB changed is downloaded (a new
+    # version, a new entry), and the open-time checks on the local copy refuse it
+    remote.forget_process_state()
+    data[0:100] = bytes(100)
+    Path(tmp).write_bytes(bytes(data))
+    os.replace(tmp, paths[1])
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}", remote=opts)
+    assert ds[0]["__key__"] == "00000000"
+    with pytest.raises(StaleIndexError, match=r"train-000001\.tar"):
+        ds[SIZES[0]]
