@@ -1,0 +1,273 @@
+"""Remote training at the server's bandwidth (issue 24): the fetch policy against wids.
+
+Data: ``--samples`` seeded samples (``bin`` of ~``--size`` random bytes, ``cls``) in
+``--shards`` tarindex shards, served by (a) tests/remote_server.py (HTTP with Range, its own
+process on 127.0.0.1, ``--latency`` seconds added to every request, counting requests and
+bytes) and (b) moto's S3 server (``s3fs``; requests and bytes counted by tarindex itself).
+Every row runs in a fresh Python process with a fresh cache directory (fresh indexes, no
+warm page cache of a shard download), after one request that warms the connection pool.
+
+Rows (per server and latency):
+
+* ``limit``: the server's sequential limit, every shard in one GET, all at once (fsspec);
+* ``DataLoader``: one shuffled epoch, 2 workers, batch 64 (``tarindex.BlockSampler``, which
+  hands its plan to the dataset; ``shuffle=True`` with no plan; wids'
+  ``ShardListDataset`` with ``DistributedChunkedSampler``, its documented sampler);
+* ``ds[i] epoch``: every sample once in a random order, one process (tarindex with the
+  order handed by ``ds.shards.follow(perm)``, and without; wids);
+* ``sparse 1%``: 1% of the samples at random, one process: bytes fetched / bytes asked;
+* ``stream``: one ``TarIterableDataset`` epoch in one process;
+* ``first sample``: ``TarDataset(url)[0]`` after construction, on a warm connection.
+
+Run: ``python benchmarks/bench_remote_policy.py [--quick] [--latency 0 0.02] [--no-s3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import tarindex  # noqa: E402
+
+CHILD = r"""
+import json, os, sys, time, urllib.request
+sys.path.insert(0, sys.argv[1])
+cfg = json.loads(sys.argv[2])
+import numpy as np, torch, tarindex
+from tarindex.storage import remote
+urls, kind, so = cfg["urls"], cfg["kind"], cfg["so"]
+opts = tarindex.RemoteOptions(storage_options=so, cache_dir=cfg["cache"], cache_bytes=8 << 30)
+fs = remote.filesystem(urls[0], opts)
+remote.fetch([(urls[0], 0, 512)], opts)  # warm the connection pool
+remote.stats(reset=True)
+n = cfg["n"]
+out = {}
+t0 = time.perf_counter()
+if kind == "limit":
+    got = fs.cat([remote.transport.fs_path(u) for u in urls])
+    out["samples"] = n
+elif kind.startswith("dl-"):
+    ds = tarindex.TarDataset(urls, remote=opts, batched=True)
+    if kind == "dl-block":
+        sampler = tarindex.BlockSampler(ds, block_size=64, seed=0)
+        loader = torch.utils.data.DataLoader(ds, batch_size=64, sampler=sampler, num_workers=2,
+            collate_fn=tarindex.collate_batched, multiprocessing_context="fork")
+    else:
+        loader = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2,
+            collate_fn=tarindex.collate_batched, multiprocessing_context="fork",
+            generator=torch.Generator().manual_seed(0))
+    out["samples"] = sum(len(b) for b in loader)
+elif kind.startswith("idx-"):
+    ds = tarindex.TarDataset(urls, remote=opts)
+    perm = np.random.default_rng(0).permutation(len(ds))
+    if kind == "idx-sparse":
+        perm = perm[: max(1, len(ds) // 100)]
+    if kind == "idx-follow":
+        ds.shards.follow(perm)
+    asked = 0
+    for i in perm.tolist():
+        s = ds[i]
+        asked += sum(len(v) for k, v in s.items() if not k.startswith("__"))
+    out["samples"] = len(perm)
+    out["asked"] = asked
+elif kind == "stream":
+    it = tarindex.TarIterableDataset(urls, remote=opts, seed=0)
+    out["samples"] = sum(1 for _ in it)
+elif kind == "first":
+    ds = tarindex.TarDataset(urls, remote=opts)
+    ds[0]
+    out["samples"] = 1
+elif kind.startswith("wids"):
+    import wids
+    spec = [{"url": u, "nsamples": c} for u, c in zip(urls, cfg["counts"])]
+    ds = wids.ShardListDataset(spec, cache_dir=cfg["cache"], keep=True)
+    if kind == "wids-dl":
+        sampler = wids.DistributedChunkedSampler(ds, chunksize=1000, shuffle=True)
+        loader = torch.utils.data.DataLoader(ds, batch_size=64, sampler=sampler, num_workers=2,
+            collate_fn=lambda b: len(b), multiprocessing_context="fork")
+        out["samples"] = sum(loader)
+    else:
+        perm = np.random.default_rng(0).permutation(len(ds))
+        for i in perm.tolist():
+            ds[i]
+        out["samples"] = len(perm)
+out["seconds"] = time.perf_counter() - t0
+st = remote.stats()
+out["client_requests"], out["client_bytes"] = st["requests"], st["bytes"]
+print(json.dumps(out))
+"""
+
+
+def make_data(root: str, n: int, size: int, shards: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 256, 2 * size + 1, dtype=np.uint8).tobytes()
+    per = -(-n // shards)
+    with tarindex.ShardWriter(os.path.join(root, "r-%06d.tar"), maxcount=per, mtime=0) as w:
+        for i in range(n):
+            k = int(rng.integers(size // 2, size * 3 // 2 + 1))
+            o = int(rng.integers(0, len(pool) - k + 1))
+            w.write({"__key__": f"{i:09d}", "bin": pool[o : o + k], "cls": i % 1000})
+    return sorted(os.path.join(root, f) for f in os.listdir(root) if f.endswith(".tar"))
+
+
+class Http:
+    def __init__(self, root: str, latency: float) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.remote_server", root, str(latency)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+
+    def stats(self, reset: bool = False) -> dict[str, int]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + ("/__reset" if reset else "/__stats")) as r:
+            out: dict[str, int] = json.loads(r.read())
+        return out
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def s3_server(paths: list[str]) -> tuple[Any, dict[str, Any], list[str]]:
+    from moto.server import ThreadedMotoServer
+
+    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                 ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ[k] = v
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    ep = f"http://{host}:{port}"
+    so = {"s3": {"key": "testing", "secret": "testing",
+                 "client_kwargs": {"endpoint_url": ep, "region_name": "us-east-1"}}}
+    import boto3
+    import s3fs
+
+    boto3.client("s3", endpoint_url=ep, region_name="us-east-1").create_bucket(Bucket="b")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **so["s3"])
+    for p in paths:
+        for f in (p, p + ".tidx"):
+            fs.put_file(f, f"b/{os.path.basename(f)}")
+    return srv, so, [f"s3://b/{os.path.basename(p)}" for p in paths]
+
+
+def child(cfg: dict[str, Any]) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", CHILD, ROOT, json.dumps(cfg)], capture_output=True,
+                       text=True, timeout=900, cwd=ROOT)
+    if r.returncode:
+        return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "failed"}
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+ROWS = [
+    ("limit", "server limit: every shard in one GET, all at once"),
+    ("dl-block", "DataLoader 2w b64: tarindex + BlockSampler (plan)"),
+    ("dl-shuffle", "DataLoader 2w b64: tarindex shuffle=True (no plan)"),
+    ("wids-dl", "DataLoader 2w b64: wids + DistributedChunkedSampler"),
+    ("idx-follow", "ds[i] epoch: tarindex, order handed (follow)"),
+    ("idx-auto", "ds[i] epoch: tarindex, no plan"),
+    ("wids-idx", "ds[i] epoch: wids"),
+    ("idx-sparse", "sparse 1% ds[i]: tarindex"),
+    ("stream", "streaming epoch: tarindex TarIterableDataset"),
+    ("first", "time to first sample: TarDataset(url)[0]"),
+]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--samples", type=int, default=8000)
+    p.add_argument("--size", type=int, default=16384)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--latency", type=float, nargs="+", default=[0.0, 0.02])
+    p.add_argument("--no-s3", action="store_true")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    if a.quick:
+        a.samples = 2000
+    tmp = tempfile.mkdtemp(prefix="bench-policy-")
+    results: list[dict[str, Any]] = []
+    try:
+        data = os.path.join(tmp, "data")
+        os.makedirs(data)
+        paths = make_data(data, a.samples, a.size, a.shards)
+        counts = [len(tarindex.ShardSet([x])) for x in paths]
+        tar_bytes = sum(os.path.getsize(x) for x in paths)
+        servers: list[tuple[str, float]] = [("http", lat) for lat in a.latency]
+        if not a.no_s3:
+            servers.append(("s3", 0.0))
+        s3 = None
+        for kind_srv, lat in servers:
+            http = None
+            if kind_srv == "http":
+                http = Http(data, lat)
+                urls, so = [f"{http.url}/{os.path.basename(x)}" for x in paths], {}
+            else:
+                if s3 is None:
+                    s3 = s3_server(paths)
+                _, so, urls = s3
+            limit_rate = 0.0
+            for key, label in ROWS:
+                if key.startswith("wids") and kind_srv != "http":
+                    continue
+                cache = os.path.join(tmp, f"cache-{len(results)}")
+                if http is not None:
+                    http.stats(reset=True)
+                got = child({"urls": urls, "kind": key, "so": so, "cache": cache,
+                             "n": a.samples, "counts": counts})
+                shutil.rmtree(cache, ignore_errors=True)
+                if http is not None:
+                    st = http.stats()
+                    reqs, nbytes = st["requests"], st["bytes_sent"]
+                else:
+                    reqs, nbytes = got.get("client_requests", -1), got.get("client_bytes", -1)
+                    if key.startswith("dl-"):
+                        reqs = nbytes = -1  # the workers' counters stay in the workers
+                rate = got.get("samples", 0) / got["seconds"] if "seconds" in got else 0.0
+                if key == "limit":
+                    limit_rate = rate
+                row = {"server": kind_srv, "latency_ms": lat * 1e3, "row": label, "key": key,
+                       "samples_per_s": rate, "seconds": got.get("seconds"),
+                       "of_limit": rate / limit_rate if limit_rate else 0.0,
+                       "requests": reqs, "bytes": nbytes,
+                       "bytes_per_dataset": nbytes / tar_bytes if nbytes >= 0 else None,
+                       "error": got.get("error")}
+                if key == "idx-sparse" and got.get("asked"):
+                    row["bytes_per_asked"] = nbytes / got["asked"]
+                results.append(row)
+                extra = (f" fetched/asked {row['bytes_per_asked']:.2f}"
+                         if "bytes_per_asked" in row else "")
+                print(f"{kind_srv:4s} {lat * 1e3:3.0f} ms  {label:52s} "
+                      f"{rate:9,.0f}/s  {row['of_limit']:5.2f}x limit  "
+                      f"{got.get('seconds', 0) * 1e3:8.0f} ms  req {reqs:6d}  "
+                      f"bytes {nbytes / tar_bytes if nbytes >= 0 else -1:5.2f}x{extra}"
+                      f"{'  ERROR ' + str(row['error']) if row['error'] else ''}", flush=True)
+            if http is not None:
+                http.close()
+        if s3 is not None:
+            s3[0].stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "rows": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
