@@ -41,7 +41,6 @@ class ShardOpener:
     tar_path: str
     index_path: str
     verify_data: bool
-    use_mmap: bool
     index: IndexTables
     tar_size: int
     _imm: mmap.mmap | None
@@ -114,8 +113,8 @@ class ShardOpener:
                     copy = None
                     if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
                         copy = local_copy(self.tar_path, opts, ident)
-                    if copy is not None:
-                        self._src = open_source(self.tar_path, copy[0], copy[1], self.use_mmap)
+                    if copy is not None:  # mapped: entries are replaced whole, never cut
+                        self._src = open_source(self.tar_path, copy[0], copy[1], True)
                     else:
                         self._src = RemoteSource.open(self.tar_path, opts, ident)
                     if gz is not None:

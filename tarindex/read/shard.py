@@ -111,7 +111,6 @@ class ShardReader(ShardOpener):
         self.tar_path = tar_path
         self.index_path = index_path or index_path_for(tar_path)
         self.verify_data = verify_data
-        self.use_mmap = use_mmap
         self._imm: mmap.mmap | None = None
         self._src: ByteSource | None = None
         self._checks: dict[tuple[int, int], bytes] | None = None  # remote: check bytes
