@@ -7,7 +7,8 @@ header walk in :mod:`tarindex.index.scan`, the torch layer in :mod:`tarindex.tor
 - write: :class:`ShardWriter`, :class:`TarWriter`, :func:`write_shards`
 - index existing tars, check them: :func:`build_index`, :func:`verify`
 - read: :class:`ShardSet` (many shards as one sequence of samples), :class:`ShardReader`
-  (one shard), :class:`RemoteOptions`, :func:`read_kernel`
+  (one shard), :class:`OpenOptions` (how shards open and are checked),
+  :class:`RemoteOptions` (how URLs are fetched), :func:`read_kernel`
 - datasets (need torch, imported on first use): :class:`TarDataset`,
   :class:`TarIterableDataset`, :class:`BlockSampler`, :class:`MixedDataset`,
   :class:`MixSampler`, :func:`collate_batched`
@@ -28,7 +29,7 @@ from .codecs.image import ImageDecode
 from .codecs.select import to_tuple
 from .errors import DecodeError, FormatError, StaleIndexError, TarIndexError
 from .index.build import build_index
-from .read import ShardReader, ShardSet, read_kernel
+from .read import OpenOptions, ShardReader, ShardSet, read_kernel
 from .read.manifest import write_manifest
 from .read.split import split_by_key
 from .read.verify import verify
@@ -54,6 +55,7 @@ __all__ = [
     "verify",
     "ShardReader",
     "ShardSet",
+    "OpenOptions",
     "RemoteOptions",
     "read_kernel",
     "write_manifest",

@@ -17,6 +17,7 @@ PUBLIC = {
     "verify",
     "ShardReader",
     "ShardSet",
+    "OpenOptions",
     "RemoteOptions",
     "read_kernel",
     "write_manifest",

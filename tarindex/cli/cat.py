@@ -6,7 +6,7 @@ import argparse
 import shlex
 
 from ..errors import SampleIndexError
-from ..read import ShardSet
+from ..read import OpenOptions, ShardSet
 from ..read.sources import is_manifest
 from .common import EXIT_OK, NotFoundError, expand, stdout_bytes
 
@@ -74,7 +74,10 @@ def command(args: argparse.Namespace) -> int:
     """Write one member's bytes, unchanged, to stdout."""
     paths = expand([args.source])
     # a manifest: no header reads
-    ss = ShardSet(args.source if is_manifest(args.source) else paths, index_dir=args.index_dir)
+    ss = ShardSet(
+        args.source if is_manifest(args.source) else paths,
+        options=OpenOptions(index_dir=args.index_dir),
+    )
     try:
         s, j = _resolve(ss, args)
         r = ss.reader(s)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
-from ..read import Block, ShardReader, ShardSet, index_for
+from ..read import Block, OpenOptions, ShardReader, ShardSet, index_for
 from ..read.sources import expand_source, is_manifest
 
 __all__ = [
@@ -104,7 +104,8 @@ def each_reader(
     seen: set[str] = set()
     for src in sources:
         if is_manifest(src):
-            ss = ShardSet(src, index_dir=args.index_dir, max_open=1)  # one open at a time
+            one = OpenOptions(max_open=1, index_dir=args.index_dir)  # one open at a time
+            ss = ShardSet(src, options=one)
             try:
                 for s, p in enumerate(ss.paths):
                     if p not in seen:

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--checksums",
         action="store_true",
         help="also record each member's crc32 (reads all the data), for `tarindex verify "
-        "--data` and reads with verify_data=True",
+        "--data` and reads with OpenOptions(verify_data=True)",
     )
     s.add_argument(
         "--gzip-spacing",
@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         default=None,
         help="write the indexes into DIR as <tar name>.tidx instead of beside the tars (needed "
-        "for remote tars, which are streamed once; read them with index_dir=DIR)",
+        "for remote tars, which are streamed once; read them with OpenOptions(index_dir=DIR))",
     )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=index.command)

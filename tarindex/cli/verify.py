@@ -8,7 +8,7 @@ import sys
 from ..errors import TarIndexError
 from ..format.url import is_url
 from ..index.build import local_tar
-from ..read import ShardSet, index_for
+from ..read import OpenOptions, ShardSet, index_for
 from ..read.sources import is_manifest
 from .common import EXIT_FAIL, EXIT_OK, describe, expand
 
@@ -23,7 +23,9 @@ def command(args: argparse.Namespace) -> int:
     listed = {  # a manifest's shards: checked against it first, as the datasets do
         p: (ss, s)
         for ss in (
-            ShardSet(m, index_dir=args.index_dir, max_open=1) for m in args.paths if is_manifest(m)
+            ShardSet(m, options=OpenOptions(max_open=1, index_dir=args.index_dir))
+            for m in args.paths
+            if is_manifest(m)
         )
         for s, p in enumerate(ss.paths)
     }

@@ -169,7 +169,7 @@ def build_index(
             it with a warning (``tarindex index --no-require-end``). Defaults to ``True``.
             docs/TAR_DIALECTS.md, "End of archive".
         checksums: Also record each member's crc32 (FORMAT.md §2.8.2; reads all the data,
-            so ``tarindex verify --data`` and ``verify_data=True`` can check them). Always
+            so ``tarindex verify --data`` and ``OpenOptions(verify_data=True)`` can check them). Always
             on for a gzip-compressed tar. Defaults to ``False``.
         gzip_spacing: Decompressed bytes between two seek points of a gzip-compressed tar,
             at least 64 KiB: a random read decompresses at most this much, and the index
@@ -399,7 +399,7 @@ def build_indexes(
             ``spawn``). ``1`` builds in this process. Defaults to ``1``.
         out: Write each index into this directory as ``<tar's base name>.tidx`` (created if
             missing) instead of beside its tar; needed for URLs. Read them back with
-            ``index_dir=out``. Defaults to ``None`` (beside the tars, FORMAT.md §1).
+            ``OpenOptions(index_dir=out)``. Defaults to ``None`` (beside the tars, FORMAT.md §1).
         up_to_date: ``up_to_date(tar, index_path_or_None)``: True if an existing index still
             describes its tar; those tars are skipped (status ``"skipped"``). ``tarindex
             index`` passes :func:`tarindex.read.is_up_to_date` (the reader's open-time
@@ -426,7 +426,7 @@ def build_indexes(
     if remote and out is None:
         raise ValueError(
             f"{remote[0]}: a remote tar's index cannot be written beside it; keep it locally: "
-            f"tarindex index {remote[0]} --out DIR (then read with index_dir=DIR)"
+            f"tarindex index {remote[0]} --out DIR (then read with OpenOptions(index_dir=DIR))"
         )
     if out is not None:
         out = local_path(out)

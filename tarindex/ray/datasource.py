@@ -26,7 +26,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from ..format.url import is_url
-from ..read import ShardSet
+from ..read import OpenOptions, ShardSet
 from ..read.block import Fields
 from ..storage.remote import RemoteOptions
 from ..stream.arrow import (
@@ -50,8 +50,7 @@ class _Spec:
     """Unique per datasource: a worker never reuses another read's (maybe older) ShardSet."""
     source: Any
     remote: RemoteOptions
-    use_mmap: bool
-    verify_data: bool
+    options: OpenOptions
 
 
 _OPEN: OrderedDict[str, ShardSet] = OrderedDict()
@@ -64,9 +63,7 @@ def _shards(spec: _Spec) -> ShardSet:
     with _OPEN_LOCK:
         got = _OPEN.get(spec.token)
         if got is None:
-            got = _OPEN[spec.token] = ShardSet(
-                spec.source, remote=spec.remote, use_mmap=spec.use_mmap, verify_data=spec.verify_data
-            )
+            got = _OPEN[spec.token] = ShardSet(spec.source, options=spec.options, remote=spec.remote)
             while len(_OPEN) > _KEEP_OPEN:
                 _OPEN.popitem(last=False)[1].close()
         _OPEN.move_to_end(spec.token)
@@ -102,9 +99,11 @@ class TarIndexDatasource(Datasource):
             every member as bytes.
         block_rows: Samples per Arrow table a task yields, and the fewest a read task gets.
             Defaults to ``1024``.
-        remote: How remote shards are read (:class:`~tarindex.remote.RemoteOptions`).
-        use_mmap: See :class:`~tarindex.read.ShardReader`. Defaults to ``True``.
-        verify_data: Check each member's crc32 as read. Defaults to ``False``.
+        remote: How remote shards are read (:class:`tarindex.RemoteOptions`).
+        options: How each worker's :class:`~tarindex.read.ShardSet` opens and checks the
+            shards (:class:`tarindex.OpenOptions`: ``use_mmap``, ``verify_data``, ...; the
+            driver opens them with the same options to plan). Defaults to
+            ``OpenOptions()``.
 
     Raises:
         FileNotFoundError, IndexMissingError, FormatError: As :class:`~tarindex.read.ShardSet`
@@ -119,14 +118,14 @@ class TarIndexDatasource(Datasource):
         int_fields: Collection[str] = INT_FIELDS,
         block_rows: int = BLOCK_ROWS,
         remote: RemoteOptions | None = None,
-        use_mmap: bool = True,
-        verify_data: bool = False,
+        options: OpenOptions | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         # absolute on the driver: workers run in other directories
         src = [_absolute(p) for p in source] if isinstance(source, (list, tuple)) else _absolute(source)
-        self._spec = _Spec(secrets.token_hex(8), src, remote or RemoteOptions(), use_mmap, verify_data)
-        shards = ShardSet(src, remote=self._spec.remote, use_mmap=use_mmap)
+        opts = OpenOptions() if options is None else options
+        self._spec = _Spec(secrets.token_hex(8), src, remote or RemoteOptions(), opts)
+        shards = ShardSet(src, options=opts, remote=self._spec.remote)
         self.columns = columns_of(shards, fields)
         """The member columns, in order."""
         self.int_fields = tuple(int_fields)
@@ -178,8 +177,7 @@ def read(
     int_fields: Collection[str] = INT_FIELDS,
     block_rows: int = BLOCK_ROWS,
     remote: RemoteOptions | None = None,
-    use_mmap: bool = True,
-    verify_data: bool = False,
+    options: OpenOptions | None = None,
     parallelism: int = -1,
     **read_kw: Any,
 ) -> Dataset:
@@ -199,8 +197,7 @@ def read(
         int_fields=int_fields,
         block_rows=block_rows,
         remote=remote,
-        use_mmap=use_mmap,
-        verify_data=verify_data,
+        options=options,
     )
     got: Dataset = read_datasource(ds, parallelism=parallelism, **read_kw)
     return got

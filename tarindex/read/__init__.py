@@ -1,7 +1,8 @@
 """The read core: shards, sets of shards, blocks, and the loops that read them (docs/READING.md).
 
 - :mod:`~tarindex.read.shard`: :class:`ShardReader`, one open shard (index mapped, tar checked).
-- :mod:`~tarindex.read.shardset`: :class:`ShardSet`, many shards as one sequence of samples.
+- :mod:`~tarindex.read.shardset`: :class:`ShardSet`, many shards as one sequence of samples;
+  :mod:`~tarindex.read.options`: :class:`OpenOptions`, how it opens and checks them.
 - :mod:`~tarindex.read.block`: :class:`Block`, samples as tables plus buffers; the batch copy.
 - :mod:`~tarindex.read.hot`: :class:`HotTables`, the one structure the per-sample loops read.
 - :mod:`~tarindex.read.kernel`: which loops run (compiled ``_kernel`` or Python), chosen once.
@@ -16,6 +17,7 @@ from .block import Block, Fields, Sample, copy_members, crc_mismatches, data_err
 from .checks import CHUNK
 from .hot import HotTables
 from .kernel import read_kernel
+from .options import OpenOptions
 from .paths import index_for, read_sample_count
 from .pool import DEFAULT_MAX_OPEN, ReaderPool, open_shard_bound
 from .shard import ShardReader, is_up_to_date
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_OPEN",
     "Fields",
     "HotTables",
+    "OpenOptions",
     "ReaderPool",
     "Sample",
     "ShardReader",

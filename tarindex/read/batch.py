@@ -74,7 +74,7 @@ def gather(
     crcs: list[Any] = [None] * n_slots  # with verify_data: the recorded member crc32s
     tables: dict[int, tuple[ShardReader, HotTables]] = {}
     seen = bytearray(n_slots)
-    verify = pool.verify_data  # or a shard whose reader always verifies (compressed)
+    verify = pool.options.verify_data  # or a shard whose reader always verifies (compressed)
     if not copy:
         for slot, s in enumerate(slots):
             r = pool.reader(s)

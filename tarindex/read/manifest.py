@@ -36,6 +36,7 @@ from ..storage.indexfile import write_atomic
 from ..storage.remote import RemoteOptions, filesystem, is_url, local_path
 from ..storage.remote.transport import fs_path
 from ..write.partition import ATTEMPT_PREFIX, ShardRow, commit
+from .options import OpenOptions
 from .shard import ShardReader
 from .shardset import ShardSet
 from .sources import Source, expand_source, read_manifest
@@ -280,7 +281,7 @@ def check_manifest(path: str, shards: Sequence[int] | None = None) -> list[str]:
     Raises:
         FileNotFoundError, FormatError: If the manifest itself cannot be read.
     """
-    ss = ShardSet(path, max_open=1)
+    ss = ShardSet(path, options=OpenOptions(max_open=1))
     problems: list[str] = []
     try:
         for s in range(ss.n_shards) if shards is None else shards:

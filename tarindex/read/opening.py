@@ -186,7 +186,7 @@ class ShardOpener:
             self.verify_data = True
         if self.verify_data and self.index.member_crc is None:
             raise FormatError(
-                f"{self.index_path}: verify_data=True but the index records no data "
+                f"{self.index_path}: verify_data=True (OpenOptions) but the index records no data "
                 f"checksums (FORMAT.md §2.8.2); add them with: tarindex index --force "
                 f"--checksums {self.tar_path}"
             )

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..storage.remote import RemoteOptions, is_url
 from .checks import check_listed, stale_count, unlisted
+from .options import OpenOptions
 from .shard import ShardReader
 from .sources import ShardList
 
@@ -94,8 +95,10 @@ class ReaderPool:
         counts: Samples per shard, as counted when the set was made (a reader whose index
             now says otherwise is refused).
         listing: The manifest rows the shards were listed with, or ``None``.
-        max_open: Bound on open shards (before the descriptor limit lowers it).
-        use_mmap, check_crc, verify_data, remote: As :class:`ShardReader`.
+        options: How the shards open (:class:`~tarindex.read.options.OpenOptions`:
+            ``max_open``, and ``use_mmap``, ``check_crc``, ``verify_data`` as
+            :class:`ShardReader` takes them).
+        remote: As :class:`ShardReader`.
     """
 
     def __init__(
@@ -104,21 +107,16 @@ class ReaderPool:
         index_paths: list[str],
         counts: list[int],
         listing: ShardList | None,
-        max_open: int,
-        *,
-        use_mmap: bool,
-        check_crc: bool,
-        verify_data: bool,
+        options: OpenOptions,
         remote: RemoteOptions,
     ) -> None:
         self.paths = paths
         self.index_paths = index_paths
         self.counts = counts
         self.listing = listing
-        self.max_open = max_open
-        self.use_mmap = use_mmap
-        self.check_crc = check_crc
-        self.verify_data = verify_data
+        self.options = options
+        self.max_open = DEFAULT_MAX_OPEN if options.max_open is None else options.max_open
+        """The bound asked for (:attr:`open_bound` is what the descriptor limit leaves)."""
         self.remote = remote
         self.readers: OrderedDict[int, ShardReader] = OrderedDict()
         """Shard -> open reader, least recently used first (never rebound: cleared in place)."""
@@ -139,11 +137,8 @@ class ReaderPool:
             self.index_paths,
             self.counts,
             self.listing,
-            self.max_open,
-            use_mmap=self.use_mmap,
-            check_crc=self.check_crc,
-            verify_data=self.verify_data,
-            remote=self.remote,
+            self.options,
+            self.remote,
         )
 
     @property
@@ -176,15 +171,15 @@ class ReaderPool:
                 pass
 
     def _open(self, s: int) -> ShardReader:
-        readers = self.readers
+        readers, o = self.readers, self.options
         while True:
             try:
                 return ShardReader(
                     self.paths[s],
                     self.index_paths[s],
-                    use_mmap=self.use_mmap,
-                    check_crc=self.check_crc,
-                    verify_data=self.verify_data,
+                    use_mmap=o.use_mmap,
+                    check_crc=o.check_crc,
+                    verify_data=o.verify_data,
                     remote=self.opts_for(s),
                 )
             except OSError as e:
@@ -196,7 +191,7 @@ class ReaderPool:
                     f"{self.paths[s]}: too many open files ({e.strerror}) with "
                     f"{len(readers)} shards open; closing {n} and keeping at most "
                     f"{self._bound} open in this process (raise `ulimit -n` or pass a smaller "
-                    f"max_open)",
+                    f"OpenOptions(max_open=...))",
                     ResourceWarning,
                     stacklevel=5,
                 )

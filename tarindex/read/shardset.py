@@ -29,8 +29,9 @@ from . import keys as keylookup
 from .block import Block, Fields, Sample, field_set
 from .checks import check_mapped
 from .fetchpolicy import FetchPolicy
+from .options import OpenOptions
 from .paths import index_for, read_sample_count
-from .pool import DEFAULT_MAX_OPEN, ReaderPool
+from .pool import ReaderPool
 from .shard import ShardReader
 from .sources import Source, expand_shards
 from .spanner import check_index, check_indices, equal_count, locate
@@ -47,24 +48,19 @@ class ShardSet:
     opened in a process (samples, members, tar size, fingerprint, shard id): a missing or
     changed shard raises :class:`~tarindex.errors.StaleManifestError` naming it. Readers open
     lazily in the process that reads, and are never pickled. At most
-    ``max_open`` are open at a time per process (least recently used closed first), lowered
-    to what the descriptor limit allows (:func:`open_shard_bound`, computed in each process);
-    if opening still fails with ``EMFILE``, half the open readers are closed, the bound is
-    lowered and a ``ResourceWarning`` says so.
+    ``options.max_open`` are open at a time per process (least recently used closed first),
+    lowered to what the descriptor limit allows (:func:`open_shard_bound`, computed in each
+    process); if opening still fails with ``EMFILE``, half the open readers are closed, the
+    bound is lowered and a ``ResourceWarning`` says so.
 
     Args:
         source: Shards: a path, list, brace pattern, glob, directory or manifest (``.json``)
-            (see :func:`tarindex.sources.expand_source`).
-        max_open: Bound on simultaneously open shards per process (each holds 2 file
-            descriptors). Defaults to :data:`DEFAULT_MAX_OPEN` (48).
-        use_mmap: See :class:`ShardReader`. Defaults to ``True``.
-        check_crc: See :class:`ShardReader`. Defaults to ``True``.
-        verify_data: See :class:`ShardReader`. Defaults to ``False``.
-        index_dir: A directory (or URL) holding the indexes as ``<tar name>.tidx``, for tars
-            whose index is not beside them (``tarindex index URL --out DIR``). Defaults to
-            ``None`` (beside each tar).
+            (see :func:`tarindex.read.sources.expand_shards`).
+        options: How the shards are opened, bounded and checked (``max_open``,
+            ``use_mmap``, ``check_crc``, ``verify_data``, ``index_dir``; each documented on
+            :class:`tarindex.OpenOptions`). Defaults to ``OpenOptions()``.
         remote: How remote shards (URLs) are read: storage options, retries, read-ahead,
-            cache (:class:`tarindex.remote.RemoteOptions`). Defaults to ``RemoteOptions()``.
+            cache (:class:`tarindex.RemoteOptions`). Defaults to ``RemoteOptions()``.
 
     Raises:
         FileNotFoundError: No shard matches ``source``.
@@ -77,24 +73,20 @@ class ShardSet:
         self,
         source: Source,
         *,
-        max_open: int | None = None,
-        use_mmap: bool = True,
-        check_crc: bool = True,
-        verify_data: bool = False,
-        index_dir: str | None = None,
+        options: OpenOptions | None = None,
         remote: RemoteOptions | None = None,
     ) -> None:
+        self.options = OpenOptions() if options is None else options
+        """How these shards open (:class:`tarindex.OpenOptions`), as given (pickled along)."""
+        index_dir = self.options.index_dir
         self.remote_options = remote or RemoteOptions()
         listing = expand_shards(source, self.remote_options)
         self.paths = listing.paths
-        self.index_dir = index_dir
         self.index_paths = (  # (the common case without index_dir, ~3x faster at 100k shards)
             [p + INDEX_SUFFIX for p in self.paths]
             if index_dir is None
             else [index_for(p, index_dir) for p in self.paths]
         )
-        self.check_crc = check_crc
-        self.verify_data = verify_data
         self.remote = any(is_url(p) for p in self.paths if "://" in p)
         """``True`` if some shards are remote URLs (reads then go through fsspec)."""
         counts = self._counts(listing.samples)  # from manifests: no index read at all
@@ -104,19 +96,16 @@ class ShardSet:
         self._starts_list: list[int] = self.starts.tolist()
         self._starts_bytes = self.starts.tobytes()  # the compiled get's (immutable) copy
         self._per = equal_count(counts)
-        self.max_open = DEFAULT_MAX_OPEN if max_open is None else max(1, int(max_open))
-        self.use_mmap = use_mmap
         self._pool = ReaderPool(
             self.paths,
             self.index_paths,
             counts,
             listing if listing.listed else None,
-            self.max_open,
-            use_mmap=use_mmap,
-            check_crc=check_crc,
-            verify_data=verify_data,
-            remote=self.remote_options,
+            self.options,
+            self.remote_options,
         )
+        self.max_open = self._pool.max_open
+        """Open shards asked for at most (:attr:`open_bound`: within the descriptor limit)."""
         self._readers: OrderedDict[int, ShardReader] = self._pool.readers
         self._policy = FetchPolicy(self._pool, self.starts, self._per)
 

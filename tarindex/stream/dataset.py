@@ -26,6 +26,7 @@ from ..plan.checks import check_int, check_sizes, check_u64
 from ..plan.epoch import WorkerPlan, batch_span, epoch_blocks, plan_worker, rank_share, slot_span
 from ..plan.state import shard_layout
 from ..read import Sample, ShardSet
+from ..read.options import OpenOptions
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset
@@ -45,8 +46,8 @@ class StreamDataset(StreamEpochOwner):
 
     The behaviour, the counts and every argument are those of
     :class:`tarindex.TarIterableDataset` (which is this class over torch); this one needs no
-    torch. ``source`` may also be a ready :class:`~tarindex.ShardSet` (its own open options
-    are used; passing open options with it raises ``ValueError``). ``env`` says where rank,
+    torch. ``source`` may also be a ready :class:`~tarindex.ShardSet` (its own ``options``
+    and ``remote`` are used; passing either with it raises ``ValueError``). ``env`` says where rank,
     world size and worker come from: :data:`~tarindex.stream.epochs.LOCAL` (explicit
     ``rank``/``world_size`` or the environment; ``Env(worker, num_workers)`` plays one worker's
     share in this process). Batched output is :class:`~tarindex.stream.pack.Packed` batches
@@ -73,12 +74,8 @@ class StreamDataset(StreamEpochOwner):
         drop_last: bool = False,
         on_error: str = "raise",
         allow_pickle: bool = False,
-        max_open: int | None = None,
-        use_mmap: bool = True,
-        check_crc: bool = True,
-        verify_data: bool = False,
+        options: OpenOptions | None = None,
         batched: bool = False,
-        index_dir: str | None = None,
         remote: RemoteOptions | None = None,
         batch_size: int | None = None,
         int_fields: Sequence[str] = INT_FIELDS,
@@ -90,15 +87,7 @@ class StreamDataset(StreamEpochOwner):
         seed = check_u64("seed", seed)
         fields = check_fields(fields)
         int_fields = check_fields(int_fields, "int_fields")
-        opened = open_shards(
-            source,
-            max_open=max_open,
-            use_mmap=use_mmap,
-            check_crc=check_crc,
-            verify_data=verify_data,
-            index_dir=index_dir,
-            remote=remote,
-        )
+        opened = open_shards(source, options, remote)
         self.shards: SampleSource = opened
         self._subset_crc: int | None = None
         if subset is not None:  # plans, counts and resume over just these samples

@@ -6,6 +6,7 @@ from collections.abc import Collection
 from typing import overload
 
 from ..read import ShardSet
+from ..read.options import OpenOptions
 from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
@@ -15,62 +16,39 @@ __all__ = ["open_shards", "check_fields"]
 
 def open_shards(
     source: Source | ShardSet | ShardSubset,
-    *,
-    max_open: int | None = None,
-    use_mmap: bool = True,
-    check_crc: bool = True,
-    verify_data: bool = False,
-    index_dir: str | None = None,
+    options: OpenOptions | None = None,
     remote: RemoteOptions | None = None,
 ) -> ShardSet | ShardSubset:
     """Open ``source`` as a :class:`~tarindex.ShardSet`, or take a ready one as it is.
 
     A ready ``ShardSet`` (or ``ShardSubset``) is used itself, not copied: the dataset reads
     through it (and pickles it to DataLoader workers, which reopen its shards lazily). Its
-    open options are its own, so passing any here with it is refused rather than ignored.
+    options are its own, so passing any here with it is refused rather than ignored.
 
     Args:
         source: Shards (see :class:`tarindex.ShardSet`), or a ready ``ShardSet``.
-        max_open: As for :class:`tarindex.ShardSet`. Defaults to ``None``.
-        use_mmap: As for :class:`tarindex.ShardSet`. Defaults to ``True``.
-        check_crc: As for :class:`tarindex.ShardSet`. Defaults to ``True``.
-        verify_data: As for :class:`tarindex.ShardSet`. Defaults to ``False``.
-        index_dir: As for :class:`tarindex.ShardSet`. Defaults to ``None``.
+        options: As for :class:`tarindex.ShardSet` (:class:`tarindex.OpenOptions`).
+            Defaults to ``None`` (``OpenOptions()``).
         remote: As for :class:`tarindex.ShardSet`. Defaults to ``None``.
 
     Returns:
         The shards.
 
     Raises:
-        ValueError: A ready ``ShardSet`` together with open options (the message names them).
+        ValueError: A ready ``ShardSet`` together with ``options`` or ``remote`` (the message
+            names them).
         FileNotFoundError, IndexMissingError, FormatError: As :class:`tarindex.ShardSet`.
     """
     if isinstance(source, (ShardSet, ShardSubset)):
-        given = {
-            "max_open": max_open is not None,
-            "use_mmap": not use_mmap,
-            "check_crc": not check_crc,
-            "verify_data": bool(verify_data),
-            "index_dir": index_dir is not None,
-            "remote": remote is not None,
-        }
-        named = [k for k, v in given.items() if v]
+        named = [k for k, v in (("options", options), ("remote", remote)) if v is not None]
         if named:
             raise ValueError(
-                f"{', '.join(named)} given with a ready {type(source).__name__}: its shards "
+                f"{' and '.join(named)} given with a ready {type(source).__name__}: its shards "
                 "are already open with their own options; pass them to the ShardSet instead, "
                 "or pass the source (paths) here"
             )
         return source
-    return ShardSet(
-        source,
-        max_open=max_open,
-        use_mmap=use_mmap,
-        check_crc=check_crc,
-        verify_data=verify_data,
-        index_dir=index_dir,
-        remote=remote,
-    )
+    return ShardSet(source, options=options, remote=remote)
 
 
 @overload

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from ..codecs import DecodeSpec, ExtDecoder, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read import Sample, ShardSet
+from ..read.options import OpenOptions
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset
@@ -46,9 +47,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         source: Path, list of paths, brace pattern (``"train-{000000..000009}.tar"``), glob or
             directory of ``*.tar`` shards, each with its ``.tidx`` index, or a dataset
             manifest (``data.json``, ``tarindex manifest``: opens with one read), or a ready
-            :class:`tarindex.ShardSet` (read through as it is, with its own open options:
-            ``max_open``, ``use_mmap``, ``check_crc``, ``verify_data``, ``index_dir`` and
-            ``remote`` must then be left out).
+            :class:`tarindex.ShardSet` (read through as it is, with its own ``options`` and
+            ``remote``, which must then be left out).
         decode: ``None`` (bytes); an image spec of webdataset's (``"rgb8"``: ``uint8
             (H, W, 3)``, ``"rgb"``: ``float32`` in ``[0, 1]``, ``"torchrgb8"``: ``uint8`` tensor
             ``(3, H, W)``, ``"pil"``, ... see :data:`tarindex.codecs.IMAGE_SPECS`; ``True`` is
@@ -69,16 +69,11 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             (``to_tuple(..., missing_is_error=False)``: ``None``). Defaults to ``None``.
         allow_pickle: Unpickle ``pickle``/``pyd``/``pkl`` members when decoding. Defaults to
             ``False``.
-        max_open: Open shards per process at most, 2 file descriptors each (lowered to fit
-            the descriptor limit, see :class:`tarindex.ShardSet`). Defaults to ``48``.
-        use_mmap: mmap the tars (``False``: ``os.pread``). Defaults to ``True``.
-        check_crc: Check each index's crc32 when its shard is first opened in a process
-            (about 1 ms per MB of index); ``False`` for huge indexes ``verify`` has checked.
-            Defaults to ``True``.
-        verify_data: Check every member read against the crc32 its index records
-            (``ChecksumError`` naming shard, key, extension and byte offset); needs indexes
-            with checksums (the writer's, or ``tarindex index --checksums``). Defaults to
-            ``False``.
+        options: How the shards are opened, bounded and checked: a
+            :class:`tarindex.OpenOptions` (``max_open``, ``use_mmap``, ``check_crc``,
+            ``verify_data``, ``index_dir``, each documented there), e.g.
+            ``options=tarindex.OpenOptions(verify_data=True)``. Defaults to
+            ``OpenOptions()``.
         batched: Make ``__getitems__`` (the DataLoader's batched fetch) return one
             :class:`tarindex.torch.batch.BatchedSamples` per batch, read straight into one
             buffer, instead of a list of dicts; use it with
@@ -88,8 +83,6 @@ class TarDataset(torch.utils.data.Dataset[Any]):
             ``uint8 (B, 3, H, W)`` tensor (shared memory in a worker), the same pixels as
             ``ds[i]``, plus ``int64`` labels. Not with ``transform``, ``select`` or other
             decoders. ``ds[i]`` is unchanged. Defaults to ``False``.
-        index_dir: Where the indexes are, if not beside the tars (``<index_dir>/<tar
-            name>.tidx``; see :class:`tarindex.ShardSet`). Defaults to ``None``.
         remote: How URL shards are read (:class:`tarindex.RemoteOptions`: storage options,
             retries, cache directory, read-ahead). Over remote shards ``ds[i]`` makes one
             ranged read for the sample's members and ``__getitems__`` one concurrent batch of
@@ -115,8 +108,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         ValueError: ``batched=True`` together with ``transform``, ``select`` or a ``decode``
             other than an ``ImageDecode``;
             a ``fields`` entry that is not a ``str``;
-            ``select`` together with ``fields``; an unknown ``decode`` mode; open options
-            together with a ready ``ShardSet``.
+            ``select`` together with ``fields``; an unknown ``decode`` mode; ``options`` or
+            ``remote`` together with a ready ``ShardSet``.
     """
 
     def __init__(
@@ -128,24 +121,12 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         fields: Collection[str] | None = None,
         select: ToTuple | str | Sequence[str] | None = None,
         allow_pickle: bool = False,
-        max_open: int | None = None,
-        use_mmap: bool = True,
-        check_crc: bool = True,
-        verify_data: bool = False,
         batched: bool = False,
-        index_dir: str | None = None,
+        options: OpenOptions | None = None,
         remote: RemoteOptions | None = None,
         subset: Sequence[int] | NDArray[np.integer[Any]] | None = None,
     ) -> None:
-        opened = open_shards(
-            source,
-            max_open=max_open,
-            use_mmap=use_mmap,
-            check_crc=check_crc,
-            verify_data=verify_data,
-            index_dir=index_dir,
-            remote=remote,
-        )
+        opened = open_shards(source, options, remote)
         self.shards: SampleSource = opened
         if subset is not None:  # a view: ds[i] is sample subset[i] of the source
             self.shards = ShardSubset(opened, subset)

@@ -85,9 +85,8 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
     Args:
         source: Path, list, brace pattern, glob or directory of ``*.tar`` shards with indexes,
             or a dataset manifest (``data.json``: opens with one read), or a ready
-            :class:`tarindex.ShardSet` (read through as it is, with its own open options:
-            ``max_open``, ``use_mmap``, ``check_crc``, ``verify_data``, ``index_dir`` and
-            ``remote`` must then be left out).
+            :class:`tarindex.ShardSet` (read through as it is, with its own ``options`` and
+            ``remote``, which must then be left out).
         shuffle: Shuffle shards, blocks and samples. Defaults to ``True``.
         seed: Base seed, ``0 <= seed < 2**64``. Defaults to ``0``.
         block_size: Contiguous samples per block (one read each). Larger reads faster,
@@ -117,21 +116,10 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
             so that rank yields fewer than ``len(ds)`` and DDP may wait at the end of an epoch.
             Defaults to ``"raise"``.
         allow_pickle: Unpickle ``pickle``/``pyd`` members when decoding. Defaults to ``False``.
-        max_open: Open shards per process at most (lowered to fit the descriptor limit,
-            see :class:`tarindex.ShardSet`). Defaults to ``48``.
-        use_mmap: Map the tars and slice each member straight from the mapping (one copy
-            per byte). Defaults to ``True``. ``False`` reads each block with one ``os.pread``
-            and slices members out of that buffer (two copies, ~0.75x the rate on ~20 KB
-            samples, warm cache) but cannot die of SIGBUS if a tar is cut while open.
-        check_crc: Check each index's crc32 when its shard is first opened in a process
-            (about 1 ms per MB of index); ``False`` for huge indexes ``verify`` has checked.
-            Defaults to ``True``.
-        verify_data: Check every member read against the crc32 its index records
-            (``ChecksumError`` naming shard, key, extension and byte offset); needs indexes
-            with checksums (the writer's, or ``tarindex index --checksums``). Defaults to
-            ``False``.
-        index_dir: Where the indexes are, if not beside the tars (see
-            :class:`tarindex.ShardSet`). Defaults to ``None``.
+        options: How the shards are opened, bounded and checked: a
+            :class:`tarindex.OpenOptions` (``max_open``, ``use_mmap``: ``False`` reads each
+            block with one ``os.pread``, ``check_crc``, ``verify_data``, ``index_dir``; each
+            documented there). Defaults to ``OpenOptions()``.
         remote: How URL shards are read (:class:`tarindex.RemoteOptions`). Over remote
             shards each block is one ranged read, and the next blocks of the plan are read
             ahead in background threads within ``readahead_bytes``. Defaults to
@@ -160,7 +148,7 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
         ValueError: A ``block_size``, ``buffer_size``, ``batch_size``, ``seed``, ``rank`` or
             ``world_size`` that is not an integer in range (``2.5`` is refused, not
             truncated); a bad ``on_error``; a ``fields`` entry that is not a ``str``;
-            open options together with a ready ``ShardSet``;
+            ``options`` or ``remote`` together with a ready ``ShardSet``;
             ``batched=True`` with ``decode``/``transform``/``select`` or without a
             ``batch_size >= 1``; ``select`` with ``fields``;
             ``batch_size`` without ``batched=True``.

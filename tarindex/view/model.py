@@ -28,7 +28,7 @@ from ..codecs.handlers import open_image
 from ..format.index import read_header
 from ..format.spec import HEADER
 from ..format.url import is_url
-from ..read import ShardReader, ShardSet
+from ..read import OpenOptions, ShardReader, ShardSet
 
 __all__ = [
     "CLS_SAMPLES",
@@ -135,7 +135,7 @@ class View:
 
     def __init__(self, source: Any, index_dir: str | None = None) -> None:
         self.source = source
-        self.ss = ShardSet(source, index_dir=index_dir, max_open=8)
+        self.ss = ShardSet(source, options=OpenOptions(max_open=8, index_dir=index_dir))
         self.lock = threading.RLock()
         self._summary: Summary | None = None
         self._pool = ThreadPoolExecutor(_DECODERS, thread_name_prefix="tarindex-view-decode")

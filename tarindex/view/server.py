@@ -86,7 +86,7 @@ class Verifier:
             path, ip = ss.paths[s], ss.index_paths[s]
             try:
                 with local_tar(path) as tmp:
-                    rep = verify_mod.verify(tmp, ip if (ss.index_dir or is_url(path)) else None)
+                    rep = verify_mod.verify(tmp, ip if (ss.options.index_dir or is_url(path)) else None)
                 state = ("ok", f"{rep} ({time.monotonic() - t0:.1f} s)")
             except Exception as e:  # the result shows on the page, whatever it is
                 state = ("failed", f"{type(e).__name__}: {e}")

@@ -74,7 +74,12 @@ def _keys_json(out: tuple[Any, ...]) -> int:
 
 
 def test_both_datasets_select_decode_and_read_only_the_selected_members(shards: str) -> None:
-    ds = tarindex.TarDataset(shards, decode="rgb8", select=("jpg;png", "json"), use_mmap=False)
+    ds = tarindex.TarDataset(
+        shards,
+        decode="rgb8",
+        select=("jpg;png", "json"),
+        options=tarindex.OpenOptions(use_mmap=False),
+    )
     assert ds.fields == {e + z for e in ("jpg", "png", "json") for z in ("", ".zst", ".gz")}
     ok = [i for i in range(12) if i != 7]
     for i in ok:
@@ -100,7 +105,7 @@ def test_both_datasets_select_decode_and_read_only_the_selected_members(shards: 
         decode="torchrgb8",
         select=tarindex.to_tuple("jpg;png", "__key__", "cls"),
         on_error="skip",
-        use_mmap=False,
+        options=tarindex.OpenOptions(use_mmap=False),
     )
     with pytest.warns(RuntimeWarning, match="sample '007'.*skipped.*MissingFieldError"):
         items = list(stream)

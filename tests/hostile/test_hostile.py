@@ -247,7 +247,7 @@ def test_corrupt_tables_never_misread(tmp_path: Path, case: str, use_mmap: bool)
                 # looks is indistinguishable from a valid one; only full_check (below) sees it
                 assert s == EXPECTED[j] or case in IN_BOUNDS, f"sample {j} silently differs"
     assert caught, "the corruption was never noticed"
-    ss = tarindex.ShardSet(str(tar), use_mmap=use_mmap)
+    ss = tarindex.ShardSet(str(tar), options=tarindex.OpenOptions(use_mmap=use_mmap))
     with pytest.raises(FormatError):
         for i in range(len(ss)):
             ss.sample(i)

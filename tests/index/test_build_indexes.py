@@ -111,6 +111,6 @@ def test_remote_tars_are_streamed_once_into_out(make_shards: MakeShards, tmp_pat
         srv.reset()
         res = build_indexes(urls, out=str(out), up_to_date=is_up_to_date)
         assert [r.status for r in res] == ["skipped", "skipped"]
-        ss = tarindex.ShardSet(urls, index_dir=str(out))
+        ss = tarindex.ShardSet(urls, options=tarindex.OpenOptions(index_dir=str(out)))
         assert ss.sample(31)["__key__"] == f"{31:08d}" and ss.sample(31)["txt"] == b"sample 31"
         ss.close()

@@ -132,7 +132,7 @@ def test_data_checksums_verify_and_read(tmp_path: Path) -> None:
     from tarindex.cli.main import main
 
     assert main(["verify", "--data", str(tar)]) == 1
-    ss = tarindex.ShardSet(str(tar), verify_data=True)
+    ss = tarindex.ShardSet(str(tar), options=tarindex.OpenOptions(verify_data=True))
     assert ss.sample(10)["__key__"] == "0010"
     for read in (
         lambda: ss.sample(11),
@@ -400,7 +400,7 @@ def test_index_checksums_for_an_existing_tar(tmp_path: Path) -> None:
     with pytest.raises(ChecksumError, match=r"\./0003\.bin|0003\.bin"):
         tarindex.read.verify.verify(str(tar), data=True)
     with pytest.raises(ChecksumError, match="member 0003.bin"):
-        tarindex.TarDataset(str(tar), verify_data=True)[3]
+        tarindex.TarDataset(str(tar), options=tarindex.OpenOptions(verify_data=True))[3]
 
 
 def test_verify_a_tar_indexed_without_end_blocks(tmp_path: Path) -> None:

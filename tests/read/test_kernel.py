@@ -39,7 +39,7 @@ def test_block_gather_sample_agree(
 ) -> None:
     paths = make_shards([1500, 40])
     ref = _ref(paths)
-    ss = tarindex.ShardSet(paths, use_mmap=use_mmap)
+    ss = tarindex.ShardSet(paths, options=tarindex.OpenOptions(use_mmap=use_mmap))
     src = ss.reader(0).source
     assert isinstance(src, MmapSource if use_mmap else PreadSource)
     rng = np.random.default_rng(0)
@@ -115,7 +115,7 @@ def test_projection_reads_no_bytes_of_members_left_out(
         return sum(cast(PreadSource, r.source).bytes_read for r in ss._readers.values())
 
     # block reads, per shard
-    ss = tarindex.ShardSet(paths, use_mmap=False)
+    ss = tarindex.ShardSet(paths, options=tarindex.OpenOptions(use_mmap=False))
     _logging(ss)
     for s in range(ss.n_shards):
         blk = ss.read_block(s, 0, int(ss.counts[s]), fields)
@@ -128,7 +128,7 @@ def test_projection_reads_no_bytes_of_members_left_out(
     assert _left_out_read(ss, fields) == []
     assert want <= read_by(ss)
     # gathers of random samples
-    ss = tarindex.ShardSet(paths, use_mmap=False)
+    ss = tarindex.ShardSet(paths, options=tarindex.OpenOptions(use_mmap=False))
     _logging(ss)
     g = ss.gather(np.random.default_rng(0).permutation(len(ss)), fields)
     assert int(g.size.sum()) == want
@@ -137,7 +137,7 @@ def test_projection_reads_no_bytes_of_members_left_out(
     if fields == ("cls",):
         assert read_by(ss) == want
     # everything: one pread per block covers the headers in between too
-    ss = tarindex.ShardSet(paths, use_mmap=False)
+    ss = tarindex.ShardSet(paths, options=tarindex.OpenOptions(use_mmap=False))
     _logging(ss)
     ss.read_block(0, 0, 300)
     assert len(cast(PreadSource, ss.reader(0).source).log or ()) == 1
@@ -148,16 +148,18 @@ def test_projection_through_both_datasets(make_shards: MakeShards) -> None:
     paths = make_shards([120, 80])
     ref = _ref(paths)
     cls_bytes = sum(len(s["cls"]) for s in ref)
-    ds = tarindex.TarDataset(paths, fields=("cls",), use_mmap=False, max_open=8)
+    pread8 = tarindex.OpenOptions(use_mmap=False, max_open=8)
+    ds = tarindex.TarDataset(paths, fields=("cls",), options=pread8)
     _logging(ds.shards)
     got = [ds[i] for i in range(len(ds))]
     assert got == [_project(s, ("cls",)) for s in ref]
     assert sum(r.source.bytes_read for r in ds.shards._readers.values()) == cls_bytes
-    batched = tarindex.TarDataset(paths, fields=("cls",), batched=True, use_mmap=False)
+    pread = tarindex.OpenOptions(use_mmap=False)
+    batched = tarindex.TarDataset(paths, fields=("cls",), batched=True, options=pread)
     b = batched.__getitems__([5, 150, 3])
     assert b.fields == () and b.cls.tolist() == [5 % 10, 150 % 10, 3 % 10]
     stream = tarindex.TarIterableDataset(
-        paths, fields=("cls",), shuffle=True, seed=1, use_mmap=False, block_size=16
+        paths, fields=("cls",), shuffle=True, seed=1, options=pread, block_size=16
     )
     _logging(stream.shards)
     seen = list(stream)
@@ -285,7 +287,7 @@ def test_emfile_closes_readers_and_warns(make_shards: MakeShards) -> None:
     resource = pytest.importorskip("resource")
     paths = make_shards([2] * 40)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    ss = tarindex.ShardSet(paths, max_open=1000)
+    ss = tarindex.ShardSet(paths, options=tarindex.OpenOptions(max_open=1000))
     ss.pool.set_bound(1000)  # as if the limit had been raised meanwhile
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + 20, hard))
@@ -355,7 +357,7 @@ def test_gather_over_more_shards_than_may_stay_open(
 ) -> None:
     paths = make_shards([3] * 12)
     ref = _ref(paths)
-    ss = tarindex.ShardSet(paths, max_open=2, use_mmap=use_mmap)
+    ss = tarindex.ShardSet(paths, options=tarindex.OpenOptions(max_open=2, use_mmap=use_mmap))
     order = np.random.default_rng(2).integers(0, len(ss), 80)
     for fields in (None, ("txt", "cls")):
         g = ss.gather(order, fields)
@@ -440,7 +442,7 @@ def test_a_kernel_read_keeps_the_pools_lru_order(
         monkeypatch.setattr(tarindex.read.kernel, "kernel", tarindex.read._kernel_py)
     paths = make_shards([4, 4, 4])
     for read in ("get", "take"):
-        ds = tarindex.ShardSet(paths, max_open=2)
+        ds = tarindex.ShardSet(paths, options=tarindex.OpenOptions(max_open=2))
         r0, r1 = ds.reader(0), ds.reader(1)  # opens shards 0, 1
         ds.sample(0), ds.sample(4)  # checks their chunks; shard 0 the least recently used
         assert r0.hot.tables is not None  # mapped: the kernel reads it

@@ -141,7 +141,7 @@ def test_locate_names_what_read_samples_reads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("use_mmap", [True, False])
 def test_a_set_and_its_subsets_keep_one_contract(tmp_path: Path, use_mmap: bool) -> None:
-    ss = tarindex.ShardSet(write(tmp_path), use_mmap=use_mmap)
+    ss = tarindex.ShardSet(write(tmp_path), options=tarindex.OpenOptions(use_mmap=use_mmap))
     assert isinstance(ss, SampleSource)
     check_contract(ss, ss, np.arange(len(ss), dtype=np.int64))
     sub = ShardSubset(ss, IDX[::-1] + IDX[:2])  # any order, repeats dropped

@@ -248,7 +248,7 @@ def test_index_kept_locally_with_index_dir(
     for p in paths:
         shutil.move(p + ".tidx", idx / (os.path.basename(p) + ".tidx"))
     srv.reset()
-    ss = tarindex.ShardSet(f"{srv.url}/{PAT}", index_dir=str(idx))
+    ss = tarindex.ShardSet(f"{srv.url}/{PAT}", options=tarindex.OpenOptions(index_dir=str(idx)))
     assert len(ss) == sum(SIZES)
     assert ss.sample(50)["__key__"] == f"{50:08d}"
     assert srv.bytes_for(".tidx") == 0
@@ -298,7 +298,7 @@ def test_cli_reads_urls_and_indexes_a_remote_tar_locally(
     assert sorted(os.listdir(out)) == [os.path.basename(p) + ".tidx" for p in paths]
     assert main(["index", src, "--out", str(out), "-q"]) == 0
     assert "3 up to date" in capsys.readouterr().out
-    ss = tarindex.ShardSet(src, index_dir=str(out))
+    ss = tarindex.ShardSet(src, options=tarindex.OpenOptions(index_dir=str(out)))
     assert ss.sample(7)["bin"] == ref
     assert main(["info", src, "--index-dir", str(out)]) == 0
     assert f"samples:     {sum(SIZES)}" in capsys.readouterr().out

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import tarindex  # noqa: E402
-from tarindex import BlockSampler, TarDataset, TarIterableDataset  # noqa: E402
+from tarindex import BlockSampler, OpenOptions, TarDataset, TarIterableDataset  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:This DataLoader will create", "ignore:'set_vital' is deprecated"
@@ -60,7 +60,7 @@ def keys_of(ds: Any) -> list[int]:
 def test_values_match_map_style(shards: list[str]) -> None:
     ref = TarDataset(shards)
     for use_mmap in (True, False):
-        ds = TarIterableDataset(shards, block_size=4, buffer_size=8, use_mmap=use_mmap)
+        ds = TarIterableDataset(shards, block_size=4, buffer_size=8, options=OpenOptions(use_mmap=use_mmap))
         got = list(ds)
         assert len(got) == len(ds) == N
         assert sorted(s["__index__"] for s in got) == list(range(N))

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from tarindex import TarDataset, TarIterableDataset  # noqa: E402
+from tarindex import OpenOptions, TarDataset, TarIterableDataset  # noqa: E402
 from tarindex.torch.collate import BatchedSamples  # noqa: E402
 
 pytestmark = [
@@ -68,7 +68,7 @@ def test_batches_follow_the_plan(shards: list[str], shuffle: bool, use_mmap: boo
     """In process: batches are consecutive runs of the unbatched yield order, byte-exact."""
     ref = TarDataset(shards)
     for bsz, buf in ((4, 8), (7, 8), (3, 0), (100, 8)):
-        kw = {**KW, "buffer_size": buf, "shuffle": shuffle, "use_mmap": use_mmap}
+        kw = {**KW, "buffer_size": buf, "shuffle": shuffle, "options": OpenOptions(use_mmap=use_mmap)}
         ds = TarIterableDataset(shards, batch_size=bsz, **kw)
         got = list(ds)
         plain = TarIterableDataset(shards, **{**kw, "batched": False})

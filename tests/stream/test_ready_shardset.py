@@ -15,7 +15,14 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from tarindex import MixedDataset, ShardSet, TarDataset, TarIterableDataset  # noqa: E402
+from tarindex import (  # noqa: E402
+    MixedDataset,
+    OpenOptions,
+    RemoteOptions,
+    ShardSet,
+    TarDataset,
+    TarIterableDataset,
+)
 from tarindex.read.subset import ShardSubset  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -34,7 +41,7 @@ def flat(batches: list[list[Any]]) -> list[Any]:
 
 def test_map_style_over_a_shardset(make_shards: Any) -> None:
     paths = make_shards(SIZES)
-    ss = ShardSet(paths, max_open=3)
+    ss = ShardSet(paths, options=OpenOptions(max_open=3))
     ds, ref = TarDataset(ss, decode=True), TarDataset(paths, decode=True)
     assert ds.shards is ss and len(ds) == len(ref) == sum(SIZES)
     for i in (0, 12, 13, 65):
@@ -50,8 +57,13 @@ def test_map_style_over_a_shardset(make_shards: Any) -> None:
     assert TarDataset(ShardSubset(ss, [3, 20, 7]))[1]["__index__"] == 7
 
 
-@pytest.mark.parametrize("opt", [{"max_open": 4}, {"use_mmap": False}, {"verify_data": True},
-                                 {"check_crc": False}, {"index_dir": "x"}])
+@pytest.mark.parametrize("opt", [{"options": OpenOptions(max_open=4)},
+                                 {"options": OpenOptions(use_mmap=False)},
+                                 {"options": OpenOptions(verify_data=True)},
+                                 {"options": OpenOptions(check_crc=False)},
+                                 {"options": OpenOptions(index_dir="x")},
+                                 {"options": OpenOptions()},
+                                 {"remote": RemoteOptions(retries=1)}])
 def test_open_options_with_a_shardset_are_refused(make_shards: Any, opt: dict[str, Any]) -> None:
     ss = ShardSet(make_shards([3]))
     for cls in (TarDataset, TarIterableDataset):

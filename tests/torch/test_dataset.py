@@ -64,7 +64,7 @@ def test_pickle_is_small_and_drops_handles(make_shards: MakeShards) -> None:
 
 def test_open_shard_bound(make_shards: MakeShards) -> None:
     paths = make_shards([3] * 10)
-    ds = tarindex.TarDataset(paths, max_open=2)
+    ds = tarindex.TarDataset(paths, options=tarindex.OpenOptions(max_open=2))
     for i in range(len(ds)):
         assert ds[i]["__key__"] == f"{i:08d}"
         assert len(ds.shards._readers) <= 2

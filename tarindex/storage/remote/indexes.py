@@ -176,7 +176,7 @@ def _fetch_indexes(urls: list[str], tars: list[str], opts: RemoteOptions) -> lis
                 f"{u}: no index for remote shard {t}; build one beside it (on a machine that "
                 f"can write there: tarindex index on the file, then upload "
                 f"{os.path.basename(u)}), or keep it locally: tarindex index {t} --out DIR, "
-                f"then read with index_dir=DIR"
+                f"then read with options=OpenOptions(index_dir=DIR)"
             ) from None
         except RemoteError as e:
             raise RemoteError(f"{u}: cannot fetch the index: {e}") from e
