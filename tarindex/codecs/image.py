@@ -13,12 +13,19 @@ array ``(3, 224, 224)`` (or a tensor, ``tensor=True``), through these steps:
    ``crop="center"`` is the central box of the target's aspect ratio covering ``center``
    (``0.875`` = 224/256) of the shorter matching side, as ``Resize(256)`` + ``CenterCrop(224)``.
    ``crop=None`` is the whole image (resized to the target, aspect not kept).
-3. **Scaled decode.** A JPEG is decoded at the smallest DCT scale ``1/k``, ``k`` in 1, 2, 4,
-   8, that keeps the box at or above the target size (:mod:`tarindex.codecs.jpeg`:
-   libjpeg-turbo through simplejpeg, else Pillow's ``Image.draft``): a 1024x768 photo for a
-   224 crop of half its area decodes at 1/2, a quarter of the pixels. (libjpeg-turbo's other
-   scales, 5/8 .. 7/8, decode slower than the full size and are not used.) PNG, WebP and the other
-   formats decode at full size through Pillow (they have no DCT scale).
+3. **Region at a DCT scale.** A JPEG is decoded at the smallest DCT scale ``1/k``, ``k`` in
+   1, 2, 4, 8, that keeps the box at or above the target size, and only over the box
+   (:func:`tarindex.codecs.jpeg.decode_region`: tarindex's libjpeg-turbo decoder reads no
+   row below the box and transforms no row above it nor column beside it; the other
+   backends, simplejpeg and Pillow's ``Image.draft``, decode the whole image at ``1/k`` and
+   slice it): a 1024x768 photo for a 224 crop of half its area decodes at 1/2, and about
+   half of that. (libjpeg-turbo's other scales, 5/8 .. 7/8, decode slower than the full
+   size and are not used.) With torch's resize, which takes a box of whole pixels only, the
+   scale is the smallest on which the box falls on whole pixels (a box of odd coordinates
+   decodes at full size: rounding it moved edges by half a scaled pixel, past the tolerance;
+   measured on 1024x768 photos, that full-size region plus torch's resize ran 1.13x the 1/2
+   scale plus Pillow's fractional resize). PNG, WebP and the other formats decode whole at full size
+   through Pillow (they have no DCT scale).
 4. **Resize.** The box is resized to the target, antialiased bilinear (the filter widened
    when shrinking), by this process's resize backend (:func:`resize_backend`): Pillow's
    (``crop(box).resize(size, BILINEAR)`` at full size, torchvision's PIL path exactly;
@@ -52,7 +59,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .exts import IMAGE_FORMATS
-from .jpeg import BACKENDS, decode_scaled, jpeg_size
+from .jpeg import BACKENDS, decode_region, jpeg_size
 
 __all__ = [
     "CROPS",
@@ -304,6 +311,9 @@ class ImageDecode:
     ) -> tuple[NDArray[np.uint8], tuple[float, float, float, float], bool]:
         """Steps 1-3: the decoded pixels, the box on them and the flip, before the resize.
 
+        A JPEG is decoded at its DCT scale and only over the box (plus the pixels the resize
+        filter reaches past a fractional box): :func:`tarindex.codecs.jpeg.decode_region`.
+
         Args:
             ext: The member's image extension (a key of :data:`IMAGE_FORMATS`).
             data: Its bytes (any bytes-like object).
@@ -312,9 +322,10 @@ class ImageDecode:
             max_pixels: Largest image accepted, ``width * height`` from the header.
 
         Returns:
-            ``(pixels, box, flipped)``: ``uint8 (h, w, 3)`` RGB (the JPEG at its DCT scale,
-            other formats at full size), the box ``(x0, y0, x1, y1)`` on it in pixels
-            (integers at full size, fractional on a scaled decode), whether to flip.
+            ``(pixels, box, flipped)``: ``uint8 (h, w, 3)`` RGB (the JPEG's region at its DCT
+            scale, other formats whole at full size), the box ``(x0, y0, x1, y1)`` on it in
+            pixels (integers where it falls on whole pixels of the scaled image, fractional
+            otherwise), whether to flip.
 
         Raises:
             Refused: Not the format ``ext`` names, or over ``max_pixels``.
@@ -324,7 +335,24 @@ class ImageDecode:
             width, height = jpeg_size(data, self.backend)
             (left, top, w, h), flipped = self.box(width, height, epoch, index)
             k = dct_factor(min(w / tw, h / th))  # 1/k keeps the box >= the target
-            arr = decode_scaled(data, width // k, height // k, max_pixels, self.backend)
+            whole = (self.resize or _ACTIVE[0]) != "pil"  # torch's resize takes whole pixels
+            while True:
+                sw, sh = -(-width // k), -(-height // k)  # the image at 1/k
+                fx, fy = sw / width, sh / height
+                box = (left * fx, top * fy, (left + w) * fx, (top + h) * fy)
+                if k == 1 or not whole or all(float(v).is_integer() for v in box):
+                    break
+                k //= 2
+            if all(float(v).is_integer() for v in box):
+                mx = my = 0  # a crop: no pixel beside the box is used
+            else:  # a fractional box: the resize filter reaches past it
+                mx = int(math.ceil(max(box[2] - box[0], tw) / tw)) + 2
+                my = int(math.ceil(max(box[3] - box[1], th) / th)) + 2
+            x0, y0 = max(int(box[0]) - mx, 0), max(int(box[1]) - my, 0)
+            x1 = min(int(math.ceil(box[2])) + mx, sw)
+            y1 = min(int(math.ceil(box[3])) + my, sh)
+            arr = decode_region(data, k, (x0, y0, x1, y1), max_pixels, self.backend)
+            return arr, (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0), flipped
         else:
             from .handlers import open_image
 

@@ -27,40 +27,81 @@ from numpy.typing import NDArray
 
 from .compress import Refused
 
-__all__ = ["BACKENDS", "backend_name", "decode_scaled", "image_backend", "jpeg_size"]
+__all__ = [
+    "BACKENDS",
+    "available_backends",
+    "backend_name",
+    "decode_region",
+    "decode_scaled",
+    "image_backend",
+    "jpeg_size",
+]
 
-BACKENDS = ("simplejpeg", "pil")
+BACKENDS = ("libjpeg", "simplejpeg", "pil")
 """The JPEG backends, fastest first."""
 
+_CMYK = (4, 5)  # libjpeg's JCS_CMYK, JCS_YCCK: Pillow converts those
 
-def _choose() -> tuple[str, str, Any]:
-    """``(name, why, module or None)`` of the backend this process uses."""
+
+def _extension() -> tuple[Any, str]:
+    """The compiled region decoder (``tarindex.codecs._jpeg``) or ``None``, and why."""
+    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
+        return None, "TARINDEX_PURE_PYTHON is set"
+    try:
+        from . import _jpeg  # type: ignore[attr-defined,unused-ignore]
+    except ImportError as e:
+        return None, f"tarindex.codecs._jpeg not built ({e}; needs libjpeg-turbo's headers)"
+    v = int(getattr(_jpeg, "TURBO_VERSION", 0))
+    return _jpeg, f"libjpeg-turbo {v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+
+def _choose() -> tuple[str, str, Any, Any]:
+    """``(name, why, simplejpeg or None, extension or None)`` of the backend this process uses."""
     asked = os.environ.get("TARINDEX_JPEG_BACKEND", "").strip().lower()
-    if asked and asked not in BACKENDS:
-        return "pil", f"TARINDEX_JPEG_BACKEND={asked!r} is not one of {BACKENDS}", None
-    if asked == "pil":
-        return "pil", "TARINDEX_JPEG_BACKEND=pil", None
+    ext, ext_why = _extension()
     try:
         import simplejpeg  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
-        return "pil", "simplejpeg is not installed (pip install simplejpeg)", None
+        simplejpeg = None
+    if asked and asked not in BACKENDS:
+        return "pil", f"TARINDEX_JPEG_BACKEND={asked!r} is not one of {BACKENDS}", None, None
+    if asked == "pil":
+        return "pil", "TARINDEX_JPEG_BACKEND=pil", None, None
+    if ext is not None and asked in ("", "libjpeg"):
+        why = f"{ext_why}: region and DCT-scaled decode, GIL released"
+        return "libjpeg", why, simplejpeg, ext
+    if simplejpeg is None:
+        return "pil", f"{ext_why}; simplejpeg is not installed (pip install simplejpeg)", None, None
     version = getattr(simplejpeg, "__version__", "?")
-    return "simplejpeg", f"simplejpeg {version} (libjpeg-turbo, GIL released)", simplejpeg
+    why = f"simplejpeg {version} (libjpeg-turbo, GIL released)"
+    if ext is None:
+        why += f"; {ext_why}"
+    return "simplejpeg", why, simplejpeg, None
 
 
-_NAME, _WHY, _SJ = _choose()
+_NAME, _WHY, _SJ, _EXT = _choose()
+
+
+def available_backends() -> tuple[str, ...]:
+    """The backends this process can use (:data:`BACKENDS` order): ``"pil"`` always."""
+    return tuple(
+        b for b in BACKENDS if (b != "libjpeg" or _EXT is not None) and (b != "simplejpeg" or _SJ is not None)
+    )
 
 
 def backend_name() -> str:
-    """``"simplejpeg"`` or ``"pil"``: the JPEG backend of this process."""
+    """``"libjpeg"``, ``"simplejpeg"`` or ``"pil"``: the JPEG backend of this process."""
     return _NAME
 
 
 def image_backend() -> str:
-    """Which JPEG decoder runs, and why: e.g. ``"simplejpeg (simplejpeg 1.9.0 ...)"``.
+    """Which JPEG decoder runs, and why: e.g. ``"libjpeg (libjpeg-turbo 2.1.5: ...)"``.
 
-    ``"pil (simplejpeg is not installed ...)"`` when Pillow decodes. Both give the same pixels
-    within the tolerance docs/DECODING.md states ("Decoding to the model's size").
+    ``"libjpeg"``: tarindex's own region decoder (``tarindex/codecs/_jpeg.c``, built at install
+    against libjpeg-turbo's headers, e.g. Debian's ``libjpeg62-turbo-dev``); else
+    ``"simplejpeg (...)"`` (a wheel bundling libjpeg-turbo), else ``"pil (...)"``. All give
+    the same pixels within the tolerance docs/DECODING.md states ("Decoding to the model's
+    size").
     """
     return f"{_NAME} ({_WHY})"
 
@@ -92,7 +133,14 @@ def jpeg_size(data: Any, backend: str | None = None) -> tuple[int, int]:
     Raises:
         Refused: ``data`` is not a JPEG.
     """
-    if (backend or _NAME) == "simplejpeg" and _SJ is not None:
+    name = backend or _NAME
+    if name == "libjpeg" and _EXT is not None:
+        try:
+            w, h, _ = _EXT.header(data)
+            return int(w), int(h)
+        except ValueError:
+            pass  # let Pillow say what is wrong
+    if name in ("simplejpeg", "libjpeg") and _SJ is not None:
         try:
             h, w, _, _ = _SJ.decode_jpeg_header(data)
             return int(w), int(h)
@@ -140,6 +188,14 @@ def decode_scaled(
         raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
     if name == "pil":
         return _pil_scaled(data, min_w, min_h, max_pixels)
+    if name == "libjpeg":
+        got = _ext_header(data, max_pixels)
+        if got is None:
+            return _pil_scaled(data, min_w, min_h, max_pixels)
+        w, h = got
+        fits = (k for k in (8, 4, 2) if -(-w // k) >= min_w and -(-h // k) >= min_h)
+        k = next(fits, 1)  # a minimum above the image's size: full size
+        return decode_region(data, k, (0, 0, -(-w // k), -(-h // k)), max_pixels, name)
     if _SJ is None:
         raise ValueError(f"backend='simplejpeg': not available here ({_WHY})")
     try:
@@ -160,3 +216,80 @@ def decode_scaled(
     except ValueError:
         return _pil_scaled(data, min_w, min_h, max_pixels)
     return out
+
+
+def _ext_header(data: Any, max_pixels: int) -> tuple[int, int] | None:
+    """``(width, height)`` from the compiled header read, or ``None``: let Pillow decode it."""
+    if _EXT is None:
+        raise ValueError(f"backend='libjpeg': not available here ({_WHY})")
+    try:
+        w, h, cs = _EXT.header(data)
+    except ValueError:
+        return None  # Pillow refuses, or reads it
+    _check_pixels(int(w), int(h), max_pixels)
+    return None if cs in _CMYK else (int(w), int(h))
+
+
+def decode_region(
+    data: Any,
+    k: int,
+    region: tuple[int, int, int, int],
+    max_pixels: int,
+    backend: str | None = None,
+) -> NDArray[np.uint8]:
+    """Decode the ``region`` of a JPEG scaled by ``1/k``: ``uint8 (y1 - y0, x1 - x0, 3)`` RGB.
+
+    The image at ``1/k`` is ``ceil(width / k) x ceil(height / k)`` pixels (the DCT scale);
+    ``region = (x0, y0, x1, y1)`` is a box of it, ``0 <= x0 < x1 <= ceil(width / k)``, likewise
+    ``y``. The ``"libjpeg"`` backend decodes only that box (``tarindex/codecs/_jpeg.c``:
+    rows below it are not read, rows above it and columns beside it are not transformed; the
+    GIL released); its twin, every other backend, decodes the whole image at ``1/k`` and
+    slices the box. Both give the same pixels (tests/codecs/test_image_decode.py).
+
+    Args:
+        data: The JPEG's bytes (any bytes-like object).
+        k: The DCT scale's denominator: 1, 2, 4 or 8.
+        region: ``(x0, y0, x1, y1)`` in pixels of the scaled image.
+        max_pixels: Largest image accepted (``width * height`` from the header).
+        backend: Defaults to this process's (:func:`image_backend`).
+
+    Returns:
+        A view (rows may be strided) of the decoded pixels.
+
+    Raises:
+        Refused: Not a JPEG, or more than ``max_pixels`` pixels.
+        ValueError: ``k`` not a power of two up to 8, or a region outside the scaled image.
+    """
+    if k not in (1, 2, 4, 8):
+        raise ValueError(f"k={k!r}: expected 1, 2, 4 or 8")
+    x0, y0, x1, y1 = (int(v) for v in region)
+    name = backend or _NAME
+    got = _ext_header(data, max_pixels) if name == "libjpeg" else None
+    if got is not None:
+        w, h = got
+        if not (0 <= x0 < x1 <= -(-w // k) and 0 <= y0 < y1 <= -(-h // k)):
+            raise ValueError(
+                f"region={region!r}: outside the {-(-w // k)}x{-(-h // k)} image at 1/{k}"
+            )
+        # one iMCU (<= 32 pixels) more on each side: an edge column's chroma is upsampled
+        # from its neighbour, which a crop ending there would not decode (the output then
+        # differed from a whole decode by up to 16 of 255 in the box's first or last column)
+        xs, xe = max(x0 - 32, 0), min(x1 + 32, -(-w // k))
+        out = np.empty((y1 - y0) * (xe - xs + 64) * 3, np.uint8)
+        try:
+            xoff, cw = _EXT.decode(data, k, xs, y0, xe, y1, out)
+        except ValueError:
+            pass  # a stream libjpeg refuses: Pillow reads it or says why
+        else:
+            rows = out[: (y1 - y0) * cw * 3].reshape(y1 - y0, cw, 3)
+            return rows[:, x0 - xoff : x1 - xoff]
+        name = "pil"
+    if name == "libjpeg":
+        name = "simplejpeg" if _SJ is not None else "pil"
+    w, h = jpeg_size(data, name)
+    whole = decode_scaled(data, w // k, h // k, max_pixels, name)
+    if not (0 <= x0 < x1 <= whole.shape[1] and 0 <= y0 < y1 <= whole.shape[0]):
+        raise ValueError(
+            f"region={region!r}: outside the {whole.shape[1]}x{whole.shape[0]} image at 1/{k}"
+        )
+    return whole[y0:y1, x0:x1]

@@ -24,14 +24,15 @@ from PIL import Image
 import tarindex
 from tarindex.codecs.decode import ExtDecoder
 from tarindex.codecs.image import ImageDecode, crop_box, draws
-from tarindex.codecs.jpeg import BACKENDS, decode_scaled
+from tarindex.codecs.jpeg import available_backends, decode_region, decode_scaled
 
 from ..photos import photo_jpegs
 
 pytest.importorskip("sklearn")
 
-HAVE_SJ = tarindex.codecs.image_backend().startswith("simplejpeg")
-AVAILABLE = [b for b in BACKENDS if b != "simplejpeg" or HAVE_SJ]
+AVAILABLE = list(available_backends())
+HAVE_SJ = "simplejpeg" in AVAILABLE
+HAVE_EXT = "libjpeg" in AVAILABLE
 SIZES = [(500, 375), (1024, 768)]
 
 
@@ -99,13 +100,37 @@ def test_scaled_decode_is_used_for_large_photos(photos: dict[tuple[int, int], li
         )
 
 
-@pytest.mark.skipif(not HAVE_SJ, reason="simplejpeg not installed: one backend only")
+@pytest.mark.skipif(len(AVAILABLE) < 2, reason="simplejpeg not installed, libjpeg not built")
 def test_backends_agree(photos: dict[tuple[int, int], list[bytes]]) -> None:
     for size in SIZES:
         for i, data in enumerate(photos[size][:20]):
-            a = ImageDecode(224, backend="simplejpeg").decode("jpg", data, index=i)
-            b = ImageDecode(224, backend="pil").decode("jpg", data, index=i)
-            assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
+            b = ImageDecode(224, backend="pil", resize="pil").decode("jpg", data, index=i)
+            for other in AVAILABLE[:-1]:
+                a = ImageDecode(224, backend=other, resize="pil").decode("jpg", data, index=i)
+                assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
+
+
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_region_decode_is_the_whole_decodes_pixels(
+    photos: dict[tuple[int, int], list[bytes]], backend: str
+) -> None:
+    """A box decoded alone (libjpeg: crop_scanline, skip_scanlines) equals the whole decode's."""
+    rng = np.random.default_rng(0)
+    for size in SIZES:
+        for data in photos[size][:8]:
+            for k in (1, 2, 4, 8):
+                whole = decode_scaled(data, size[0] // k, size[1] // k, 1 << 25, "pil")
+                h, w = whole.shape[:2]
+                assert (w, h) == (-(-size[0] // k), -(-size[1] // k))
+                for _ in range(4):
+                    x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
+                    x1, y1 = int(rng.integers(x0 + 1, w + 1)), int(rng.integers(y0 + 1, h + 1))
+                    got = decode_region(data, k, (x0, y0, x1, y1), 1 << 25, backend)
+                    np.testing.assert_array_equal(got, whole[y0:y1, x0:x1])
+    with pytest.raises(ValueError, match="outside"):
+        decode_region(photos[SIZES[0]][0], 2, (0, 0, 251, 10), 1 << 25, backend)
+    with pytest.raises(ValueError, match="k=3"):
+        decode_region(photos[SIZES[0]][0], 3, (0, 0, 10, 10), 1 << 25, backend)
 
 
 def test_crop_box_follows_random_resized_crop() -> None:
@@ -246,8 +271,15 @@ def test_backend_choice_is_introspectable() -> None:
     env["TARINDEX_JPEG_BACKEND"] = "turbo"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.startswith("pil (TARINDEX_JPEG_BACKEND='turbo' is not one of")
+    env["TARINDEX_JPEG_BACKEND"] = "simplejpeg"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if HAVE_SJ:
-        assert tarindex.codecs.image_backend().startswith("simplejpeg (simplejpeg ")
+        assert out.stdout.startswith("simplejpeg (simplejpeg "), out.stderr
+    if HAVE_EXT:
+        assert tarindex.codecs.image_backend().startswith("libjpeg (libjpeg-turbo ")
+        env = {**os.environ, "TARINDEX_PURE_PYTHON": "1"}  # no compiled code: not the extension
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert not out.stdout.startswith("libjpeg"), out.stdout
 
 
 @pytest.mark.parametrize("backend", AVAILABLE)
