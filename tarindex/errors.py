@@ -32,6 +32,7 @@ __all__ = [
     "RemoteError",
     "RangeNotSupportedError",
     "MissingFieldError",
+    "FieldsError",
 ]
 
 
@@ -158,6 +159,16 @@ class RangeNotSupportedError(RemoteError):
 
     Refused by default (reading a sample would download the whole shard); the message names
     the URL and the opt-in (``RemoteOptions(download_whole=True, cache_dir=...)``).
+    """
+
+
+class FieldsError(TarIndexError, TypeError, ValueError):
+    """A ``fields=`` (or ``int_fields=``) that is not an extension or a collection of them.
+
+    One rule for every entry point (:mod:`tarindex.read.fields`). Both a ``TypeError`` (a
+    wrong type, the Python convention the read paths followed) and a ``ValueError`` (as the
+    datasets check their other arguments), so code catching either keeps working. The message
+    names the argument, the bad entry and the fix.
     """
 
 

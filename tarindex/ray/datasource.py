@@ -27,7 +27,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from ..format.url import is_url
 from ..read import OpenOptions, ShardSet
-from ..read.block import Fields
+from ..read.fields import Fields
 from ..storage.remote import RemoteOptions
 from ..stream.arrow import (
     BLOCK_ROWS,

@@ -13,8 +13,9 @@
   batches across shards, key lookup, remote read-ahead.
 """
 
-from .block import Block, Fields, Sample, copy_members, crc_mismatches, data_error, field_set
+from .block import Block, Sample, copy_members, crc_mismatches, data_error
 from .checks import CHUNK
+from .fields import Fields, check_fields, field_set
 from .hot import HotTables
 from .kernel import read_kernel
 from .options import OpenOptions
@@ -29,6 +30,7 @@ __all__ = [
     "CHUNK",
     "DEFAULT_MAX_OPEN",
     "Fields",
+    "check_fields",
     "HotTables",
     "OpenOptions",
     "ReaderPool",

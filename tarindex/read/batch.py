@@ -20,8 +20,9 @@ from numpy.typing import NDArray
 from ..format.spec import EXT_ID_DTYPE, OFFSET_DTYPE
 from ..storage.bytesource import Buffer
 from . import kernel
-from .block import Block, Fields, crc_mismatches, data_error, field_set, joined
+from .block import Block, crc_mismatches, data_error, joined
 from .checks import CHUNK_SHIFT
+from .fields import Fields, field_set
 from .hot import HotTables
 from .pool import ReaderPool
 from .shard import ShardReader, read_runs

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import zlib
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,6 @@ from . import kernel
 
 __all__ = [
     "Sample",
-    "Fields",
-    "field_set",
     "Block",
     "copy_members",
     "crc_mismatches",
@@ -34,27 +32,6 @@ __all__ = [
 Sample = dict[str, Any]
 """A sample: ``__key__``, ``__shard__``, ``__index__`` and one entry per extension."""
 
-Fields = Collection[str] | None
-"""Extensions to read (others are not read at all), or ``None`` for every member."""
-
-
-def field_set(fields: Fields) -> frozenset[str] | None:
-    """``fields=`` as every read path takes it: ``None`` (all members) or a frozenset.
-
-    The one normalisation of the public entry points' ``fields=`` (``ShardReader``,
-    ``ShardSet`` and the datasets): a bare string is one field (``fields="bin"`` is
-    ``{"bin"}``, not the letters ``b``, ``i``, ``n``).
-
-    Raises:
-        TypeError: If a field is not a ``str``.
-    """
-    if fields is None or isinstance(fields, frozenset):
-        return fields
-    out = frozenset((fields,) if isinstance(fields, str) else fields)
-    for f in out:
-        if not isinstance(f, str):
-            raise TypeError(f"fields= holds {f!r} ({type(f).__name__}): extensions are str")
-    return out
 
 
 def _uniform_layout(mp: NDArray[np.int64], ext_id: NDArray[np.int64]) -> list[int] | None:

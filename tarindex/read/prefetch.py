@@ -15,8 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..storage.remote import RemoteSource, prefetch_many
-from .block import Fields
 from .fetchpolicy import FetchPolicy
+from .fields import Fields
 from .pool import ReaderPool
 from .spanner import shards_of
 

@@ -35,7 +35,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from .block import Block, Fields, Sample
+    from .block import Block, Sample
+    from .fields import Fields
     from .shard import ShardReader
 
 __all__ = ["SampleSource"]

@@ -23,24 +23,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import (
-    ChecksumError,
-    SampleIndexError,
-    TarIndexError,
-)
+from ..errors import ChecksumError, SampleIndexError, TarIndexError
 from ..format.keys import lookup_key
 from ..format.keytable import KeyTable, key_table
 from ..format.spec import BLOCK
 from ..format.zstd_dict import check_dict, dict_entry
 from ..storage.bytesource import Buffer, ByteSource
 from ..storage.indexfile import index_path_for
-from ..storage.remote import (
-    RemoteOptions,
-    is_url,
-)
+from ..storage.remote import RemoteOptions, is_url
 from . import checks, kernel
-from .block import Block, Fields, Sample, crc_mismatches, data_error, field_set
+from .block import Block, Sample, crc_mismatches, data_error
 from .checks import CHUNK, CHUNK_SHIFT
+from .fields import Fields, field_set
 from .hot import CLOSED, HotTables, fast_view, raw_view
 from .opening import ShardOpener
 from .spanner import check_index, check_indices

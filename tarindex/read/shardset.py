@@ -26,9 +26,10 @@ from ..storage.bytesource import MmapSource, cold_cache
 from ..storage.remote import RemoteOptions, is_url, load_indexes
 from . import batch, kernel, prefetch
 from . import keys as keylookup
-from .block import Block, Fields, Sample, field_set
+from .block import Block, Sample
 from .checks import check_mapped
 from .fetchpolicy import FetchPolicy
+from .fields import Fields, field_set
 from .options import OpenOptions
 from .paths import index_for, read_sample_count
 from .pool import ReaderPool

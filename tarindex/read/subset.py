@@ -18,7 +18,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
-from .block import Block, Fields, Sample
+from .block import Block, Sample
+from .fields import Fields
 from .sample_source import SampleSource
 from .shard import ShardReader
 from .shardset import ShardSet

@@ -25,7 +25,7 @@ from ..errors import FormatError
 from ..plan.checks import check_int
 from ..plan.epoch import worker_shares
 from ..read import ShardSet, field_set
-from ..read.block import Fields
+from ..read.fields import Fields
 from .pack import pack_blocks
 
 __all__ = [

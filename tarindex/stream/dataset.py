@@ -26,6 +26,7 @@ from ..plan.checks import check_int, check_sizes, check_u64
 from ..plan.epoch import WorkerPlan, batch_span, epoch_blocks, plan_worker, rank_share, slot_span
 from ..plan.state import shard_layout
 from ..read import Sample, ShardSet
+from ..read.fields import check_fields
 from ..read.options import OpenOptions
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
@@ -36,7 +37,7 @@ from .executor import Executor
 from .finish import SKIP, Finisher, check_on_error
 from .images import PackedImages, decode_packed, image_spec
 from .pack import INT_FIELDS, Alloc, Packed, numpy_alloc
-from .shards import check_fields, open_shards
+from .shards import open_shards
 
 __all__ = ["StreamDataset"]
 

@@ -1,9 +1,6 @@
-"""The shards a dataset reads (a source opened as a ShardSet, or a ready one), and which members."""
+"""The shards a dataset reads: a source opened as a ShardSet, or a ready one as it is."""
 
 from __future__ import annotations
-
-from collections.abc import Collection
-from typing import overload
 
 from ..read import ShardSet
 from ..read.options import OpenOptions
@@ -11,7 +8,7 @@ from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
 
-__all__ = ["open_shards", "check_fields"]
+__all__ = ["open_shards"]
 
 
 def open_shards(
@@ -49,43 +46,3 @@ def open_shards(
             )
         return source
     return ShardSet(source, options=options, remote=remote)
-
-
-@overload
-def check_fields(fields: None, name: str = ...) -> None: ...
-@overload
-def check_fields(fields: str | Collection[str], name: str = ...) -> tuple[str, ...]: ...
-
-
-def check_fields(fields: str | Collection[str] | None, name: str = "fields") -> tuple[str, ...] | None:
-    """Return the extensions a dataset's ``fields=`` (or ``int_fields=``) names, as a tuple.
-
-    The one rule of the datasets (``TarDataset``, ``TarIterableDataset``, the sources of a
-    ``MixedDataset``): a bare string is one field (``fields="bin"`` is ``("bin",)``, not the
-    letters ``b``, ``i``, ``n``); any other collection is taken entry by entry, each a ``str``.
-
-    Args:
-        fields: ``None`` (all members), one extension, or a collection of them.
-        name: The argument's name, for messages. Defaults to ``"fields"``.
-
-    Returns:
-        ``None`` for ``None``, else the extensions in order, duplicates dropped.
-
-    Raises:
-        ValueError: An entry that is not a ``str`` (e.g. ``b"bin"``), or ``fields`` not a
-            collection (the message names the argument).
-    """
-    if fields is None:
-        return None
-    if isinstance(fields, str):
-        return (fields,)
-    if isinstance(fields, (bytes, bytearray, memoryview)) or not isinstance(fields, Collection):
-        raise ValueError(f"{name}={fields!r}: expected an extension (str) or a collection of them")
-    got = list(fields)
-    bad = [f for f in got if not isinstance(f, str)]
-    if bad:
-        raise ValueError(
-            f"{name}={fields!r}: {bad[0]!r} is not an extension name (str); pass e.g. "
-            f"{name}=('jpg', 'cls')"
-        )
-    return tuple(dict.fromkeys(got))

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 from ..codecs import DecodeSpec, ExtDecoder, make_decoder
 from ..codecs.select import ToTuple, select_fields
 from ..read import Sample, ShardSet
+from ..read.fields import check_fields, field_set
 from ..read.options import OpenOptions
 from ..read.sample_source import SampleSource
 from ..read.sources import Source
@@ -24,7 +25,7 @@ from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
 from ..stream.finish import Finisher
 from ..stream.images import image_spec
-from ..stream.shards import check_fields, open_shards
+from ..stream.shards import open_shards
 from .images import fetch_images
 
 __all__ = ["TarDataset"]
@@ -131,7 +132,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         if subset is not None:  # a view: ds[i] is sample subset[i] of the source
             self.shards = ShardSubset(opened, subset)
         self.select, fields = select_fields(select, check_fields(fields))
-        self.fields = None if fields is None else frozenset(fields)
+        self.fields = field_set(fields)
         self.decoder = make_decoder(decode, allow_pickle)
         self.transform = transform
         self.image_spec = image_spec(self.decoder) if batched else None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +65,36 @@ def test_bare_string_is_one_field(make_shards: MakeShards, tmp_path: Path, pure:
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert ("python" in p.stdout) == (pure == "1") or tarindex.read.kernel.compiled is None
+
+
+def test_one_fields_rule_and_one_error_at_every_entry_point(make_shards: MakeShards) -> None:
+    """Issue 18: ``fields=`` has one normaliser (:mod:`tarindex.read.fields`); a bad value is
+    the same :class:`FieldsError` (a ``TypeError`` and a ``ValueError``) on the read paths and
+    in the datasets, naming the argument and the bad entry."""
+    from tarindex.errors import FieldsError
+    from tarindex.read.fields import check_fields, field_set
+
+    assert issubclass(FieldsError, TypeError) and issubclass(FieldsError, ValueError)
+    assert check_fields("bin") == ("bin",) and check_fields(["b", "a", "b"]) == ("b", "a")
+    assert field_set("bin") == frozenset({"bin"}) and field_set(None) is None
+    checked = field_set(("cls",))
+    assert field_set(checked) is checked  # taken again as it is (the ds[i] path)
+    ss = tarindex.ShardSet(make_shards([5]))
+    bad: list[Any] = [
+        [b"bin"], frozenset({b"bin"}), ("bin", 3), b"bin", 3, (f for f in ["bin"])
+    ]
+    for fields in bad:
+        reads: tuple[Callable[[Any], object], ...] = (
+            lambda f: ss.sample(0, f),
+            lambda f: ss.gather([0], f),
+            lambda f: ss.read_block(0, 0, 2, f),
+            lambda f: ss.read_samples(0, 0, 2, f),
+            lambda f: ss.reader(0).sample(0, f),
+            check_fields,
+            field_set,
+        )
+        for read in reads:
+            with pytest.raises(FieldsError, match="fields="):
+                read(fields)
+    with pytest.raises(FieldsError, match="int_fields="):
+        check_fields([1], "int_fields")  # type: ignore[list-item]
