@@ -159,7 +159,7 @@ class RankEpoch:
         self.epoch = 0
         self.since_set = 0
 
-    def get(self) -> tuple[int, int]:
+    def resolve(self) -> tuple[int, int]:
         """``(rank, world_size)``, resolving now if needed.
 
         Raises:
@@ -214,7 +214,7 @@ class RankEpoch:
             ValueError: If ``loaded`` came from another worker layout.
         """
         worker, nw = self.env.layout()
-        self.get()
+        self.resolve()
         if loaded is None:
             return worker, nw, self.next_epoch(), 0
         if (loaded["worker"], loaded["num_workers"]) != (worker, nw):
@@ -250,7 +250,7 @@ class EpochOwner:
         self._consumed = 0
 
     def _rank(self) -> tuple[int, int]:
-        return self._re.get()
+        return self._re.resolve()
 
     @property
     def epoch(self) -> int:
