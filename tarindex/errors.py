@@ -33,6 +33,7 @@ __all__ = [
     "RangeNotSupportedError",
     "MissingFieldError",
     "FieldsError",
+    "ClosedError",
 ]
 
 
@@ -181,3 +182,13 @@ class MissingFieldError(TarIndexError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ClosedError(TarIndexError, ValueError):
+    """A read through a :class:`~tarindex.read.ShardReader` or byte source after its ``close()``.
+
+    As reading a closed file is a ``ValueError``. Only a reader closed by its own caller raises
+    it: the datasets (:class:`~tarindex.read.ShardSet` and what is built on it) never close a
+    reader another thread is reading, and reopen shards after their ``close()``
+    (docs/READING.md, "Threads"). The message names the tar.
+    """

@@ -25,7 +25,8 @@ from .checks import CHUNK_SHIFT
 from .fields import Fields, field_set
 from .hot import HotTables
 from .pool import ReaderPool
-from .shard import ShardReader, read_runs
+from .runs import read_runs
+from .shard import ShardReader
 from .spanner import check_indices, locate_many
 
 __all__ = ["gather", "gather_packed"]
@@ -90,6 +91,7 @@ def gather(
         keys_c, cnts_c, off_c, size_c, ext_c = got
         return _assemble(
             pool,
+            tables,
             slots,
             slot_exts,
             crcs,
@@ -132,6 +134,7 @@ def gather(
         cnts.append(hi - lo)
     return _assemble(
         pool,
+        tables,
         slots,
         slot_exts,
         crcs,
@@ -198,7 +201,7 @@ def gather_packed(
         if what == "open" and len(pool.readers) < pool.open_bound:
             pool.reader(s)  # StaleIndexError, FormatError: as gather
         elif what == "check":
-            pool.readers[s].check_chunk(c)  # FormatError if corrupt
+            pool.reader(s).check_chunk(c)  # FormatError if corrupt
         else:
             return None  # the Python path raises the error or reads the batch
     else:
@@ -247,6 +250,7 @@ def _gather_compiled(
 
 def _assemble(
     pool: ReaderPool,
+    tables: dict[int, tuple[ShardReader, HotTables]],
     slots: list[int],
     slot_exts: list[tuple[str, ...]],
     crcs: list[Any],
@@ -266,6 +270,9 @@ def _assemble(
 
     ``verify``: check members against their recorded crc32s (``verify_data``, or a
     compressed shard, whose reader always does).
+
+    ``tables``: the readers the scalar pass read (unless ``copy``), used again here whatever
+    another thread has since done to the pool (evicted, closed, reopened a shard).
     """
     cnt = np.asarray(cnts, np.int64) if isinstance(cnts, list) else np.frombuffer(cnts, np.int64)
     tar_off = np.frombuffer(off_b, OFFSET_DTYPE).astype(np.int64)
@@ -289,11 +296,11 @@ def _assemble(
     names = list(ext_code)
     mid = None  # with verify_data: each member's number in its index
     if verify:  # each member's number in its index: sample_ptr[j] + rank
-        sps = [pool.reader(s).index.sample_ptr for s in slots] if copy else None
+        sps = [(pool.reader(s) if copy else tables[s][0]).index.sample_ptr for s in slots]
         first = np.empty(len(keys), np.int64)
         for c in range(len(slots)):
             at = shard_col == c
-            sp = sps[c] if sps is not None else pool.readers[slots[c]].index.sample_ptr
+            sp = sps[c]
             first[at] = sp[local[at]]
         mid = np.arange(len(eid), dtype=np.int64) + np.repeat(first - mp[:-1], cnt)
     keep = None  # members kept by fields (pread reads no byte of the others)
@@ -301,7 +308,7 @@ def _assemble(
         keep = np.asarray([e in fields for e in names], np.bool_)[eid]
         if keep.all():
             keep = None
-    maps = [None if copy else _mapping(pool.readers.get(s)) for s in slots]
+    maps = [None if copy else _mapping(tables[s][0]) for s in slots]
     offset = tar_off if all(m is not None for m in maps) else tar_off.copy()
     datas: list[Buffer] = []
     for slot, s in enumerate(slots):
@@ -312,9 +319,8 @@ def _assemble(
         mine = src == slot
         want = np.flatnonzero(mine if keep is None else mine & keep)
         left = np.flatnonzero(mine & ~keep) if keep is not None else want[:0]
-        datas.append(
-            _fetch(pool.reader(s), want, tar_off, size, left, offset) if len(want) else b""
-        )
+        r = pool.reader(s) if copy else tables[s][0]
+        datas.append(_fetch(r, want, tar_off, size, left, offset) if len(want) else b"")
     if keep is not None:
         kc = np.zeros(len(keep) + 1, np.int64)
         np.cumsum(keep, out=kc[1:])

@@ -10,12 +10,21 @@ once (their descriptors count against its limit). Readers are never pickled.
 The LRU order is this module's alone: the read kernel (compiled or its twin) only looks
 readers up in :attr:`ReaderPool.readers` (a read-only mapping of shard -> reader); after a
 kernel read the caller marks the shards it used with :meth:`ReaderPool.touch`.
+
+Threads: a pool may be shared by threads. Opening, evicting and closing change
+:attr:`ReaderPool.readers` under the pool's lock; a hit only looks up (no lock). An evicted
+reader, and every reader at :meth:`ReaderPool.close`, is only let go of, never closed under a
+read: its mappings and descriptors are released when the last read holding it (another
+thread's, in flight) ends, at once when none does. So a read in flight always finishes with
+the right bytes, and a read after ``close`` opens its shard again (docs/READING.md,
+"Threads"). A shard two threads open at once is opened twice and one reader kept.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 import warnings
 import weakref
 from collections import OrderedDict
@@ -128,6 +137,7 @@ class ReaderPool:
         self._gen = _fork_generation[0]
         self._bound = 0  # this process's bound, sized on first open
         self._opts: dict[bool, RemoteOptions] = {}
+        self._lock = threading.Lock()  # held while readers changes (open, evict, close)
         _live_pools.add(self)
 
     def fresh(self) -> ReaderPool:
@@ -159,7 +169,12 @@ class ReaderPool:
         return self._gen != _fork_generation[0]
 
     def drop_inherited(self) -> None:
-        """Close the readers a forked child inherited (its copies of the descriptors)."""
+        """Close the readers a forked child inherited (its copies of the descriptors).
+
+        Only in the forked child (one thread, the parent's others are gone): the lock is made
+        afresh, since another thread of the parent may have held it at the fork.
+        """
+        self._lock = threading.Lock()
         readers = list(self.readers.values())
         self.readers.clear()
         self._gen = _fork_generation[0]
@@ -171,6 +186,7 @@ class ReaderPool:
                 pass
 
     def _open(self, s: int) -> ShardReader:
+        """Open shard ``s``'s reader (not kept); on ``EMFILE`` let go of half the open ones."""
         readers, o = self.readers, self.options
         while True:
             try:
@@ -195,8 +211,9 @@ class ReaderPool:
                     ResourceWarning,
                     stacklevel=5,
                 )
-                for _ in range(n):
-                    readers.popitem(last=False)[1].close()
+                with self._lock:  # let go: a reader another thread reads closes when it ends
+                    for _ in range(min(n, len(readers))):
+                        readers.popitem(last=False)
 
     def reader(self, s: int) -> ShardReader:
         """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed.
@@ -213,11 +230,27 @@ class ReaderPool:
         readers = self.readers
         r = readers.get(s)
         if r is not None:
-            readers.move_to_end(s)
+            if self.evicts:
+                self.touch((s,))
             return r
         bound = self.open_bound
-        while len(readers) >= bound:
-            readers.popitem(last=False)[1].close()
+        with self._lock:  # room first: the descriptors stay within the bound
+            while len(readers) >= bound:  # let go of the LRU ones (closed once unused)
+                readers.popitem(last=False)
+        r = self._checked_open(s)
+        with self._lock:
+            had = readers.get(s)
+            if had is None:
+                while len(readers) >= self.open_bound:  # other threads opened meanwhile
+                    readers.popitem(last=False)
+                readers[s] = r
+                return r
+            readers.move_to_end(s)
+        r.close()  # another thread opened it meanwhile: keep theirs (ours is unread)
+        return had
+
+    def _checked_open(self, s: int) -> ShardReader:
+        """Open shard ``s`` and check it against its listing and count (not kept yet)."""
         listing = self.listing
         listed = listing is not None and listing.samples[s] >= 0
         try:
@@ -235,7 +268,6 @@ class ReaderPool:
         if r.n_samples != self.counts[s]:
             r.close()
             raise stale_count(r.index_path, r.n_samples, self.counts[s])
-        readers[s] = r
         return r
 
     def opts_for(self, s: int) -> RemoteOptions:
@@ -261,12 +293,14 @@ class ReaderPool:
             self.drop(s)
 
     def drop(self, s: int) -> None:
-        """Close shard ``s``'s reader if it is open here (the next read opens it again)."""
+        """Let go of shard ``s``'s reader if it is open here (the next read opens it again).
+
+        Closed at once, or when a read another thread has in flight in it ends.
+        """
         if self._gen != _fork_generation[0]:
             return
-        r = self.readers.pop(s, None)
-        if r is not None:
-            r.close()
+        with self._lock:
+            self.readers.pop(s, None)
 
     def touch(self, shards: Iterable[int]) -> None:
         """Mark ``shards`` (in order) as just used: the LRU order after a kernel read.
@@ -275,9 +309,10 @@ class ReaderPool:
         """
         if self.evicts:
             readers = self.readers
-            for s in shards:
-                if s in readers:
-                    readers.move_to_end(s)
+            with self._lock:
+                for s in shards:
+                    if s in readers:
+                        readers.move_to_end(s)
 
     def open_many(self, shards: Sequence[int]) -> None:
         """Open the remote shards of ``shards`` that are not open, concurrently.
@@ -303,25 +338,31 @@ class ReaderPool:
                 r = f.result()
             except Exception:
                 continue
-            if r.n_samples != self.counts[s] or s in readers:
+            if r.n_samples != self.counts[s]:
                 r.close()
                 continue
-            readers[s] = r
+            with self._lock:
+                if s not in readers and len(readers) < self.open_bound:
+                    readers[s] = r
 
     def open_readers(self) -> list[ShardReader]:
         """The readers open in this process (none if they were inherited through a fork)."""
         return [] if self._gen != _fork_generation[0] else list(self.readers.values())
 
     def close(self) -> None:
-        """Close every open reader of this process."""
-        readers = list(self.readers.values())
-        self.readers.clear()
-        for r in readers:
-            r.close()
+        """Let go of every open reader of this process (any thread, any time).
+
+        A reader no read holds is closed at once; one another thread is reading closes when
+        that read ends (which finishes with the right bytes). A later read opens its shard
+        again.
+        """
+        with self._lock:
+            self.readers.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["readers"] = OrderedDict()  # handles are reopened lazily, never pickled
+        del state["_lock"]
         state["_bound"] = 0  # sized again from the receiving process's descriptor limit
         state["whole"] = set()  # the fetch policy decides again in the receiving process
         state["evicts"] = True
@@ -329,5 +370,6 @@ class ReaderPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._lock = threading.Lock()
         self._gen = _fork_generation[0]
         _live_pools.add(self)

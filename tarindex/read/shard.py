@@ -10,6 +10,11 @@ kernel: :meth:`ShardReader.read_block` (a run of samples ``j0..j1``) and
 :mod:`tarindex.storage.bytesource` (mmap or ``os.pread``) or a remote source. Its hot tables
 (:class:`~tarindex.read.hot.HotTables`, :attr:`ShardReader.hot`) are what the per-sample
 loops of a :class:`~tarindex.read.shardset.ShardSet` read.
+
+Threads: a reader may be read from several threads at once (its lazily made caches are
+made idempotently). ``close()`` may come from any thread: a read in flight then finishes with
+the right bytes or raises :class:`~tarindex.errors.ClosedError`, never wrong bytes or another
+error; a read begun after it raises ``ClosedError`` (docs/READING.md, "Threads").
 """
 
 from __future__ import annotations
@@ -26,9 +31,8 @@ from numpy.typing import NDArray
 from ..errors import ChecksumError, SampleIndexError, TarIndexError
 from ..format.keys import lookup_key
 from ..format.keytable import KeyTable, key_table
-from ..format.spec import BLOCK
 from ..format.zstd_dict import check_dict, dict_entry
-from ..storage.bytesource import Buffer, ByteSource
+from ..storage.bytesource import Buffer, ByteSource, closed_error
 from ..storage.indexfile import index_path_for
 from ..storage.remote import RemoteOptions, is_url
 from . import checks, kernel
@@ -37,14 +41,24 @@ from .checks import CHUNK, CHUNK_SHIFT
 from .fields import Fields, field_set
 from .hot import CLOSED, HotTables, fast_view, raw_view
 from .opening import ShardOpener
+from .runs import read_runs
 from .spanner import check_index, check_indices
 
-__all__ = ["ShardReader", "read_runs", "is_up_to_date", "COALESCE_GAP"]
-
-COALESCE_GAP = 4 * BLOCK
-"""Largest gap in bytes (headers, pax records, padding) a ``pread`` of two members spans."""
+__all__ = ["ShardReader", "is_up_to_date"]
 
 _UNREAD = object()  # ShardReader.zstd_dict() not called yet
+
+
+class _ClosedIndex:
+    """A closed reader's ``index``: any use raises :class:`~tarindex.errors.ClosedError`."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __getattr__(self, name: str) -> Any:
+        raise closed_error(self.path)
 
 
 def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
@@ -181,11 +195,12 @@ class ShardReader(ShardOpener):
         """The tar's byte source (:class:`~tarindex.bytesource.MmapSource` or ``PreadSource``).
 
         Raises:
-            ValueError: If the reader is closed.
+            ClosedError: (a ``ValueError``) If the reader is closed.
         """
-        if self._src is None:
-            raise ValueError(f"{self.tar_path}: reader is closed")
-        return self._src
+        src = self._src
+        if src is None:
+            raise closed_error(self.tar_path)
+        return src
 
     # -- guards ---------------------------------------------------------------------------
     def check_chunk(self, c: int) -> None:
@@ -221,6 +236,8 @@ class ShardReader(ShardOpener):
             if not checked[c]:
                 self.check_chunk(c)  # FormatError if corrupt
         h = self.hot
+        if h is CLOSED:
+            raise closed_error(self.tar_path)
         sp, offs, sizes = h.sample_ptr, h.offset, h.size
         m0, m1 = sp[j0], sp[j1]
         return (offs[m0], offs[m1 - 1] + sizes[m1 - 1]) if m1 > m0 else (0, 0)
@@ -519,14 +536,16 @@ class ShardReader(ShardOpener):
             )
         if not self._checked[j >> CHUNK_SHIFT]:
             self.check_chunk(j >> CHUNK_SHIFT)
-        h = self.hot
+        h = self.hot  # once: close() in another thread swaps it for CLOSED
+        if h is CLOSED:
+            raise closed_error(self.tar_path)
         kp, sp, kb = h.key_ptr, h.sample_ptr, h.key_base
         out: Sample = {
             "__key__": h.keys[kb + kp[j] : kb + kp[j + 1]].decode("utf-8", "surrogateescape")
         }
         exts, offs, sizes, eids = self.exts, h.offset, h.size, h.ext_id
-        mm = self._mm
-        self.check_mapped()  # cut while mapped: SIGBUS otherwise
+        mm = h.mm
+        checks.check_mapped(mm, self.tar_size, self.tar_path)  # cut while mapped: no SIGBUS
         verify = self.verify_data
         for m in range(sp[j], sp[j + 1]):
             name = exts[eids[m]]
@@ -535,7 +554,7 @@ class ShardReader(ShardOpener):
             off = offs[m]
             out[name] = mm[off : off + sizes[m]] if mm is not None else self.read(off, sizes[m])
             if verify:
-                crc = self.index.member_crc
+                crc = self.index.member_crc  # ClosedError once closed
                 got, want = zlib.crc32(out[name]), -1 if crc is None else int(crc[m])
                 if got != want:
                     raise self._data_error(out["__key__"], name, off, got, want)
@@ -550,6 +569,8 @@ class ShardReader(ShardOpener):
         """
         self.check_range(j, j + 1)
         h = self.hot
+        if h is CLOSED:
+            raise closed_error(self.tar_path)
         kp, kb = h.key_ptr, h.key_base
         return h.keys[kb + kp[j] : kb + kp[j + 1]].decode("utf-8", "surrogateescape")
 
@@ -601,6 +622,8 @@ class ShardReader(ShardOpener):
         """
         self.check_range(j, j + 1)
         h = self.hot
+        if h is CLOSED:
+            raise closed_error(self.tar_path)
         kp, kb0 = h.key_ptr, h.key_base
         return h.keys[kb0 + kp[j] : kb0 + kp[j + 1]] == kb
 
@@ -612,15 +635,24 @@ class ShardReader(ShardOpener):
             FormatError: If the index tables of sample ``j``'s chunk are corrupt.
         """
         self.check_range(j, j + 1)
-        sp = self.hot.sample_ptr
-        return int(sp[j]), int(sp[j + 1])
+        h = self.hot
+        if h is CLOSED:
+            raise closed_error(self.tar_path)
+        return int(h.sample_ptr[j]), int(h.sample_ptr[j + 1])
 
     def close(self) -> None:
-        """Release the mappings and descriptors (idempotent)."""
+        """Release the mappings and descriptors (idempotent; any thread).
+
+        A read another thread has in flight in this reader finishes with the right bytes or
+        raises :class:`~tarindex.errors.ClosedError`; the mappings and the descriptor are
+        released once no read uses them. Reads begun after ``close`` raise ``ClosedError``.
+        """
         # drop our views first so the index mmap has no exports left when it is closed
         if hasattr(self, "hot"):
             self.hot = CLOSED  # holds buffers of the mappings: released before they are closed
-        for attr in ("index", "_mm", "_keytab", "checked_np"):
+        if hasattr(self, "index"):
+            self.index = _ClosedIndex(self.tar_path)  # type: ignore[assignment]
+        for attr in ("_mm", "_keytab"):
             if hasattr(self, attr):
                 setattr(self, attr, None)
         src = getattr(self, "_src", None)
@@ -646,38 +678,6 @@ class ShardReader(ShardOpener):
             self.close()
         except Exception:
             pass
-
-
-def read_runs(
-    src: ByteSource,
-    all_off: NDArray[np.int64],
-    all_end: NDArray[np.int64],
-    keep: NDArray[np.bool_] | None,
-) -> tuple[Buffer, NDArray[np.int64]]:
-    """Read the kept members in runs: neighbours in the tar with nothing left out between.
-
-    ``all_off``/``all_end`` are the data ranges of every member of the selected samples,
-    ``keep`` which of them are wanted (``None``: all). A run breaks at a member that is not
-    kept or at a gap over :data:`COALESCE_GAP` bytes, so no byte of a left-out member is
-    read. Returns the buffer and each kept member's offset in it.
-    """
-    order = np.argsort(all_off, kind="stable")
-    so, se = all_off[order], all_end[order]
-    w = np.ones(len(so), np.bool_) if keep is None else keep[order]
-    brk = np.ones(len(so), np.bool_)
-    brk[1:] = ~w[:-1] | (so[1:] - np.maximum.accumulate(se)[:-1] > COALESCE_GAP)
-    new = (brk & w)[w]  # run starts, among the kept members in offset order
-    ko, ke = so[w], se[w]
-    first = np.flatnonzero(new)
-    starts = ko[first]
-    ends = np.maximum.reduceat(ke, first)
-    run = np.cumsum(new) - 1
-    buf, bases = src.read_ranges(starts, ends)
-    at_sorted = np.zeros(len(so), np.int64)
-    at_sorted[w] = bases[run] + (ko - starts[run])
-    at = np.empty(len(so), np.int64)
-    at[order] = at_sorted
-    return buf, at if keep is None else at[keep]
 
 
 def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:

@@ -54,6 +54,10 @@ class ShardSet:
     process); if opening still fails with ``EMFILE``, half the open readers are closed, the
     bound is lowered and a ``ResourceWarning`` says so.
 
+    Safe to share between threads (every read method, and :meth:`close` at any time): a read
+    in flight when another thread closes the set, or evicts its shard, finishes with the right
+    bytes; later reads open their shards again (docs/READING.md, "Threads").
+
     Args:
         source: Shards: a path, list, brace pattern, glob, directory or manifest (``.json``)
             (see :func:`tarindex.read.sources.expand_shards`).
@@ -546,7 +550,11 @@ class ShardSet:
         )
 
     def close(self) -> None:
-        """Close every open reader of this process."""
+        """Close every open reader of this process (any thread, any time).
+
+        A read another thread has in flight finishes with the right bytes (its reader closes
+        when it ends); a later read opens its shard again.
+        """
         self._pool.close()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -10,6 +10,12 @@ shared cache), implements the same interface beside :class:`MmapSource` and
 
 Each source holds at most one file descriptor (an ``mmap`` keeps its own duplicate of the
 descriptor it maps; the original is closed).
+
+Threads: every method may be called from several threads at once, ``close`` too. A read in
+flight when another thread closes the source finishes with the right bytes (a mapping is
+unmapped, and a ``pread`` descriptor closed, only once no read uses it: a descriptor number
+is never reused under a read); a read begun after ``close`` raises
+:class:`~tarindex.errors.ClosedError`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import mmap
 import os
 import stat
 import threading
+import weakref
 from typing import Protocol
 
 try:  # Linux: the calling thread's own page-fault counts
@@ -31,9 +38,17 @@ except (ImportError, AttributeError):  # no per-thread counts: always give the h
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import FormatError, TruncatedError
+from ..errors import ClosedError, FormatError, TruncatedError
 
-__all__ = ["Buffer", "ByteSource", "MmapSource", "PreadSource", "open_source", "open_regular"]
+__all__ = [
+    "Buffer",
+    "ByteSource",
+    "MmapSource",
+    "PreadSource",
+    "open_source",
+    "open_regular",
+    "closed_error",
+]
 
 Buffer = bytes | mmap.mmap
 """What :meth:`ByteSource.read_ranges` returns: a buffer whose slices are ``bytes``."""
@@ -122,6 +137,14 @@ def open_regular(path: str, what: str = "a tar", error: type[FormatError] = Form
         f"{path}: byte 0: {kind} (mode 0o{mode:o}), not a regular file; expected {what} file: "
         f"tarindex maps files and reads them out of order, so it needs a regular file: save "
         f"the stream to a file and use that"
+    )
+
+
+def closed_error(path: str) -> ClosedError:
+    """The error of a read through a closed reader or source of the tar ``path``."""
+    return ClosedError(
+        f"{path}: read after close(): this reader was closed by its caller; open the shard "
+        f"again (the datasets reopen shards by themselves)"
     )
 
 
@@ -216,11 +239,15 @@ class MmapSource(_LocalSource):
 
         Raises:
             TruncatedError: If the range runs past the end of the tar.
+            ClosedError: If the source is closed.
         """
         end = offset + size
-        if offset < 0 or size < 0 or end > self.size or self.mm is None:
+        mm = self.mm  # once: close() in another thread drops it
+        if mm is None:
+            raise closed_error(self.path)
+        if offset < 0 or size < 0 or end > self.size:
             raise _past_end(self.path, self.size, offset, end)
-        return self.mm[offset:end]
+        return mm[offset:end]
 
     def read_ranges(
         self, starts: NDArray[np.int64], ends: NDArray[np.int64]
@@ -231,11 +258,12 @@ class MmapSource(_LocalSource):
         slice past the mapping would come back short, never wrong.
 
         Raises:
-            TruncatedError: If the source is closed.
+            ClosedError: If the source is closed.
         """
-        if self.mm is None:
-            raise _past_end(self.path, self.size, 0, 0)
-        return self.mm, starts
+        mm = self.mm
+        if mm is None:
+            raise closed_error(self.path)
+        return mm, starts
 
     def prefetch(self, start: int, end: int) -> None:
         """``madvise(MADV_WILLNEED)`` over ``[start, end)``: the kernel reads it ahead.
@@ -258,10 +286,10 @@ class MmapSource(_LocalSource):
             pass
 
     def close(self) -> None:
-        """Drop the mapping; a block handed out stays valid.
+        """Drop the mapping; a block handed out, and a read in flight, stay valid.
 
         The mapping is unmapped (and its descriptor closed) at once, or when the last block
-        read from it is freed.
+        read from it (or the last read in flight in another thread) lets go of it.
         """
         self.mm = None
 
@@ -287,6 +315,15 @@ class PreadSource(_LocalSource):
         self.fd = fd
         self.bytes_read = 0
         self.log: list[tuple[int, int]] | None = None
+        self._lock = threading.Lock()
+        self._busy = 0  # reads in flight: close() leaves the descriptor to the last of them
+        self._closing = False
+        _pread_sources.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock, no read in flight (the parent's threads are gone)."""
+        self._lock = threading.Lock()
+        self._busy = 0
 
     def read(self, offset: int, size: int) -> bytes:
         """Return ``size`` bytes at ``offset``.
@@ -294,11 +331,23 @@ class PreadSource(_LocalSource):
         Raises:
             TruncatedError: If the range runs past the end of the tar, or the tar was cut
                 while open (a short read).
+            ClosedError: If the source is closed.
         """
         end = offset + size
-        if offset < 0 or size < 0 or end > self.size or self.fd < 0:
+        if offset < 0 or size < 0 or end > self.size:
             raise _past_end(self.path, self.size, offset, end)
-        data = os.pread(self.fd, size, offset)
+        with self._lock:  # the descriptor stays ours (not closed, its number not reused)
+            if self._closing:
+                raise closed_error(self.path)
+            fd = self.fd
+            self._busy += 1
+        try:
+            data = os.pread(fd, size, offset)
+        finally:
+            with self._lock:
+                self._busy -= 1
+                if self._closing and not self._busy:
+                    self._release()
         self.bytes_read += len(data)
         if self.log is not None:
             self.log.append((offset, size))
@@ -328,17 +377,51 @@ class PreadSource(_LocalSource):
 
     def prefetch(self, start: int, end: int) -> None:
         """``posix_fadvise(POSIX_FADV_WILLNEED)`` where the platform has it."""
-        if end > start and self.fd >= 0 and hasattr(os, "posix_fadvise"):
-            try:
-                os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
+        if end <= start or not hasattr(os, "posix_fadvise"):
+            return
+        with self._lock:
+            if self._closing:
+                return
+            fd = self.fd
+            self._busy += 1
+        try:
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._busy -= 1
+                if self._closing and not self._busy:
+                    self._release()
 
     def close(self) -> None:
-        """Close the descriptor (idempotent)."""
+        """Close the descriptor: now, or when the last read in flight (another thread's) ends.
+
+        Reads begun after ``close`` raise :class:`~tarindex.errors.ClosedError`. Idempotent.
+        """
+        with self._lock:
+            self._closing = True
+            if not self._busy:
+                self._release()
+
+    def _release(self) -> None:
+        """Close the descriptor (the lock held, no read in flight)."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+_pread_sources: weakref.WeakSet[PreadSource] = weakref.WeakSet()
+"""Every open :class:`PreadSource` of this process: a forked child resets their locks (one
+held by another thread at the fork would otherwise stay held forever in the child)."""
+
+
+def _after_fork_in_child() -> None:
+    for src in list(_pread_sources):
+        src.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def open_source(path: str, fd: int, size: int, use_mmap: bool = True) -> ByteSource:

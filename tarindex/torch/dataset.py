@@ -42,7 +42,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
     Shards open lazily in the process that reads them (DataLoader workers under fork, spawn or
     forkserver each open their own), at most ``max_open`` per process; the dataset pickles to a
     few bytes per shard. Opening reads each index's 80-byte header only, or from a manifest
-    only the manifest.
+    only the manifest. Threads may share it (``ds[i]``, ``__getitems__``, a concurrent
+    ``close()`` of its shards: docs/READING.md, "Threads").
 
     Args:
         source: Path, list of paths, brace pattern (``"train-{000000..000009}.tar"``), glob or

@@ -37,6 +37,9 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
 
     Samples are dicts like :class:`TarDataset`'s: ``__key__`` (str), ``__shard__`` (path),
     ``__index__`` (int, global index) and one entry per extension (``bytes`` unless decoded).
+    Threads may each iterate their own ``iter(ds)`` at once: each plays its own epoch (the
+    next, as a second ``iter`` in one thread would) over the shared readers;
+    :meth:`state_dict` then describes the iterator started last (docs/READING.md, "Threads").
 
     **Batched output.** With ``batched=True, batch_size=B`` each item is a
     :class:`~tarindex.torch.collate.BatchedSamples` of ``B`` consecutive samples of a worker's
