@@ -48,6 +48,7 @@ __all__ = [
     "open_source",
     "open_regular",
     "closed_error",
+    "reset_after_fork",
 ]
 
 Buffer = bytes | mmap.mmap
@@ -318,7 +319,7 @@ class PreadSource(_LocalSource):
         self._lock = threading.Lock()
         self._busy = 0  # reads in flight: close() leaves the descriptor to the last of them
         self._closing = False
-        _pread_sources.add(self)
+        reset_after_fork(self)
 
     def after_fork(self) -> None:
         """In a forked child: a fresh lock, no read in flight (the parent's threads are gone)."""
@@ -411,13 +412,22 @@ class PreadSource(_LocalSource):
             os.close(fd)
 
 
-_pread_sources: weakref.WeakSet[PreadSource] = weakref.WeakSet()
-"""Every open :class:`PreadSource` of this process: a forked child resets their locks (one
-held by another thread at the fork would otherwise stay held forever in the child)."""
+class _Forkable(Protocol):
+    def after_fork(self) -> None: ...
+
+
+_locked_sources: weakref.WeakSet[_Forkable] = weakref.WeakSet()
+"""The sources of this process that hold a lock: a forked child makes theirs afresh (one held
+by another thread at the fork would otherwise stay held forever in the child)."""
+
+
+def reset_after_fork(src: _Forkable) -> None:
+    """Have ``src.after_fork()`` run in every child this process forks from now on."""
+    _locked_sources.add(src)
 
 
 def _after_fork_in_child() -> None:
-    for src in list(_pread_sources):
+    for src in list(_locked_sources):
         src.after_fork()
 
 

@@ -28,7 +28,7 @@ from ..errors import ChecksumError, FormatError, TruncatedError
 from ..format.gzindex import GzipIndex
 from ..format.hints import rebuild_hint
 from ..format.spec import FINGERPRINT_BYTES, INDEX_SUFFIX
-from .bytesource import Buffer, ByteSource
+from .bytesource import Buffer, ByteSource, closed_error, reset_after_fork
 
 __all__ = ["GzipSource", "decompress_indexed", "gzip_fingerprint"]
 
@@ -133,6 +133,7 @@ class GzipSource:
         self.raw = raw
         self.spacing = gz.spacing
         self._lock = threading.Lock()
+        reset_after_fork(self)
         self._raw = _RawFile(raw)
         self._f = _open(self._raw, gz.spacing)
         try:
@@ -151,15 +152,18 @@ class GzipSource:
             TruncatedError: The range runs past the decompressed tar.
             FormatError: The gzip data cannot be decompressed there (``ChecksumError`` if the
                 gzip trailer's crc32 fails); the file is corrupt or changed.
+            ClosedError: The source is closed.
         """
         end = offset + size
-        if offset < 0 or size < 0 or end > self.size or self._f is None:
+        if offset < 0 or size < 0 or end > self.size:
             raise TruncatedError(
                 f"{self.path}: byte {self.size}: range {offset}..{end} runs past the end of the "
                 f"decompressed tar; the index is corrupt: tarindex verify {self.path}"
             )
         with self._lock:
             f = self._f
+            if f is None:
+                raise closed_error(self.path)
             try:
                 if not self._pos <= offset <= self._pos + self.spacing:
                     f.seek(offset)
@@ -209,9 +213,18 @@ class GzipSource:
     ) -> None:
         """Nothing (as :meth:`prefetch`)."""
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (another thread of the parent may have held it)."""
+        self._lock = threading.Lock()
+
     def close(self) -> None:
-        """Close the decompressor and the compressed source (idempotent)."""
-        f, self._f = self._f, None
+        """Close the decompressor and the compressed source (idempotent, any thread).
+
+        Waits for a read in flight in another thread; reads after it raise
+        :class:`~tarindex.errors.ClosedError`.
+        """
+        with self._lock:
+            f, self._f = self._f, None
         if f is not None:
             try:
                 f.close()
