@@ -27,7 +27,7 @@ import pytest
 
 import tarindex
 from tarindex.errors import ClosedError
-from tarindex.read import ShardReader, ShardSet
+from tarindex.read import OpenOptions, ShardReader, ShardSet
 
 from ..conftest import MakeShards
 from ..remote_server import serve
@@ -51,7 +51,7 @@ def fast_switch() -> Iterator[None]:
 
 def _expected(paths: list[str]) -> list[dict[str, bytes]]:
     """Every sample's members, read alone in this thread before any thread starts."""
-    ss = ShardSet(paths, use_mmap=False)
+    ss = ShardSet(paths, options=OpenOptions(use_mmap=False))
     try:
         out = []
         for i in range(len(ss)):
@@ -142,7 +142,7 @@ def test_threads_share_a_dataset_local(
 ) -> None:
     paths = make_shards(SIZES)
     want = _expected(paths)
-    ss = ShardSet(paths, use_mmap=use_mmap, max_open=max_open)
+    ss = ShardSet(paths, options=OpenOptions(use_mmap=use_mmap, max_open=max_open))
     _hammer(ss, want, rounds=250, close_every=25)
     # afterwards the set still reads, and holds no more readers than its bound
     assert bytes(ss.sample(7)["bin"]) == want[7]["bin"]
@@ -163,7 +163,7 @@ def test_threads_share_a_dataset_remote(
     with serve(str(tmp_path / "train")) as srv:
         remote.forget_process_state()
         urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
-        ss = ShardSet(urls, max_open=3)
+        ss = ShardSet(urls, options=OpenOptions(max_open=3))
         sys.setswitchinterval(1e-4)  # the event loop thread of fsspec must keep up
         _hammer(ss, want, rounds=30, close_every=8)
         ss.close()
@@ -265,7 +265,7 @@ def test_a_reader_closed_while_threads_read_it(
 def test_an_evicted_reader_is_released_at_once(make_shards: MakeShards) -> None:
     """Eviction lets go of a reader: unused, its descriptors close now (the bound holds)."""
     paths = make_shards([5] * 6)
-    ss = ShardSet(paths, max_open=2, use_mmap=False)
+    ss = ShardSet(paths, options=OpenOptions(max_open=2, use_mmap=False))
 
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
@@ -286,7 +286,7 @@ def test_threads_each_iterate_a_streaming_dataset(
     """Four threads, each with its own iterator of one TarIterableDataset: a whole epoch each."""
     paths = make_shards(SIZES)
     want = _expected(paths)
-    ss = ShardSet(paths, max_open=2)
+    ss = ShardSet(paths, options=OpenOptions(max_open=2))
     ds = tarindex.TarIterableDataset(ss, shuffle=True, seed=3, block_size=8, buffer_size=16)
     seen: list[list[int]] = [[] for _ in range(4)]
 
