@@ -342,8 +342,11 @@ class ReaderPool:
                 r.close()
                 continue
             with self._lock:
-                if s not in readers and len(readers) < self.open_bound:
+                keep = s not in readers and len(readers) < self.open_bound
+                if keep:
                     readers[s] = r
+            if not keep:
+                r.close()  # unread: another thread opened the shard, or no room
 
     def open_readers(self) -> list[ShardReader]:
         """The readers open in this process (none if they were inherited through a fork)."""
