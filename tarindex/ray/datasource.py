@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import bisect
 import functools
-import os
-import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ray.data import Dataset, read_datasource
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from ..format.url import is_url
 from ..read import OpenOptions, ShardSet
 from ..read.fields import Fields
 from ..storage.remote import RemoteOptions
 from ..stream.arrow import (
     BLOCK_ROWS,
     INT_FIELDS,
+    OpenSpec,
     arrow_schema,
     bytes_per_sample,
     columns_of,
@@ -42,43 +37,10 @@ from ..stream.arrow import (
 __all__ = ["TarIndexDatasource", "read"]
 
 
-@dataclass(frozen=True)
-class _Spec:
-    """What a read task needs to open the dataset in its worker (small: pickled per task)."""
-
-    token: str
-    """Unique per datasource: a worker never reuses another read's (maybe older) ShardSet."""
-    source: Any
-    remote: RemoteOptions
-    options: OpenOptions
-
-
-_OPEN: OrderedDict[str, ShardSet] = OrderedDict()
-_OPEN_LOCK = threading.Lock()
-_KEEP_OPEN = 4  # datasets a worker keeps open (each holds at most ShardSet's max_open shards)
-
-
-def _shards(spec: _Spec) -> ShardSet:
-    """This process's ShardSet of ``spec`` (a Ray worker runs many read tasks: opened once)."""
-    with _OPEN_LOCK:
-        got = _OPEN.get(spec.token)
-        if got is None:
-            got = _OPEN[spec.token] = ShardSet(spec.source, options=spec.options, remote=spec.remote)
-            while len(_OPEN) > _KEEP_OPEN:
-                _OPEN.popitem(last=False)[1].close()
-        _OPEN.move_to_end(spec.token)
-        return got
-
-
 def _read_task(
-    spec: _Spec, start: int, stop: int, columns: list[str], int_fields: tuple[str, ...], rows: int
+    spec: OpenSpec, start: int, stop: int, columns: list[str], int_fields: tuple[str, ...], rows: int
 ) -> Iterator[Any]:
-    yield from read_range(_shards(spec), start, stop, columns, int_fields, rows)
-
-
-def _absolute(p: Any) -> Any:
-    p = os.fspath(p) if isinstance(p, os.PathLike) else p
-    return os.path.abspath(p) if isinstance(p, str) and not is_url(p) else p
+    yield from read_range(spec.open(), start, stop, columns, int_fields, rows)
 
 
 class TarIndexDatasource(Datasource):
@@ -121,11 +83,8 @@ class TarIndexDatasource(Datasource):
         options: OpenOptions | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        # absolute on the driver: workers run in other directories
-        src = [_absolute(p) for p in source] if isinstance(source, (list, tuple)) else _absolute(source)
-        opts = OpenOptions() if options is None else options
-        self._spec = _Spec(secrets.token_hex(8), src, remote or RemoteOptions(), opts)
-        shards = ShardSet(src, options=opts, remote=self._spec.remote)
+        self._spec = OpenSpec.of(source, remote, options)
+        shards = ShardSet(self._spec.source, options=self._spec.options, remote=self._spec.remote)
         self.columns = columns_of(shards, fields)
         """The member columns, in order."""
         self.int_fields = tuple(int_fields)

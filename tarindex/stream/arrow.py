@@ -16,16 +16,23 @@ sample has no such member. Needs ``pyarrow`` (imported when called).
 
 from __future__ import annotations
 
+import os
+import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError
+from ..format.url import is_url
 from ..plan.checks import check_int
 from ..plan.epoch import worker_shares
-from ..read import ShardSet, field_set
-from ..read.fields import Fields
+from ..read import OpenOptions, ShardSet
+from ..read.fields import Fields, check_fields
+from ..storage.remote import RemoteOptions
 from .pack import pack_blocks
 
 __all__ = [
@@ -33,6 +40,7 @@ __all__ = [
     "INT_FIELDS",
     "KEY",
     "INDEX",
+    "OpenSpec",
     "arrow_schema",
     "block_table",
     "bytes_per_sample",
@@ -51,6 +59,58 @@ KEY = "__key__"
 INDEX = "__index__"
 """The global sample index column (``int64``)."""
 _MAX_BINARY = (1 << 31) - 1  # Arrow ``binary`` offsets are int32
+
+
+@dataclass(frozen=True)
+class OpenSpec:
+    """How an engine's read task opens the dataset in its worker: small, pickled per task.
+
+    Made on the driver (:meth:`of`: local paths made absolute, since workers run in other
+    directories); :meth:`open` returns the worker process's :class:`~tarindex.read.ShardSet`
+    of it, opened once per process (a worker runs many tasks) and never shared with another
+    read (each spec has its own token: a later read of a rewritten dataset reopens it).
+    """
+
+    token: str
+    """Unique per spec."""
+    source: Any
+    """The shards, as :class:`~tarindex.read.ShardSet` takes them (local paths absolute)."""
+    remote: RemoteOptions
+    """How remote shards are read."""
+    options: OpenOptions
+    """How the ShardSet opens and checks the shards."""
+
+    @classmethod
+    def of(
+        cls, source: Any, remote: RemoteOptions | None = None, options: OpenOptions | None = None
+    ) -> OpenSpec:
+        """A new spec (a new token) of ``source``, its local paths made absolute."""
+        src = [_absolute(p) for p in source] if isinstance(source, (list, tuple)) else _absolute(source)
+        return cls(
+            secrets.token_hex(8), src, remote or RemoteOptions(), options or OpenOptions()
+        )
+
+    def open(self) -> ShardSet:
+        """This process's ShardSet of this spec (the last :data:`KEEP_OPEN` specs stay open)."""
+        with _OPEN_LOCK:
+            got = _OPEN.get(self.token)
+            if got is None:
+                got = _OPEN[self.token] = ShardSet(self.source, options=self.options, remote=self.remote)
+                while len(_OPEN) > KEEP_OPEN:
+                    _OPEN.popitem(last=False)[1].close()
+            _OPEN.move_to_end(self.token)
+            return got
+
+
+KEEP_OPEN = 4
+"""Datasets a worker process keeps open (each holds at most ShardSet's ``max_open`` shards)."""
+_OPEN: OrderedDict[str, ShardSet] = OrderedDict()
+_OPEN_LOCK = threading.Lock()
+
+
+def _absolute(p: Any) -> Any:
+    p = os.fspath(p) if isinstance(p, os.PathLike) else p
+    return os.path.abspath(p) if isinstance(p, str) and not is_url(p) else p
 
 
 def cut_ranges(n_samples: int, tasks: int, min_rows: int = BLOCK_ROWS) -> list[tuple[int, int]]:
@@ -92,9 +152,9 @@ def columns_of(shards: ShardSet, fields: Fields = None) -> list[str]:
     Raises:
         ValueError: If a field name starts with ``__`` (those are the key and index columns).
     """
-    fs = field_set(fields)
-    if fs is not None:
-        names = list(dict.fromkeys([fields] if isinstance(fields, str) else list(fields or ())))
+    got = check_fields(fields)
+    if got is not None:
+        names = list(got)
         bad = [f for f in names if f.startswith("__")]
         if bad:
             raise ValueError(f"fields={bad!r}: names starting with '__' are not member fields")
