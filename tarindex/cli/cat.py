@@ -76,7 +76,8 @@ def command(args: argparse.Namespace) -> int:
     # a manifest: no header reads
     ss = ShardSet(
         args.source if is_manifest(args.source) else paths,
-        options=OpenOptions(index_dir=args.index_dir),
+        # the CLI reads; `tarindex index` is the one command that writes an index
+        options=OpenOptions(index_dir=args.index_dir, index="require"),
     )
     try:
         s, j = _resolve(ss, args)

@@ -104,7 +104,7 @@ def each_reader(
     seen: set[str] = set()
     for src in sources:
         if is_manifest(src):
-            one = OpenOptions(max_open=1, index_dir=args.index_dir)  # one open at a time
+            one = OpenOptions(max_open=1, index_dir=args.index_dir, index="require")
             ss = ShardSet(src, options=one)
             try:
                 for s, p in enumerate(ss.paths):

@@ -23,7 +23,7 @@ def command(args: argparse.Namespace) -> int:
     listed = {  # a manifest's shards: checked against it first, as the datasets do
         p: (ss, s)
         for ss in (
-            ShardSet(m, options=OpenOptions(max_open=1, index_dir=args.index_dir))
+            ShardSet(m, options=OpenOptions(max_open=1, index_dir=args.index_dir, index="require"))
             for m in args.paths
             if is_manifest(m)
         )

@@ -13,7 +13,11 @@ import operator
 import os
 from dataclasses import dataclass
 
-__all__ = ["OpenOptions"]
+__all__ = ["OpenOptions", "INDEX_MODES"]
+
+INDEX_MODES = ("auto", "require")
+"""``OpenOptions.index``: build a missing index, or raise
+:class:`~tarindex.errors.IndexMissingError`."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,19 @@ class OpenOptions:
         index_dir: A directory (or URL) holding the indexes as ``<tar name>.tidx``, for tars
             whose index is not beside them (``tarindex index URL --out DIR``). A path-like is
             kept as its ``str``. Defaults to ``None`` (beside each tar).
+        index: What a shard without an index gets when the set is made. ``"auto"``: an
+            index is built now, beside its tar (or in ``index_dir``) if that directory is
+            writable, else (and for remote shards) in the per-user index cache
+            (``$XDG_CACHE_HOME/tarindex/indexes``), with a progress bar on long tars and one
+            line on stderr saying where; safe when several processes open the same shards
+            (:mod:`tarindex.read.autoindex`, docs/READING.md "No index step").
+            ``"require"``: :class:`~tarindex.errors.IndexMissingError` naming the command
+            that builds it. Defaults to ``"auto"``.
 
     Raises:
         TypeError: ``max_open`` not an integer (``2.5``, ``True``), a flag not a ``bool``, or
             ``index_dir`` neither ``None``, a ``str`` nor a path-like.
-        ValueError: ``max_open < 1``.
+        ValueError: ``max_open < 1``; ``index`` neither ``"auto"`` nor ``"require"``.
     """
 
     max_open: int | None = None
@@ -51,6 +63,7 @@ class OpenOptions:
     check_crc: bool = True
     verify_data: bool = False
     index_dir: str | None = None
+    index: str = "auto"
 
     def __post_init__(self) -> None:
         m = self.max_open
@@ -75,3 +88,8 @@ class OpenOptions:
             if not isinstance(d, (str, os.PathLike)):
                 raise TypeError(f"OpenOptions(index_dir={d!r}): expected a directory path or URL")
             object.__setattr__(self, "index_dir", os.fspath(d))
+        if self.index not in INDEX_MODES:
+            raise ValueError(
+                f"OpenOptions(index={self.index!r}): expected 'auto' (build a missing index "
+                f"when the shards are opened) or 'require' (raise IndexMissingError)"
+            )

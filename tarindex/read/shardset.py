@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import AmbiguousKeyError, KeyNotFoundError
+from ..errors import AmbiguousKeyError, IndexMissingError, KeyNotFoundError
 from ..format.index import read_header
 from ..format.keys import lookup_key
 from ..format.keytable import KeyTable
@@ -26,6 +26,7 @@ from ..storage.bytesource import MmapSource, cold_cache
 from ..storage.remote import RemoteOptions, is_url, load_indexes
 from . import batch, kernel, prefetch
 from . import keys as keylookup
+from .autoindex import build_missing
 from .block import Block, Sample
 from .checks import check_mapped
 from .fetchpolicy import FetchPolicy
@@ -62,14 +63,19 @@ class ShardSet:
         source: Shards: a path, list, brace pattern, glob, directory or manifest (``.json``)
             (see :func:`tarindex.read.sources.expand_shards`).
         options: How the shards are opened, bounded and checked (``max_open``,
-            ``use_mmap``, ``check_crc``, ``verify_data``, ``index_dir``; each documented on
-            :class:`tarindex.OpenOptions`). Defaults to ``OpenOptions()``.
+            ``use_mmap``, ``check_crc``, ``verify_data``, ``index_dir``, ``index``; each
+            documented on :class:`tarindex.OpenOptions`; ``index="auto"``, the default,
+            builds a missing index now). Defaults to ``OpenOptions()``.
         remote: How remote shards (URLs) are read: storage options, retries, read-ahead,
             cache (:class:`tarindex.RemoteOptions`). Defaults to ``RemoteOptions()``.
 
     Raises:
         FileNotFoundError: No shard matches ``source``.
-        IndexMissingError: A shard has no index (the message gives the command).
+        IndexMissingError: A shard has no index and ``options.index == "require"`` (the
+            message gives the command).
+        FormatError: ``options.index == "auto"`` (the default) and a tar without an index
+            cannot be indexed (truncated, corrupt, not a tar, ``CompressedTarError``; names
+            the tar).
         FormatError: An index header is bad or its counts do not match its size (FORMAT.md
             §2.1), or a manifest is not valid (FORMAT.md §9).
     """
@@ -123,15 +129,37 @@ class ShardSet:
         counts: list[int] = [int(c) for c in known.tolist()]
         todo = [k for k, c in enumerate(counts) if c < 0]
         far = [k for k in todo if is_url(ips[k])]
+        auto = self.options.index == "auto"
+        missing: list[int] = []
         for k in todo:
             if not is_url(ips[k]):
-                counts[k] = read_sample_count(self.paths[k], ips[k])
+                try:
+                    counts[k] = read_sample_count(self.paths[k], ips[k])
+                except IndexMissingError:
+                    if not auto:
+                        raise
+                    missing.append(k)
         if far:
-            got = load_indexes(
-                [ips[k] for k in far], [self.paths[k] for k in far], self.remote_options
-            )
+            try:
+                got = load_indexes(
+                    [ips[k] for k in far], [self.paths[k] for k in far], self.remote_options
+                )
+            except IndexMissingError:
+                if not auto:
+                    raise
+                got = []
+                for k in far:  # one by one: which are missing
+                    try:
+                        got.extend(load_indexes([ips[k]], [self.paths[k]], self.remote_options))
+                    except IndexMissingError:
+                        missing.append(k)
+                far = [k for k in far if k not in set(missing)]
             for k, (data, _) in zip(far, got, strict=True):
                 counts[k] = read_header(data[: HEADER.size], ips[k], file_size=len(data)).n_samples
+        if missing:  # OpenOptions(index="auto"): built now, beside the tar or in the index cache
+            for k, ip in build_missing(self.paths, ips, missing, self.remote_options).items():
+                ips[k] = ip
+                counts[k] = read_sample_count(self.paths[k], ip)
         return counts
 
     def prefetch(

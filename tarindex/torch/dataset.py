@@ -96,7 +96,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
-        IndexMissingError: A shard has no index (the message says how to build it).
+        IndexMissingError: A shard has no index and ``OpenOptions(index="require")`` (the
+            message says how to build it; by default a missing index is built).
         StaleIndexError: On first read of a shard whose tar changed since it was indexed.
         FormatError: On first read of a shard whose index is truncated or corrupt.
         ChecksumError: An index whose crc32 fails (at first read), or with ``verify_data`` a

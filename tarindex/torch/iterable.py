@@ -147,7 +147,8 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
 
     Raises:
         FileNotFoundError: Nothing matches ``source``.
-        IndexMissingError: A shard has no index (the message says how to build it).
+        IndexMissingError: A shard has no index and ``OpenOptions(index="require")`` (the
+            message says how to build it; by default a missing index is built).
         ValueError: A ``block_size``, ``buffer_size``, ``batch_size``, ``seed``, ``rank`` or
             ``world_size`` that is not an integer in range (``2.5`` is refused, not
             truncated); a bad ``on_error``; a ``fields`` entry that is not a ``str``;

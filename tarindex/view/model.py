@@ -135,7 +135,9 @@ class View:
 
     def __init__(self, source: Any, index_dir: str | None = None) -> None:
         self.source = source
-        self.ss = ShardSet(source, options=OpenOptions(max_open=8, index_dir=index_dir))
+        self.ss = ShardSet(
+            source, options=OpenOptions(max_open=8, index_dir=index_dir, index="require")
+        )
         self.lock = threading.RLock()
         self._summary: Summary | None = None
         self._pool = ThreadPoolExecutor(_DECODERS, thread_name_prefix="tarindex-view-decode")

@@ -215,6 +215,6 @@ def test_missing_index_says_how(tmp_path: Path) -> None:
     tar, idx = _golden_copy(tmp_path)
     os.unlink(idx)
     with pytest.raises(tarindex.errors.IndexMissingError, match=f"tarindex index {tar}"):
-        tarindex.ShardSet(str(tar))
+        tarindex.ShardSet(str(tar), options=tarindex.OpenOptions(index="require"))
     with pytest.raises(FileNotFoundError):
         tarindex.ShardReader(str(tar))

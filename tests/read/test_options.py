@@ -16,11 +16,11 @@ from tarindex import OpenOptions
 
 def test_defaults_are_the_documented_ones() -> None:
     o = OpenOptions()
-    assert (o.max_open, o.use_mmap, o.check_crc, o.verify_data, o.index_dir) == (
-        None, True, True, False, None,
+    assert (o.max_open, o.use_mmap, o.check_crc, o.verify_data, o.index_dir, o.index) == (
+        None, True, True, False, None, "auto",
     )
     fields = [f.name for f in dataclasses.fields(OpenOptions)]
-    assert fields == ["max_open", "use_mmap", "check_crc", "verify_data", "index_dir"]
+    assert fields == ["max_open", "use_mmap", "check_crc", "verify_data", "index_dir", "index"]
     for name in fields:  # every field is documented on the class, with its default
         assert f"{name}:" in (OpenOptions.__doc__ or ""), name
     same = OpenOptions(max_open=np.int64(3))  # type: ignore[arg-type]
@@ -41,6 +41,8 @@ def test_defaults_are_the_documented_ones() -> None:
         ({"check_crc": "no"}, TypeError),
         ({"verify_data": None}, TypeError),
         ({"index_dir": 3}, TypeError),
+        ({"index": "bogus"}, ValueError),
+        ({"index": None}, ValueError),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(kw: dict[str, Any], err: type) -> None:

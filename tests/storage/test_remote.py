@@ -220,7 +220,7 @@ def test_missing_remote_index_says_how_to_build_one(
     os.remove(paths[1] + ".tidx")
     msg = r"000001\.tar\.tidx: no index for remote shard .*tarindex index .*--out DIR.*index_dir=DIR"
     with pytest.raises(IndexMissingError, match=msg):
-        tarindex.ShardSet(f"{srv.url}/{PAT}")
+        tarindex.ShardSet(f"{srv.url}/{PAT}", options=tarindex.OpenOptions(index="require"))
 
 
 def test_changed_remote_shard_is_stale(

@@ -108,6 +108,10 @@ def test_s3_directory_source_and_missing_object(s3: tuple[RemoteOptions, list[st
     ss = tarindex.ShardSet(f"s3://{BUCKET}/data/", remote=opts)
     assert ss.n_shards == len(SIZES)
     with pytest.raises(tarindex.errors.IndexMissingError, match="no index for remote shard"):
+        tarindex.ShardSet(
+            f"s3://{BUCKET}/data/nope.tar", remote=opts, options=tarindex.OpenOptions(index="require")
+        )
+    with pytest.raises(FileNotFoundError, match="nope.tar"):  # index="auto": no tar to index
         tarindex.ShardSet(f"s3://{BUCKET}/data/nope.tar", remote=opts)
 
 
