@@ -271,10 +271,11 @@ def decode_region(
             raise ValueError(
                 f"region={region!r}: outside the {-(-w // k)}x{-(-h // k)} image at 1/{k}"
             )
-        # one iMCU (<= 32 pixels) more on each side: an edge column's chroma is upsampled
-        # from its neighbour, which a crop ending there would not decode (the output then
-        # differed from a whole decode by up to 16 of 255 in the box's first or last column)
-        xs, xe = max(x0 - 32, 0), min(x1 + 32, -(-w // k))
+        # a pixel more on each side (libjpeg-turbo widens that to the iMCU holding it): an
+        # edge column's chroma is upsampled from its neighbour, which a crop ending there
+        # would not decode (the output then differed from a whole decode by up to 16 of 255
+        # in the box's first or last column)
+        xs, xe = max(x0 - 1, 0), min(x1 + 1, -(-w // k))
         out = np.empty((y1 - y0) * (xe - xs + 64) * 3, np.uint8)
         try:
             xoff, cw = _EXT.decode(data, k, xs, y0, xe, y1, out)

@@ -127,6 +127,16 @@ def test_region_decode_is_the_whole_decodes_pixels(
                     x1, y1 = int(rng.integers(x0 + 1, w + 1)), int(rng.integers(y0 + 1, h + 1))
                     got = decode_region(data, k, (x0, y0, x1, y1), 1 << 25, backend)
                     np.testing.assert_array_equal(got, whole[y0:y1, x0:x1])
+    src = Image.open(io.BytesIO(photos[SIZES[0]][0]))
+    for mode, sub in (("RGB", 0), ("RGB", 1), ("L", 2)):  # 4:4:4, 4:2:2, grayscale
+        buf = io.BytesIO()
+        src.convert(mode).save(buf, "JPEG", quality=90, subsampling=sub)
+        for k in (1, 2):
+            whole = decode_scaled(buf.getvalue(), 500 // k, 375 // k, 1 << 25, "pil")
+            h, w = whole.shape[:2]
+            for x0, y0, x1, y1 in ((16 // k, 3, w - 16 // k, h - 1), (1, 0, 17, 9), (0, 5, w, 6)):
+                got = decode_region(buf.getvalue(), k, (x0, y0, x1, y1), 1 << 25, backend)
+                np.testing.assert_array_equal(got, whole[y0:y1, x0:x1])
     with pytest.raises(ValueError, match="outside"):
         decode_region(photos[SIZES[0]][0], 2, (0, 0, 251, 10), 1 << 25, backend)
     with pytest.raises(ValueError, match="k=3"):
