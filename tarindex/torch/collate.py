@@ -31,7 +31,7 @@ For streaming, ``TarIterableDataset(..., batched=True, batch_size=64)`` yields t
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -125,6 +125,10 @@ def pack_samples(
     return BatchedSamples(*core.pack_samples(samples, int_fields, tensor_alloc))
 
 
+@overload
+def collate_batched(batch: ImageBatch | Sequence[ImageBatch]) -> ImageBatch: ...
+@overload
+def collate_batched(batch: Any) -> BatchedSamples: ...
 def collate_batched(batch: Any) -> BatchedSamples | ImageBatch:
     """``collate_fn`` for raw tarindex samples: returns a :class:`BatchedSamples`.
 
