@@ -35,9 +35,13 @@ def equal_count(counts: Sequence[int]) -> int:
 _BOOLS = (bool, np.bool_)
 
 
-def _bad_index(i: object, n: int, negative: bool = True) -> Exception:
-    """The error for index ``i`` of ``n`` samples: ``TypeError`` unless an integer, else range."""
-    if isinstance(i, _BOOLS) or not hasattr(type(i), "__index__"):
+def _bad_index(i: object, n: int, negative: bool = True, integer: bool = True) -> Exception:
+    """The error for index ``i`` of ``n`` samples: ``TypeError`` unless an integer, else range.
+
+    ``integer=False``: ``i`` failed ``operator.index`` (a float tensor, an array of several
+    numbers: types that have ``__index__`` but are no integer).
+    """
+    if not integer or isinstance(i, _BOOLS) or not hasattr(type(i), "__index__"):
         return TypeError(
             f"sample index {i!r} ({type(i).__name__}) is not an integer: indices are Python or "
             f"numpy integers in [{-n if negative else 0}, {n}) (bool is refused: a mask is not "
@@ -66,7 +70,7 @@ def check_index(i: object, n: int, negative: bool = True) -> int:
         try:
             i = operator.index(cast(SupportsIndex, i))  # numpy ints, any __index__ (as lists)
         except TypeError:
-            raise _bad_index(i, n, negative) from None
+            raise _bad_index(i, n, negative, integer=False) from None
     if i < 0:
         if not negative or i < -n:
             raise _bad_index(i, n, negative)
@@ -86,12 +90,18 @@ def check_indices(
 
     Raises:
         SampleIndexError: If an index is outside ``[-n, n)`` (the first such is named).
-        TypeError: If an index is not an integer, or is a ``bool``.
+        TypeError: If an index is not an integer, or is a ``bool``; if ``indices`` has more
+            than one dimension (a batch of batches is not flattened).
     """
     try:
         idx = np.asarray(indices)
     except (ValueError, OverflowError):  # ragged, or ints numpy cannot hold in one dtype
         idx = np.asarray(list(indices), dtype=object)
+    if idx.ndim > 1:
+        raise TypeError(
+            f"sample indices of shape {idx.shape}: a batch of indices is one-dimensional "
+            f"(a list or a 1-d array of integers); flatten it first if that is what you mean"
+        )
     idx = idx.reshape(-1)
     if not idx.size:
         return np.zeros(0, np.int64)

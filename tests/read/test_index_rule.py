@@ -30,7 +30,9 @@ HUGE: list[int | np.integer[Any]] = [
     10,
     -11,
 ]
-NOT_INT = [1.7, "1", True, np.bool_(True), np.float64(1.0), None]
+NOT_INT: list[Any] = [1.7, "1", True, np.bool_(True), np.float64(1.0), None]
+# types with __index__ that are no integer: "out of range" would be the wrong error
+NOT_INT += [np.asarray([1, 2]), np.asarray([[3]])]
 
 
 def _paths(shards: list[str]) -> dict[str, Callable[[Any], object]]:
@@ -79,7 +81,7 @@ def test_non_integers_are_refused(make_shards: MakeShards, kernel_mode: str) -> 
     paths = _paths(make_shards([5, 5]))
     for name, f in paths.items():
         for bad in NOT_INT:
-            with pytest.raises(TypeError, match="is not an integer"):
+            with pytest.raises(TypeError, match="is not an integer|is one-dimensional"):
                 f(bad)
                 pytest.fail(f"{name}: index {bad!r} read a sample")
 
@@ -110,6 +112,34 @@ def test_good_indices_agree(make_shards: MakeShards, kernel_mode: str) -> None:
     )
     with pytest.raises(SampleIndexError, match=r"-1 out of range \[0, 10\)"):
         TarDataset(shards, subset=[-1])  # a subset's indices do not count from the end
+
+
+def test_a_float_tensor_is_no_integer(make_shards: MakeShards) -> None:
+    """torch.tensor(1.5) has ``__index__`` (which raises): a TypeError, not "out of range"."""
+    torch = pytest.importorskip("torch")
+    paths = _paths(make_shards([5, 5]))
+    for name, f in paths.items():
+        with pytest.raises(TypeError, match="is not an integer"):
+            f(torch.tensor(1.5))
+            pytest.fail(f"{name}: read a sample")
+    assert TarDataset(make_shards([5, 5], name="t"))[torch.tensor(3)]["__index__"] == 3
+
+
+def test_a_batch_of_batches_is_not_flattened(make_shards: MakeShards) -> None:
+    """A 2-d index array read 2 samples on some paths and raised "out of range" on others."""
+    shards = make_shards([5, 5])
+    ss = tarindex.ShardSet(shards)
+    dsb = TarDataset(shards, batched=True)
+    paths: list[Callable[[Any], object]] = [
+        ss.gather,
+        ss.take,
+        dsb.__getitems__,
+        lambda x: TarDataset(shards, subset=x),
+    ]
+    for f in paths:
+        with pytest.raises(TypeError, match=r"shape \(1, 2\): a batch of indices is one-dim"):
+            f(np.asarray([[1, 2]]))
+    assert ss.gather(np.asarray(4)).to_samples()[0]["__index__"] == 4  # 0-d: one index
 
 
 def test_mask_arrays_are_refused(make_shards: MakeShards) -> None:
