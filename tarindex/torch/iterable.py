@@ -128,7 +128,12 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
             ahead in background threads within ``readahead_bytes``. Defaults to
             ``RemoteOptions()``.
         batched: Yield one ``BatchedSamples`` per ``batch_size`` samples instead of sample
-            dicts (see **Batched output**). Raw bytes only: not with ``decode``/``transform``.
+            dicts (see **Batched output**). Raw bytes, or with
+            ``decode=tarindex.ImageDecode(...)`` (alone) one
+            :class:`~tarindex.torch.images.ImageBatch` per batch: the images decoded in the
+            worker straight into one ``uint8 (B, 3, H, W)`` shared-memory tensor, the pixels
+            the same spec gives per sample (docs/DECODING.md). Not with ``transform``,
+            ``select`` or other decoders.
             Defaults to ``False``.
         batch_size: Samples per batch, ``>= 1``; only with ``batched=True``. A state saved
             with one ``batch_size`` resumes only with the same one.
@@ -153,7 +158,8 @@ class TarIterableDataset(StreamDataset, torch.utils.data.IterableDataset[Any]):
             ``world_size`` that is not an integer in range (``2.5`` is refused, not
             truncated); a bad ``on_error``; a ``fields`` entry that is not a ``str``;
             ``options`` or ``remote`` together with a ready ``ShardSet``;
-            ``batched=True`` with ``decode``/``transform``/``select`` or without a
+            ``batched=True`` with ``transform``/``select``, a ``decode`` other than an
+            ``ImageDecode``, or without a
             ``batch_size >= 1``; ``select`` with ``fields``;
             ``batch_size`` without ``batched=True``.
         FormatError, StaleIndexError, ChecksumError, TruncatedError: While iterating, as for
