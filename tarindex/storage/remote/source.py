@@ -224,8 +224,9 @@ class RemoteSource:
             )
         if size == 0:
             return b""
-        if self._local is not None:
-            return bytes(self._local.read(offset, size))
+        local = self._local  # once: close() in another thread drops it
+        if local is not None:
+            return bytes(local.read(offset, size))
         buf, bases = self.read_ranges(np.asarray([offset], np.int64), np.asarray([end], np.int64))
         b = int(bases[0])
         return buf[b : b + size] if (b or len(buf) != size) else bytes(buf)
@@ -252,8 +253,9 @@ class RemoteSource:
                 f"{self.path}: byte {self.size}: range {st[bad]}..{en[bad]} runs past the end "
                 f"of the tar; the index is corrupt or the tar was cut: tarindex verify {self.path}"
             )
-        if self._local is not None:
-            buf, bases = self._local.read_ranges(starts, ends)
+        local = self._local
+        if local is not None:
+            buf, bases = local.read_ranges(starts, ends)
             return bytes(buf), bases
         hits: list[_Entry | None] = [self._find(a, b) for a, b in zip(st, en, strict=True)]
         if n and hits[0] is not None and all(h is hits[0] for h in hits):
@@ -356,9 +358,9 @@ class RemoteSource:
         """Drop the read-ahead store (pending reads finish in the background; idempotent)."""
         self._closed = True
         self.drop_ahead()
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        local, self._local = self._local, None
+        if local is not None:
+            local.close()  # a read in flight keeps the descriptor until it ends
 
     def drop_ahead(self) -> None:
         """Drop every range fetched ahead and not read yet (frees the read-ahead budget)."""
@@ -430,8 +432,9 @@ class RemoteSource:
         Raises:
             RemoteError: As :func:`fetch`.
         """
-        if self._local is not None:
-            return [bytes(self._local.read(a, b - a)) for a, b in ranges]
+        local = self._local
+        if local is not None:
+            return [bytes(local.read(a, b - a)) for a, b in ranges]
         merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
         got = self._network(merged)
         starts = [m[0] for m in merged]
