@@ -24,6 +24,7 @@ Three things live here, the torch side of :mod:`tarindex.stream.images`:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -238,8 +239,9 @@ def fetch_images(
     return ImageBatch(got, spec)
 
 
+@functools.cache
 def torchvision_decoder() -> Any:
-    """``torchvision.io.decode_jpeg`` if torchvision loads here, else ``None``."""
+    """``torchvision.io.decode_jpeg`` if torchvision loads here, else ``None`` (looked up once)."""
     try:
         from torchvision.io import decode_jpeg  # type: ignore[import-not-found,unused-ignore]
     except Exception:  # not installed, or a wheel that does not match this torch
