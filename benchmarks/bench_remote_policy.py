@@ -4,8 +4,9 @@ Data: ``--samples`` seeded samples (``bin`` of ~``--size`` random bytes, ``cls``
 ``--shards`` tarindex shards, served by (a) tests/remote_server.py (HTTP with Range, its own
 process on 127.0.0.1, ``--latency`` seconds added to every request, counting requests and
 bytes) and (b) moto's S3 server (``s3fs``; requests and bytes counted by tarindex itself).
-Every row runs in a fresh Python process with a fresh cache directory (fresh indexes, no
-warm page cache of a shard download), after one request that warms the connection pool.
+Every row runs in a fresh Python process with a fresh directory for whole shards
+(``whole_cache_dir``; no ``cache_dir``, so ranged reads are exact) and fresh indexes, after
+one ranged request that warms the connection pool.
 
 Rows (per server and latency):
 
@@ -48,7 +49,7 @@ cfg = json.loads(sys.argv[2])
 import numpy as np, torch, tarindex
 from tarindex.storage import remote
 urls, kind, so = cfg["urls"], cfg["kind"], cfg["so"]
-opts = tarindex.RemoteOptions(storage_options=so, cache_dir=cfg["cache"], cache_bytes=8 << 30)
+opts = tarindex.RemoteOptions(storage_options=so, whole_cache_dir=cfg["cache"], cache_bytes=8 << 30)
 fs = remote.filesystem(urls[0], opts)
 remote.fetch([(urls[0], 0, 512)], opts)  # warm the connection pool
 remote.stats(reset=True)

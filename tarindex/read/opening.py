@@ -21,10 +21,12 @@ from ..format.spec import HEADER
 from ..storage.bytesource import ByteSource, PreadSource, open_source
 from ..storage.gzsource import GzipSource
 from ..storage.remote import (
+    Pin,
     RemoteOptions,
     RemoteSource,
     forget_index,
     is_url,
+    learns_versions,
     load_indexes,
     local_copy,
     local_path,
@@ -46,6 +48,7 @@ class ShardOpener:
     _imm: mmap.mmap | None
     _src: ByteSource | None
     _checks: dict[tuple[int, int], bytes] | None
+    _remote_opts: RemoteOptions
 
     def close(self) -> None:
         """Release what was opened: defined by ``ShardReader.close``."""
@@ -115,6 +118,16 @@ class ShardOpener:
                         copy = local_copy(self.tar_path, opts, ident)
                     if copy is not None:  # mapped: entries are replaced whole, never cut
                         self._src = open_source(self.tar_path, copy[0], copy[1], True)
+                    elif gz is None and not opts.download_whole and learns_versions(self.tar_path):
+                        # no request now: the checks go with the first read (docs/REMOTE.md)
+                        self.tar_size = t.tar_size
+                        starts, ends = checks.open_ranges(t, t.tar_size)
+                        rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
+                        self._src = RemoteSource.deferred(
+                            self.tar_path, t.tar_size, opts, ident, rs, self._deferred_checks
+                        )
+                        self._remote_opts = opts
+                        return
                     else:
                         self._src = RemoteSource.open(self.tar_path, opts, ident)
                     if gz is not None:
@@ -165,6 +178,51 @@ class ShardOpener:
             raise
         self.tar_size = self.index.tar_size
         self._check_fingerprint()
+
+    def _check_opened(self) -> None:
+        """The open-time checks after the fingerprint (:func:`checks.check_opened`), now.
+
+        A deferred remote source runs them at its first read (:meth:`_deferred_checks`).
+        """
+        src = self._src
+        if isinstance(src, RemoteSource) and not src.checked:
+            return
+        try:
+            checks.check_opened(
+                self.index, self.tar_size, self._read_check, self._guard, self.tar_path,
+                self.index_path,
+            )
+        except BaseException:
+            self.close()
+            raise
+        self._checks = None
+
+    def _deferred_checks(self, got: dict[tuple[int, int], bytes], pin: Pin) -> None:
+        """The open-time checks of a deferred remote source, on its first round's bytes.
+
+        Raises:
+            StaleIndexError: The tar does not match the index (its size, fingerprint, end,
+                headers: FORMAT.md §3); the index is dropped from memory and the cache, so
+                opening the dataset again fetches it again.
+        """
+        self._checks = got
+        try:
+            checks.check_size(self.index, pin.size, self.tar_path, self.index_path)
+            self._check_fingerprint()
+            checks.check_opened(
+                self.index, self.tar_size, self._read_check, self._guard, self.tar_path,
+                self.index_path,
+            )
+        except StaleIndexError:
+            if is_url(self.index_path):
+                forget_index(self.index_path, self._remote_opts)
+            raise
+        finally:
+            self._checks = None
+
+    def _guard(self, j: int) -> None:
+        """The chunk guard of sample ``j``: defined by ``ShardReader``."""
+        raise NotImplementedError
 
     def _check_fingerprint(self) -> None:
         checks.check_fingerprint(

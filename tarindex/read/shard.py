@@ -181,14 +181,7 @@ class ShardReader(ShardOpener):
         )
         """The tables the per-sample loops read (:class:`~tarindex.read.hot.HotTables`); the
         compiled ``get``, ``take`` and ``batch`` look a reader's tables up here."""
-        try:
-            checks.check_opened(
-                t, self.tar_size, self._read_check, self._guard, tar_path, self.index_path
-            )
-        except BaseException:
-            self.close()
-            raise
-        self._checks = None
+        self._check_opened()  # (deferred to the first read for a deferred remote source)
 
     @property
     def source(self) -> ByteSource:

@@ -23,7 +23,7 @@ from ..format.keys import lookup_key
 from ..format.keytable import KeyTable
 from ..format.spec import HEADER, INDEX_SUFFIX
 from ..storage.bytesource import MmapSource, cold_cache
-from ..storage.remote import RemoteOptions, is_url, load_indexes
+from ..storage.remote import RemoteOptions, RemoteSource, is_url, load_indexes
 from . import batch, kernel, prefetch
 from . import keys as keylookup
 from .autoindex import build_missing
@@ -280,7 +280,11 @@ class ShardSet:
                 missing or differs from its row (FORMAT.md §9).
             FormatError: If the index is corrupt (see :class:`ShardReader`).
         """
-        return self._pool.reader(s)
+        r = self._pool.reader(s)
+        src = r.source
+        if isinstance(src, RemoteSource) and not src.checked:
+            src.check_now()  # opened without a request: its open-time checks, now
+        return r
 
     _keyidx: KeyTable | None = None
 

@@ -32,12 +32,13 @@ from .fetch import download, fetch, file_size, read_whole
 from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
-from .transport import filesystem
+from .transport import Pin, filesystem, learns_versions
 from .whole import fetch_ahead, local_copy, release
 
 __all__ = [
     "DEFAULT",
     "MANIFEST_MAX_BYTES",
+    "Pin",
     "RemoteOptions",
     "RemoteSource",
     "download",
@@ -50,6 +51,7 @@ __all__ = [
     "forget_process_state",
     "forget_index",
     "is_url",
+    "learns_versions",
     "load_indexes",
     "local_copy",
     "local_path",

@@ -78,6 +78,7 @@ def fetch(
     reqs: Sequence[tuple[str, int, int]],
     opts: RemoteOptions = DEFAULT,
     pins: Sequence[Pin | None] | None = None,
+    seen: list[Pin | None] | None = None,
 ) -> list[bytes]:
     """Read byte ranges ``[start, end)`` of remote files, concurrently; return their bytes.
 
@@ -92,6 +93,9 @@ def fetch(
         opts: Transport options. Defaults to :data:`DEFAULT`.
         pins: Per range, the version of the object it must come from (``None``: any).
             Defaults to no pins.
+        seen: A list of ``len(reqs)`` entries (HTTP, S3): each set to the version the
+            range's reply said it holds (size from ``Content-Range``, ETag, ...), to pin an
+            object from the replies themselves. Defaults to ``None``.
 
     Returns:
         The bytes of each range, in the order of ``reqs``.
@@ -123,8 +127,11 @@ def fetch(
         failed: list[int] = []
         for idx in groups.values():
             STATS.requests += len(idx)
-            got = get_ranges([reqs[i] for i in idx], [pin_of[i] for i in idx], opts)
-            for i, g in zip(idx, got, strict=True):
+            heard: list[list[Pin]] = [[] for _ in idx]
+            got = get_ranges([reqs[i] for i in idx], [pin_of[i] for i in idx], opts, heard)
+            for i, g, h in zip(idx, got, heard, strict=True):
+                if seen is not None and h:
+                    seen[i] = h[-1]
                 url, a, b = reqs[i]
                 if isinstance(g, BaseException):
                     if isinstance(g, (StaleIndexError, RemoteError)):

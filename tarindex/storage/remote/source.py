@@ -27,7 +27,28 @@ from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
 from .whole import tar_key
 
-__all__ = ["RemoteSource", "prefetch_many"]
+__all__ = ["RemoteSource", "Verify", "prefetch_many"]
+
+Verify = Callable[[dict[tuple[int, int], bytes], Pin], None]
+"""The open-time checks of a deferred source: ``verify(check bytes by (offset, size), pin)``."""
+
+
+def _agreed(url: str, seen: Sequence[Pin | None], size: int) -> Pin:
+    """The one version every reply of a round named (else the object changed meanwhile)."""
+    from ...errors import StaleIndexError
+
+    got = {p for p in seen if p is not None}
+    if not got:
+        return Pin(size)
+    tags = {(p.etag, p.last_modified, p.version_id) for p in got}
+    sizes = {p.size for p in got if p.size >= 0}
+    if len(tags) > 1 or len(sizes) > 1:
+        raise StaleIndexError(
+            f"{url}: the remote object changed while it was opened (its replies name "
+            f"{len(tags)} versions); open the dataset again"
+        )
+    p = next(iter(got))
+    return Pin(next(iter(sizes)) if sizes else size, p.etag, p.last_modified, p.version_id)
 
 
 def _after_fork_in_child() -> None:
@@ -134,6 +155,9 @@ class RemoteSource:
         self._lock = threading.Lock()
         self._local: Any = None  # a PreadSource over a whole-shard download
         self._closed = False
+        self._ident = ident
+        self._deferred: tuple[list[tuple[int, int]], Verify] | None = None
+        self._vlock = threading.RLock()
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
@@ -152,6 +176,77 @@ class RemoteSource:
         src = cls(url, pin.size, opts, ident, pin)
         src.probe_range()
         return src
+
+    @classmethod
+    def deferred(
+        cls,
+        url: str,
+        size: int,
+        opts: RemoteOptions,
+        ident: str,
+        checks: list[tuple[int, int]],
+        verify: Verify,
+    ) -> RemoteSource:
+        """A source opened without a request: its version is learnt at its first read.
+
+        The first network read sends the open-time check ranges ``checks`` in the same
+        concurrent round as the bytes asked for, unpinned; every reply of that round must
+        name one version (``Content-Range`` total, ``ETag``, ``Last-Modified``, S3 version
+        id), which is then pinned as :meth:`open` pins it, and ``verify(got, pin)`` runs
+        the open-time checks on the check bytes (``got[(offset, size)]``) before any byte
+        read is handed out. HTTP and S3 only (their replies name the version).
+
+        Args:
+            url: The tar.
+            size: Its size as the index records it (bytes).
+            opts: Transport options.
+            ident: The index's fingerprint of the tar.
+            checks: The ranges ``(start, end)`` of the open-time checks.
+            verify: Raises (``StaleIndexError``, ...) if the checks fail.
+        """
+        src = cls(url, size, opts, ident, None)
+        src._deferred = (list(checks), verify)
+        return src
+
+    @property
+    def checked(self) -> bool:
+        """Whether the open-time checks ran (not yet only for an unread :meth:`deferred` source)."""
+        return self._deferred is None
+
+    def check_now(self) -> None:
+        """Run a :meth:`deferred` source's open-time checks now (one round of requests)."""
+        if self._deferred is not None:
+            self._network([])
+
+    def first_round(self, reqs: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of ``reqs``, fetched in one round with a deferred source's checks.
+
+        The open-time checks of a :meth:`deferred` source go in the same concurrent round;
+        the replies' version is pinned and the checks run before the bytes are returned.
+
+        Raises:
+            StaleIndexError: The checks failed, or the replies named several versions.
+            RemoteError: As :func:`fetch`.
+        """
+        with self._vlock:
+            if self._deferred is None:
+                return self._network(reqs)
+            checks, verify = self._deferred
+            ranges = checks + reqs
+            if protocol_of(self.path) in ("http", "https") and not range_checked(self.path):
+                a, b = min(checks, key=lambda r: r[1] - r[0])
+                # the first ranged read of a server in this process goes alone (Range probe)
+                fetch([(self.path, a, b)], self.opts)
+            seen: list[Pin | None] = [None] * len(ranges)
+            got = fetch([(self.path, a, b) for a, b in ranges], self.opts, None, seen)
+            self.requests += len(ranges)
+            self.bytes_fetched += sum(len(g) for g in got)
+            pin = _agreed(self.path, seen, self.size)
+            verify({(a, b - a): g for (a, b), g in zip(checks, got, strict=False)}, pin)
+            self.pin = pin
+            self.key = tar_key(self.path, self.size, self._ident, pin)
+            self._deferred = None
+            return got[len(checks) :]
 
     def probe_range(self) -> None:
         """The first ranged read of an HTTP server in this process, alone (see :meth:`open`)."""
@@ -445,6 +540,8 @@ class RemoteSource:
         return out
 
     def _network(self, reqs: list[tuple[int, int]]) -> list[bytes]:
+        if self._deferred is not None:
+            return self.first_round(reqs)
         if not reqs:
             return []
         got = fetch([(self.path, a, b) for a, b in reqs], self.opts, [self.pin] * len(reqs))
@@ -463,6 +560,8 @@ class RemoteSource:
         requests of many sources in one batch.
         """
         c = self.opts.cache()
+        if c is not None:
+            self.check_now()  # the cache key holds the pin: learn it first
         if c is None:
             merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
 
@@ -522,6 +621,7 @@ def prefetch_many(items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[in
         RemoteError: As :func:`fetch`.
     """
     jobs = []
+    firsts = []  # deferred sources: their first round also carries the open-time checks
     reqs: list[tuple[str, int, int]] = []
     pins: list[Pin | None] = []
     opts: RemoteOptions | None = None
@@ -532,13 +632,35 @@ def prefetch_many(items: Sequence[tuple[RemoteSource, Sequence[int], Sequence[in
         if not plan:
             continue
         net, finish = src.plan_fetch([(a, b) for a, b, _ in plan])
+        if not src.checked:
+            firsts.append((src, plan, finish, net))
+            continue
         jobs.append((src, plan, finish, len(reqs), len(net)))
         reqs.extend((src.path, a, b) for a, b in net)
         pins.extend([src.pin] * len(net))
         opts = src.opts
+    if firsts:  # each in its own round, all at once (and beside the batch below)
+
+        def first(job: tuple[RemoteSource, Any, Any, list[tuple[int, int]]]) -> None:
+            src, plan, finish, net = job
+            src.store_fetched(plan, finish(src.first_round(net)))
+
+        if len(firsts) == 1 and not jobs:
+            first(firsts[0])
+            return
+        with ThreadPoolExecutor(min(16, len(firsts)), thread_name_prefix="tarindex-open") as ex:
+            futs = [ex.submit(first, j) for j in firsts]
+            if jobs and opts is not None:
+                _finish_jobs(jobs, fetch(reqs, opts, pins) if reqs else [])
+            for f in futs:
+                f.result()
+        return
     if not jobs or opts is None:
         return
-    got = fetch(reqs, opts, pins) if reqs else []
+    _finish_jobs(jobs, fetch(reqs, opts, pins) if reqs else [])
+
+
+def _finish_jobs(jobs: list[Any], got: list[bytes]) -> None:
     for src, plan, finish, at, n in jobs:
         mine = got[at : at + n]
         src.requests += n

@@ -42,6 +42,7 @@ __all__ = [
     "get_whole",
     "head",
     "is_permanent",
+    "learns_versions",
     "no_range",
 ]
 
@@ -268,7 +269,16 @@ def _http_status(url: str, status: int, pin: Pin | None, what: str) -> None:
         raise HTTPStatusError(url, status, what)
 
 
-async def _http_range(fs: Any, url: str, a: int, b: int, pin: Pin | None) -> bytes:
+def _seen_pin(total: str | None, etag: str | None, modified: str | None,
+              version: str | None = None) -> Pin:
+    """The version a reply says it holds (its ``Content-Range`` total, ETag, ...)."""
+    t = (total or "").strip()
+    return Pin(int(t) if t.isdigit() else -1, etag, modified, version)
+
+
+async def _http_range(
+    fs: Any, url: str, a: int, b: int, pin: Pin | None, seen: list[Pin] | None = None
+) -> bytes:
     session = await fs.set_session()
     hd = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity"}
     if pin is not None and pin.etag and not pin.etag.startswith("W/"):
@@ -278,10 +288,15 @@ async def _http_range(fs: Any, url: str, a: int, b: int, pin: Pin | None) -> byt
     async with session.get(fs.encode_url(url), **_http_kw(fs, hd)) as r:
         _http_status(url, r.status, pin, f"bytes {a}..{b}")
         _check_pin(url, pin, r.headers.get("ETag"), r.headers.get("Last-Modified"))
+        cr = r.headers.get("Content-Range")
         if r.status == 206:
-            _check_range(url, a, b, r.headers.get("Content-Range"), pin)
+            _check_range(url, a, b, cr, pin)
         elif a != 0:  # 200: the body starts at byte 0, not at a
             raise no_range(url, a, b, f"the whole file ({r.headers.get('Content-Length')} bytes)")
+        if seen is not None:
+            seen.append(_seen_pin((cr or "/").rpartition("/")[2] if r.status == 206 else
+                                  r.headers.get("Content-Length"), r.headers.get("ETag"),
+                                  r.headers.get("Last-Modified")))
         return await _read_at_most(r.content.read, b - a + 1)
 
 
@@ -350,7 +365,9 @@ def _s3_where(fs: Any, url: str) -> tuple[str, str]:
     return str(bucket), str(key)
 
 
-async def _s3_range(fs: Any, url: str, a: int, b: int, pin: Pin | None) -> bytes:
+async def _s3_range(
+    fs: Any, url: str, a: int, b: int, pin: Pin | None, seen: list[Pin] | None = None
+) -> bytes:
     client = await fs.set_session()
     bucket, key = _s3_where(fs, url)
     kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={a}-{b - 1}"}
@@ -366,6 +383,11 @@ async def _s3_range(fs: Any, url: str, a: int, b: int, pin: Pin | None) -> bytes
     try:
         _check_pin(url, pin, resp.get("ETag"), None)
         _check_range(url, a, b, resp.get("ContentRange"), pin)
+        if seen is not None:
+            lm = resp.get("LastModified")
+            seen.append(_seen_pin((resp.get("ContentRange") or "/").rpartition("/")[2],
+                                  resp.get("ETag"), str(lm) if lm else None,
+                                  resp.get("VersionId")))
         return await _read_at_most(body.read, b - a + 1)
     finally:
         body.close()
@@ -404,12 +426,20 @@ def _kind(url: str) -> str:
     return "http" if p in ("http", "https") else "s3" if p in ("s3", "s3a") else "other"
 
 
+def learns_versions(url: str) -> bool:
+    """Whether a ranged reply of ``url``'s protocol says its object's version (HTTP, S3)."""
+    return _kind(url) in ("http", "s3")
+
+
 def get_ranges(
     reqs: Sequence[tuple[str, int, int]],
     pins: Sequence[Pin | None],
     opts: RemoteOptions,
+    seen: Sequence[list[Pin]] | None = None,
 ) -> list[bytes | BaseException]:
     """One attempt at each range ``(url, start, end)`` of one protocol, concurrently.
+
+    ``seen`` (HTTP, S3): per range a list the version its reply holds is appended to.
 
     Returns:
         Per range its body (at most ``end - start + 1`` bytes: one more means the server
@@ -419,13 +449,13 @@ def get_ranges(
         return []
     fs = filesystem(reqs[0][0], opts)
     kind = _kind(reqs[0][0])
-    if kind == "http":
+    sn: Sequence[list[Pin] | None] = seen if seen is not None else [None] * len(reqs)
+    if kind in ("http", "s3"):
+        one = _http_range if kind == "http" else _s3_range
         return _run(
-            fs, [_http_range(fs, u, a, b, p) for (u, a, b), p in zip(reqs, pins, strict=True)], opts
-        )
-    if kind == "s3":
-        return _run(
-            fs, [_s3_range(fs, u, a, b, p) for (u, a, b), p in zip(reqs, pins, strict=True)], opts
+            fs,
+            [one(fs, u, a, b, p, w) for (u, a, b), p, w in zip(reqs, pins, sn, strict=True)],
+            opts,
         )
     try:
         got: list[Any] = fs.cat_ranges(
