@@ -264,3 +264,46 @@ def test_a_replaced_object_is_stale_through_whole_shard_fetches(
     assert ds[0]["__key__"] == "00000000"
     with pytest.raises(StaleIndexError, match=r"train-000001\.tar"):
         ds[SIZES[0]]
+
+
+def test_opening_sends_no_request_and_the_first_read_carries_the_checks(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    url = f"{srv.url}/{PAT}"
+    remote.fetch([(f"{srv.url}/train-000000.tar", 0, 512)])  # a warm connection
+    srv.reset()
+    ds = tarindex.TarDataset(url)
+    assert srv.requests == len(paths)  # the indexes, nothing else
+    srv.reset()
+    ds.shards.pool.reader(0)  # the read path's open: no request
+    assert srv.requests == 0
+    local = tarindex.ShardSet(paths)
+    assert ds[3]["bin"] == local.sample(3)["bin"]
+    with srv.lock:
+        log = list(srv.log)
+    assert [m for m, *_ in log] == ["GET"] * len(log)  # no HEAD: the replies name the version
+    r = local.reader(0)
+    lo, hi = r.member_slice(3)
+    a = int(r.index.offset[lo:hi].min())
+    assert any(s <= a < e for _, _, s, e in log)  # the sample ...
+    assert any(s == 0 for _, _, s, _ in log)  # ... and the checks (first 4 KiB), one round
+    srv.reset()
+    assert ds[4]["bin"] == local.sample(4)["bin"]
+    assert srv.requests == 1  # pinned now: one ranged read per sample
+
+
+def test_a_tar_changed_since_its_index_is_refused_at_its_first_read(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    data = bytearray(Path(paths[2]).read_bytes())
+    data[100] ^= 0xFF  # inside the first 4 KiB: the fingerprint differs
+    Path(paths[2] + ".new").write_bytes(bytes(data))
+    os.replace(paths[2] + ".new", paths[2])
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    assert ds[0]["__key__"] == "00000000"  # other shards read
+    with pytest.raises(StaleIndexError, match=r"train-000002\.tar"):
+        ds[SIZES[0] + SIZES[1]]
+    with pytest.raises(StaleIndexError, match=r"train-000002\.tar"):  # and never later
+        ds.__getitems__([SIZES[0] + SIZES[1] + 1, 1])

@@ -130,6 +130,8 @@ class RemoteSource:
             every network read asks for it, a changed object is
             :class:`~tarindex.errors.StaleIndexError`. Defaults to ``None`` (any version:
             only the size is checked).
+        deferred: ``(check ranges, verify)`` of a source opened without a request (see
+            :meth:`deferred`). Defaults to ``None``.
 
     Attributes:
         requests: Network requests made for this source (for tests and benchmarks).
@@ -141,7 +143,13 @@ class RemoteSource:
     zero_copy = False
 
     def __init__(
-        self, url: str, size: int, opts: RemoteOptions, ident: str, pin: Pin | None = None
+        self,
+        url: str,
+        size: int,
+        opts: RemoteOptions,
+        ident: str,
+        pin: Pin | None = None,
+        deferred: tuple[list[tuple[int, int]], Verify] | None = None,
     ) -> None:
         self.path = url
         self.size = size
@@ -156,7 +164,7 @@ class RemoteSource:
         self._local: Any = None  # a PreadSource over a whole-shard download
         self._closed = False
         self._ident = ident
-        self._deferred: tuple[list[tuple[int, int]], Verify] | None = None
+        self._deferred = deferred
         self._vlock = threading.RLock()
 
     # -- opening --------------------------------------------------------------------------
@@ -204,9 +212,7 @@ class RemoteSource:
             checks: The ranges ``(start, end)`` of the open-time checks.
             verify: Raises (``StaleIndexError``, ...) if the checks fail.
         """
-        src = cls(url, size, opts, ident, None)
-        src._deferred = (list(checks), verify)
-        return src
+        return cls(url, size, opts, ident, None, (list(checks), verify))
 
     @property
     def checked(self) -> bool:
