@@ -300,3 +300,47 @@ def test_threads_each_iterate_a_streaming_dataset(
     assert not errors, sorted(set(errors))[:5]
     for got in seen:
         assert sorted(got) == list(range(N))
+
+
+@pytest.mark.parametrize("use_mmap", [True, False], ids=["mmap", "pread"])
+def test_fork_while_threads_read(make_shards: MakeShards, use_mmap: bool) -> None:
+    """A fork (a DataLoader worker) while other threads read: the child reads, never hangs.
+
+    A lock another thread holds at the fork (the pool's, a ``pread`` source's) would stay
+    held forever in the child, whose only thread then waits on it.
+    """
+    paths = make_shards(SIZES)
+    want = _expected(paths)
+    ss = ShardSet(paths, options=OpenOptions(use_mmap=use_mmap, max_open=2))
+    stop = threading.Event()
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            ss.sample(rng.randrange(N))
+
+    ts = [threading.Thread(target=reader, args=(k,)) for k in range(3)]
+    for t in ts:
+        t.start()
+    try:
+        for k in range(15):
+            pid = os.fork()
+            if pid == 0:  # the child: read, then leave at once (no atexit, no pytest)
+                ok = bytes(ss.sample(k)["bin"]) == want[k]["bin"]
+                os._exit(0 if ok else 3)
+            deadline = time.monotonic() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    pytest.fail(f"fork {k}: the child hangs (a lock held at the fork)")
+                time.sleep(0.005)
+            assert os.waitstatus_to_exitcode(status) == 0, f"fork {k}: wrong bytes in the child"
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(30)
+    ss.close()
