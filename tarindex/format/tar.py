@@ -17,6 +17,8 @@ or the same sum with bytes >= 128 taken as signed (``b - 256``; historic Sun and
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "ZERO_BLOCK",
     "build_member_header",
@@ -394,26 +396,61 @@ def _octal(value: int, field: slice) -> bytes:
     return b"%0*o\0" % (field.stop - field.start - 1, value)
 
 
-def _ustar_block(
-    name: bytes, size: int, mtime: int, mode: int, typeflag: int, prefix: bytes = b""
-) -> bytes:
-    """One POSIX ustar header block; ``name`` <= 100 bytes, ``prefix`` <= 155 (caller checks)."""
+@functools.lru_cache(maxsize=32)
+def _ustar_fixed(mtime: int, mode: int, typeflag: int) -> tuple[bytes, bytes, bytes, int]:
+    """The fields of a ustar header that do not depend on the name, size or prefix.
+
+    Returns ``(mode..gid, mtime, typeflag..devminor, byte sum)``: bytes 100-124, 136-148 and
+    156-345 of the block, and the checksum of a block holding only them (the chksum field
+    counted as spaces, name, size and prefix as NULs).
+    """
     block = bytearray(BLOCK)
-    block[: len(name)] = name
     block[TAR_MODE] = _octal(mode, TAR_MODE)
     block[TAR_UID] = _octal(0, TAR_UID)
     block[TAR_GID] = _octal(0, TAR_GID)
-    block[TAR_SIZE] = _octal(size, TAR_SIZE)
     block[TAR_MTIME] = _octal(mtime, TAR_MTIME)
     block[TAR_TYPEFLAG] = typeflag
     block[TAR_MAGIC] = USTAR_MAGIC
     block[TAR_VERSION] = USTAR_VERSION
     block[TAR_DEVMAJOR] = _octal(0, TAR_DEVMAJOR)
     block[TAR_DEVMINOR] = _octal(0, TAR_DEVMINOR)
-    block[TAR_PREFIX.start : TAR_PREFIX.start + len(prefix)] = prefix
+    return (
+        bytes(block[TAR_MODE.start : TAR_SIZE.start]),
+        bytes(block[TAR_MTIME]),
+        bytes(block[TAR_TYPEFLAG : TAR_PREFIX.start]),
+        header_checksum(block),
+    )
+
+
+_PREFIX_TAIL = BLOCK - TAR_PREFIX.start  # prefix field and the 12 unused bytes after it
+
+
+def _ustar_block(
+    name: bytes, size: int, mtime: int, mode: int, typeflag: int, prefix: bytes = b""
+) -> bytes:
+    """One POSIX ustar header block; ``name`` <= 100 bytes, ``prefix`` <= 155 (caller checks).
+
+    The writer's hot path (one per member): the fixed fields and their byte sum come from
+    :func:`_ustar_fixed` (cached per ``mtime, mode, typeflag``), and the checksum adds the
+    sums of the name, size and prefix fields, the same rule as :func:`header_checksum`.
+    """
+    ids, mt, rest, fixed_sum = _ustar_fixed(mtime, mode, typeflag)
+    size_field = _octal(size, TAR_SIZE)
+    chk = fixed_sum + sum(name) + sum(size_field) + sum(prefix)
     # 6 octal digits, NUL, space: the layout GNU tar and tarfile write
-    block[TAR_CHKSUM] = b"%06o\0 " % header_checksum(block)
-    return bytes(block)
+    return b"".join(
+        (
+            name,
+            bytes(_NAME_LEN - len(name)),
+            ids,
+            size_field,
+            mt,
+            b"%06o\0 " % chk,
+            rest,
+            prefix,
+            bytes(_PREFIX_TAIL - len(prefix)),
+        )
+    )
 
 
 def _split_prefix(name: bytes) -> tuple[bytes, bytes] | None:

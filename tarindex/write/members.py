@@ -24,6 +24,8 @@ Member = tuple[str, bytes, bool]
 # what an encoder raises for a value it cannot encode (json nested too deep: RecursionError;
 # pickle of a lambda: PicklingError; of a local object: AttributeError; pth/msgpack/cbor
 # without their package: ImportError)
+_MAX_PLANS = 4096  # extensions whose storage plan a writer remembers
+
 _ENCODE_ERRORS = (
     TypeError,
     ValueError,
@@ -60,12 +62,41 @@ class SampleEncoder:
         self.compress_all, self.compress = _compress_set(compress)
         self.raw = encoder is False
         """``encoder=False``: no member is encoded or compressed, whatever its extension."""
+        self._plans: dict[str, tuple[str, str, bool | None]] = {}
         if self.raw and (self.compress_all or self.compress):
             raise WriterError(
                 f"compress={compress!r} with encoder=False: encoder=False stores every value as "
                 f"it is, compress= would compress them; drop one of the two (a value already "
                 f"compressed goes in as it is under an extension ending in .zst)"
             )
+
+    def _plan(self, key: str, ext: str) -> tuple[str, str, bool | None]:
+        """How member ``ext`` is stored, checked once per extension: ``(inner, stored, z)``.
+
+        ``inner`` is what the encoder gets, ``stored`` the stored extension, ``z`` whether the
+        writer compresses it (``None``: an ``encoder=False`` ``.zst`` value, stored as it is).
+
+        Raises:
+            WriterError: If the stored extension is not one a writer may store (FORMAT.md §4).
+        """
+        inner, stored = ext, ext
+        z: bool | None = True
+        if self.raw:  # as it is: a .zst value is the frame
+            z = None if ext.endswith(".zst") else False
+        elif ext.endswith(".zst") and len(ext) > 4:
+            inner = ext[:-4]
+        elif self.compress_all or ext.rsplit(".", 1)[-1].lower() in self.compress:
+            stored = ext + ".zst"
+        else:
+            z = False
+        try:
+            check_ext(stored)
+        except ValueError as e:
+            raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from e
+        plan = (inner, stored, z)
+        if len(self._plans) < _MAX_PLANS:
+            self._plans[ext] = plan
+        return plan
 
     def encode(self, sample: dict[str, Any]) -> tuple[str, list[Member]]:
         """Check and encode one sample: ``(key, [(stored ext, bytes, compress?), ...])``.
@@ -87,39 +118,38 @@ class SampleEncoder:
         except ValueError as e:
             raise WriterError(str(e)) from None
         members: list[tuple[str, bytes, bool]] = []
+        plans = self._plans
         for ext, value in sample.items():
-            if not isinstance(ext, str):
-                raise WriterError(
-                    f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str"
-                )
-            if ext.startswith("__"):
-                continue
-            inner, stored, z = ext, ext, True
-            if self.raw:  # as it is: a .zst value is the frame
-                z = False
-            elif ext.endswith(".zst") and len(ext) > 4:
-                inner = ext[:-4]
-            elif self.compress_all or ext.rsplit(".", 1)[-1].lower() in self.compress:
-                stored = ext + ".zst"
-            else:
-                z = False
+            plan = plans.get(ext)
+            if plan is None:
+                if not isinstance(ext, str):
+                    raise WriterError(
+                        f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str"
+                    )
+                if ext.startswith("__"):
+                    continue
+                plan = self._plan(key, ext)
+            inner, stored, z = plan
             try:
-                check_ext(stored)
                 data = self.encoder(inner, value)
             except _ENCODE_ERRORS as e:
                 raise WriterError(f"sample {key!r}: {type(e).__name__}: {e}") from e
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                raise WriterError(
-                    f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, not bytes"
-                )
-            if self.raw and stored.endswith(".zst"):
-                _refuse_dict_frame(key, stored, bytes(data))
-            if any(stored == m[0] for m in members):
-                raise WriterError(
-                    f"sample {key!r}: extension {stored!r} twice (from {ext!r} and compress=); "
-                    f"give one of them another extension"
-                )
-            members.append((stored, bytes(data), z))
+            if type(data) is not bytes:
+                if not isinstance(data, (bytearray, memoryview)):
+                    raise WriterError(
+                        f"sample {key!r}: encoder returned a {type(data).__name__} for {ext!r}, "
+                        f"not bytes"
+                    )
+                data = bytes(data)
+            if self.raw and z is None:  # a .zst value stored as it is
+                _refuse_dict_frame(key, stored, data)
+            for m in members:
+                if m[0] == stored:
+                    raise WriterError(
+                        f"sample {key!r}: extension {stored!r} twice (from {ext!r} and "
+                        f"compress=); give one of them another extension"
+                    )
+            members.append((stored, data, bool(z)))
         if not members:
             raise WriterError(f"sample {key!r} has no members (only '__' entries)")
         return key, members

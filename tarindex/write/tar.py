@@ -22,7 +22,6 @@ from ..format.index import encode_index, fingerprint
 from ..format.manifest import ManifestRow
 from ..format.spec import (
     BLOCK,
-    FINGERPRINT_BYTES,
     MAX_ZSTD_DICT_BYTES,
     SHARD_ID_BYTES,
     USTAR_MAX_SIZE,
@@ -41,6 +40,8 @@ __all__ = [
     "finished_size",
     "padded_to",
 ]
+
+_ZEROS = bytes(BLOCK)  # a member's zero padding is a slice of it
 
 RECORD = 20 * BLOCK
 """GNU tar and Python tarfile pad archives to 10240-byte records; so does this writer."""
@@ -107,8 +108,6 @@ class TarShardWriter:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self.pos = 0
         self.count = 0
-        self._head = bytearray()
-        self._tail = b""
         self._names: list[bytes] = []
         self._offsets: list[int] = []
         self._sizes: list[int] = []
@@ -120,19 +119,18 @@ class TarShardWriter:
         """After :meth:`close`: the shard's manifest row (FORMAT.md §9), from what was written."""
         # opened last: nothing in this constructor runs after the temp file exists, so a signal
         # (Ctrl-C, a write_shards worker's Stop) cannot leave a temp file no writer object knows
-        self._f = open(self.tmp, "wb")
+        self._f = open(self.tmp, "w+b")  # read too: the fingerprint is read back at close
+
+    def _failed(self, e: OSError) -> OSError:
+        """``e`` (ENOSPC, EFBIG, EIO, ...) naming the shard and the byte (the caller aborts it)."""
+        return OSError(e.errno, f"{self.path}: byte {self.pos}: writing the shard failed: {e.strerror}")
 
     def _write(self, data: bytes) -> None:
         try:
             self._f.write(data)
-        except OSError as e:  # ENOSPC, EFBIG, EIO: name the shard (the caller aborts it)
-            raise OSError(
-                e.errno, f"{self.path}: byte {self.pos}: writing the shard failed: {e.strerror}"
-            ) from e
+        except OSError as e:
+            raise self._failed(e) from e
         self.pos += len(data)
-        if len(self._head) < FINGERPRINT_BYTES:
-            self._head += data[: FINGERPRINT_BYTES - len(self._head)]
-        self._tail = (self._tail + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
 
     def prepare(
         self, key: str, members: list[tuple[str, bytes]]
@@ -157,12 +155,13 @@ class TarShardWriter:
             raise WriterError(
                 f"{self.path}: sample {key!r}: name not encodable as UTF-8 ({e})"
             ) from None
-        out = [
-            (name, build_member_header(name, len(data), self.mtime), data) for name, data in named
-        ]
-        n = sum(len(h) + padded(len(d)) for _, h, d in out)
-        if self.pos == 0:
-            n += 2 * BLOCK  # the shard-id header
+        out = []
+        n = 2 * BLOCK if self.pos == 0 else 0  # the shard-id header
+        mtime = self.mtime
+        for name, data in named:
+            header = build_member_header(name, len(data), mtime)
+            out.append((name, header, data))
+            n += len(header) + padded(len(data))
         return out, n
 
     def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
@@ -209,17 +208,24 @@ class TarShardWriter:
         """Append one sample built by :meth:`prepare` (for the same ``key``)."""
         self._start()
         self._keys.add(key)
-        for name, header, data in prepared:
-            size = len(data)
-            self._write(header)
-            self._names.append(name)
-            self._offsets.append(self.pos)
-            self._sizes.append(size)
-            self._crcs.append(zlib.crc32(data))
-            self._write(data)
-            pad = padded(size) - size
-            if pad:
-                self._write(bytes(pad))
+        write, pos = self._f.write, self.pos
+        try:
+            for name, header, data in prepared:
+                size = len(data)
+                write(header)
+                pos += len(header)
+                self._names.append(name)
+                self._offsets.append(pos)
+                self._sizes.append(size)
+                self._crcs.append(zlib.crc32(data))
+                write(data)
+                pad = -size % BLOCK
+                if pad:
+                    write(_ZEROS[:pad])
+                pos += size + pad
+                self.pos = pos
+        except OSError as e:
+            raise self._failed(e) from e
         self.count += 1
 
     def close(self) -> None:
@@ -235,18 +241,14 @@ class TarShardWriter:
             end = self.pos
             stop = end + 2 * BLOCK
             self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, RECORD) - stop))
+            self._f.flush()
             if self.durable:
-                self._f.flush()
                 os.fsync(self._f.fileno())
-            self._f.close()
             size = self.pos
-            # the first and last 4 KiB were kept while writing: no second read of the tar
-            head, tail = fingerprint(
-                lambda off, n: (
-                    bytes(self._head[:n]) if off == 0 else self._tail[len(self._tail) - n :]
-                ),
-                size,
-            )
+            # the first and last 4 KiB, read back from the page cache (not tracked per write)
+            fd = self._f.fileno()
+            head, tail = fingerprint(lambda off, n: os.pread(fd, n, off), size)
+            self._f.close()
             res = group_members(
                 self._names,
                 self._offsets,
