@@ -173,11 +173,14 @@ class FieldsError(TarIndexError, TypeError, ValueError):
     """
 
 
-class MissingFieldError(TarIndexError, KeyError):
+class MissingFieldError(TarIndexError, KeyError, ValueError):
     """A sample has none of the alternatives of a field that a selection asks for.
 
-    Raised by :class:`tarindex.codecs.select.ToTuple` (the datasets' ``select=``); the message names the
-    shard, the sample key, the field and the extensions the sample has.
+    Raised by :class:`tarindex.codecs.select.ToTuple` (the datasets' ``select=``) and the
+    renames of :mod:`tarindex.codecs.select`; the message names the shard, the sample key,
+    the field and the extensions the sample has. A ``ValueError`` as webdataset's
+    ``to_tuple``/``rename`` raise (so ``except ValueError`` keeps working), and a
+    ``KeyError`` as it was before.
     """
 
     def __str__(self) -> str:

@@ -45,6 +45,9 @@ class SampleEncoder:
             ``str`` as UTF-8), an ``EXT.zst`` or ``EXT.gz`` value too (it is the frame, not
             the payload: it is not compressed again).
         compress: ``True``, ``False`` or the extensions to store as ``EXT.zst``.
+        keep_meta: Write entries whose name starts with one ``_`` (``"_meta"``) as members;
+            ``False`` skips them as webdataset's writer does (``keep_meta=False``). Entries
+            starting with ``__`` are never written. Defaults to ``False``.
 
     Raises:
         WriterError: If ``compress`` is not ``True``, ``False`` or extensions without dots,
@@ -55,7 +58,9 @@ class SampleEncoder:
         self,
         encoder: Callable[[str, Any], bytes] | bool,
         compress: bool | str | Collection[str],
+        keep_meta: bool = False,
     ) -> None:
+        self.keep_meta = bool(keep_meta)
         self.encoder: Callable[[str, Any], bytes] = (
             encode_value if encoder is True else _bytes_only if encoder is False else encoder
         )
@@ -101,6 +106,9 @@ class SampleEncoder:
     def encode(self, sample: dict[str, Any]) -> tuple[str, list[Member]]:
         """Check and encode one sample: ``(key, [(stored ext, bytes, compress?), ...])``.
 
+        The members come sorted by stored extension, as webdataset's writer sorts them, so
+        the same sample gives the same bytes whatever its dict order.
+
         Raises:
             WriterError: Not a dict, no valid ``__key__`` (FORMAT.md §4), a bad extension,
                 a value that cannot be encoded (its exception chained), an encoder that
@@ -126,7 +134,7 @@ class SampleEncoder:
                     raise WriterError(
                         f"sample {key!r}: extension {ext!r} is a {type(ext).__name__}, not a str"
                     )
-                if ext.startswith("__"):
+                if ext.startswith("_") and (ext.startswith("__") or not self.keep_meta):
                     continue
                 plan = self._plan(key, ext)
             inner, stored, z = plan
@@ -151,7 +159,11 @@ class SampleEncoder:
                     )
             members.append((stored, data, bool(z)))
         if not members:
-            raise WriterError(f"sample {key!r} has no members (only '__' entries)")
+            raise WriterError(
+                f"sample {key!r} has no members (only '__' entries, or '_' entries without "
+                f"keep_meta=True)"
+            )
+        members.sort()  # by stored extension (unique: the bytes are never compared)
         return key, members
 
 

@@ -232,12 +232,27 @@ class ShardWriter:
             members are still compressed. Defaults to ``False``.
         zstd_dict_samples: Samples a shard's dictionary is trained on, its first ones
             (``>= 1``). Defaults to ``1000``.
+        post: Called as ``post(path)`` after each shard is complete (the tar renamed into
+            place and its index written), in shard order, as webdataset's ``post=`` (the usual
+            place to upload a shard). An exception it raises propagates from the
+            :meth:`write` or :meth:`close` that finished the shard; the shard stays complete.
+            Defaults to ``None``.
+        keep_meta: Write sample entries whose name starts with one ``_`` (``"_meta"``) as
+            members; by default they are skipped, as webdataset's writer does. Entries
+            starting with ``__`` are never written. Defaults to ``False``.
+
+    Members are written sorted by extension (as webdataset's writer), so the same samples
+    give the same bytes whatever the order of their dicts. A pattern ending in ``.tar.gz`` or
+    ``.tgz`` writes gzip-compressed tars without sidecar indexes (``maxsize`` counts the tar
+    before compression; see :class:`tarindex.write.tar.TarShardWriter`). A ``pipe:`` pattern
+    is refused: a writer never starts another program.
 
     Raises:
         WriterError: If ``maxcount`` or ``maxsize`` is not a finite number ``>= 1``, ``mtime``
             does not fit a ustar header, ``pattern`` fails :func:`check_pattern` (a ``%``
-            that is not exactly one integer field, the same path for two shards), or a
-            compression option is invalid (or given with ``encoder=False``).
+            that is not exactly one integer field, the same path for two shards) or starts
+            with ``pipe:``, ``post`` is not callable, or a compression option is invalid (or
+            given with ``encoder=False``).
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=10_000) as sink:  # doctest: +SKIP
@@ -261,9 +276,20 @@ class ShardWriter:
         zstd_level: int = 3,
         zstd_dict: bool | int = False,
         zstd_dict_samples: int = 1000,
+        post: Callable[[str], Any] | None = None,
+        keep_meta: bool = False,
     ) -> None:
         self._lock: PatternLock | None = None
         self.pattern = os.fspath(pattern)
+        if self.pattern.startswith("pipe:"):
+            raise WriterError(
+                f"{self.pattern!r}: a writer never starts another program (webdataset's "
+                f"'pipe:' names a shell command); write to a path, and upload each finished "
+                f"shard with post=f (ShardWriter(..., post=upload) calls upload(path))"
+            )
+        if post is not None and not callable(post):
+            raise WriterError(f"post={post!r}: expected a callable post(path) or None")
+        self.post = post
         try:
             if not (maxcount >= 1 and 1 <= maxsize < float("inf")):  # False for NaN too
                 raise ValueError
@@ -279,7 +305,7 @@ class ShardWriter:
         self._has_field = False if self._single_file else check_pattern(self.pattern, start_shard)
         self.durable = durable
         self.seed = seed
-        self._members = SampleEncoder(encoder, compress)
+        self._members = SampleEncoder(encoder, compress, keep_meta)
         self.zstd_level = int_option("zstd_level", zstd_level, -(1 << 17), 22)
         if zstd_dict is True:
             zstd_dict = ZSTD_DICT_BYTES
@@ -439,6 +465,8 @@ class ShardWriter:
             self._cur = None
             self._cctx = self._zdict = None
             self.shard += 1
+            if self.post is not None:
+                self.post(self.paths[-1])
 
     def close(self) -> None:
         """Write the held samples, finish the current shard (end blocks, rename, index), unlock.

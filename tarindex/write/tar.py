@@ -9,9 +9,11 @@ members and rolls from one shard to the next.
 
 from __future__ import annotations
 
+import gzip
 import os
 import time
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +32,10 @@ from ..format.spec import (
 )
 from ..format.tar import ZERO_BLOCK, build_global_header, build_member_header, padded
 from ..format.zstd_dict import DictEntry, entry_for
-from ..storage.indexfile import index_path_for, temp_path_for, write_atomic
+from ..storage.indexfile import fsync_dir, index_path_for, temp_path_for, write_atomic
 
 __all__ = [
+    "GZIP_SUFFIXES",
     "RECORD",
     "SHARD_ID_COMMENT",
     "TarShardWriter",
@@ -45,6 +48,11 @@ _ZEROS = bytes(BLOCK)  # a member's zero padding is a slice of it
 
 RECORD = 20 * BLOCK
 """GNU tar and Python tarfile pad archives to 10240-byte records; so does this writer."""
+
+
+GZIP_SUFFIXES = (".tar.gz", ".tgz")
+"""Shard names written gzip-compressed (the whole tar, one gzip stream), as webdataset's
+``TarWriter`` does for a name ending in ``gz``."""
 
 
 def check_mtime(mtime: int | None) -> int:
@@ -85,6 +93,11 @@ class TarShardWriter:
             skips that for scratch data. Defaults to ``True``.
         shard_id: The 16-byte id to embed. Defaults to ``None`` (random).
 
+    A ``path`` ending in ``.tar.gz`` or ``.tgz`` (:data:`GZIP_SUFFIXES`) is written as one
+    gzip stream of the same tar (gzip header mtime 0, so the same samples give the same
+    bytes), without a sidecar index: the index format of compressed tars belongs to the
+    readers that build one (``tarindex index``); :attr:`row` stays ``None``.
+
     Raises:
         WriterError: If ``mtime`` does not fit the 12-byte ustar mtime field, or
             ``shard_id`` is not 16 bytes.
@@ -106,6 +119,8 @@ class TarShardWriter:
         if len(self.shard_id) != SHARD_ID_BYTES:
             raise WriterError(f"shard_id must be {SHARD_ID_BYTES} bytes, got {len(self.shard_id)}")
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.gzip = self.path.endswith(GZIP_SUFFIXES)
+        """Whether the tar is written gzip-compressed (a ``.tar.gz``/``.tgz`` path)."""
         self.pos = 0
         self.count = 0
         self._names: list[bytes] = []
@@ -119,7 +134,12 @@ class TarShardWriter:
         """After :meth:`close`: the shard's manifest row (FORMAT.md §9), from what was written."""
         # opened last: nothing in this constructor runs after the temp file exists, so a signal
         # (Ctrl-C, a write_shards worker's Stop) cannot leave a temp file no writer object knows
-        self._f = open(self.tmp, "w+b")  # read too: the fingerprint is read back at close
+        self._raw = open(self.tmp, "w+b")  # read too: the fingerprint is read back at close
+        self._f: Any = (
+            gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
+            if self.gzip
+            else self._raw
+        )
 
     def _failed(self, e: OSError) -> OSError:
         """``e`` (ENOSPC, EFBIG, EIO, ...) naming the shard and the byte (the caller aborts it)."""
@@ -241,14 +261,26 @@ class TarShardWriter:
             end = self.pos
             stop = end + 2 * BLOCK
             self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, RECORD) - stop))
-            self._f.flush()
+            if self.gzip:
+                self._f.close()  # the gzip trailer; the file itself stays open
+            self._raw.flush()
             if self.durable:
-                os.fsync(self._f.fileno())
+                os.fsync(self._raw.fileno())
+            if self.gzip:  # an index of an earlier tar of this name never stays beside it
+                self._raw.close()
+                try:
+                    os.unlink(index_path_for(self.path))
+                except FileNotFoundError:
+                    pass
+                os.replace(self.tmp, self.path)
+                if self.durable:
+                    fsync_dir(self.path)
+                return
             size = self.pos
             # the first and last 4 KiB, read back from the page cache (not tracked per write)
-            fd = self._f.fileno()
+            fd = self._raw.fileno()
             head, tail = fingerprint(lambda off, n: os.pread(fd, n, off), size)
-            self._f.close()
+            self._raw.close()
             res = group_members(
                 self._names,
                 self._offsets,
@@ -283,7 +315,10 @@ class TarShardWriter:
     def abort(self) -> None:
         """Discard the shard being written (delete the temp file)."""
         try:
-            self._f.close()
+            try:
+                self._f.close()
+            finally:
+                self._raw.close()
         finally:
             try:
                 os.unlink(self.tmp)

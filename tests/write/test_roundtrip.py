@@ -78,7 +78,7 @@ def _all_names(samples: list[dict[str, object]]) -> dict[str, bytes]:
     return {
         f"{s['__key__']}.{k}": tarindex.codecs.encode_value(k, v)
         for s in samples
-        for k, v in s.items()
+        for k, v in sorted(s.items())  # the writer sorts a sample's members, as webdataset's
         if k != "__key__"
     }
 
