@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import DecodeError
 from ..format.spec import ZSTD_FRAME_MAGIC, ZSTD_SKIPPABLE_MAGIC, ZSTD_SKIPPABLE_MASK
-from .exts import COMPRESSION_SUFFIXES, GZ_SUFFIX, ZST_SUFFIX
+from .exts import COMPRESSION_SUFFIXES, GZ_SUFFIX, RENAMED_SUFFIXES, ZST_SUFFIX
 
 __all__ = [
     "COMPRESSORS",
@@ -46,6 +46,7 @@ __all__ = [
     "decompress_layers",
     "gunzip",
     "gzip_compress",
+    "decoded_name",
     "strip_compression",
     "unzstd",
     "zstd_compress",
@@ -473,6 +474,22 @@ def strip_compression(ext: str) -> str:
     """``ext`` without its compression suffixes: ``"meta.json.gz"`` -> ``"meta.json"``."""
     for sfx in compression_layers(ext):
         ext = ext[: -len(sfx)]
+    return ext
+
+
+def decoded_name(ext: str) -> str:
+    """The name a decoded sample serves member ``ext`` under: its ``.zst`` layers taken off.
+
+    ``"json.zst"`` -> ``"json"`` (FORMAT.md §7: tarindex's compressed members read the same
+    as plain ones); ``"txt.gz"`` stays ``"txt.gz"`` (decompressed, under the name webdataset
+    gives it); ``"npy.gz.zst"`` -> ``"npy.gz"``. See :data:`tarindex.codecs.exts.RENAMED_SUFFIXES`.
+    """
+    done = False
+    while not done:
+        done = True
+        for sfx in RENAMED_SUFFIXES:
+            if ext.endswith(sfx) and len(ext) > len(sfx):
+                ext, done = ext[: -len(sfx)], False
     return ext
 
 

@@ -52,7 +52,7 @@ import io
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,7 @@ from ..errors import DecodeError
 from .compress import (
     Budget,
     Refused,
-    compression_layers,
+    decoded_name,
     decompress_layers,
     strip_compression,
     zstd_decode_error,
@@ -76,6 +76,8 @@ from .exts import (
     NPY_EXTS,
     NPZ_EXTS,
     PICKLE_EXTS,
+    RENAMED_SUFFIXES,
+    TENBIN_EXTS,
     TEXT_EXTS,
     TORCH_EXTS,
     last_ext,
@@ -163,9 +165,47 @@ def _npz(data: bytes, allow_pickle: bool, budget: Budget) -> dict[str, Any]:
     return out
 
 
+def _numpy_globals() -> list[Any]:
+    """What ``torch.load(weights_only=True)`` needs for numpy arrays and scalars.
+
+    The array reconstructor, ``ndarray``, ``dtype``, the scalar constructor and every numeric
+    dtype class: never ``object`` arrays (their items would be pickles). torch's own advice
+    for numpy in checkpoints (``torch.serialization.safe_globals``).
+    """
+    try:
+        from numpy._core import multiarray  # numpy 2
+    except ImportError:  # numpy 1
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    out: list[Any] = [np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar]
+    dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25
+    if dtypes is not None:
+        out += [
+            getattr(dtypes, n)
+            for n in dir(dtypes)
+            if n.endswith("DType") and n != "ObjectDType"
+        ]
+    else:
+        out += list({type(np.dtype(c)) for c in "?bhilqBHILQefdgFDGSUVMm"})
+    return out
+
+
 def _torch_load(data: bytes, allow_pickle: bool) -> Any:
     torch = import_optional("torch", "a .pth member")
-    return torch.load(io.BytesIO(data), weights_only=not allow_pickle, map_location="cpu")
+    if allow_pickle:
+        return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    safe = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+    if safe is None:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    with safe(_numpy_globals()):
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _refuse_pickle(last: str) -> None:
+    raise Refused(
+        f"a .{last} member is a pickle, and unpickling runs code from the file; pass "
+        f"allow_pickle=True if you trust this shard, or leave the member out "
+        f"(fields=, select=, or decode only= others)"
+    )
 
 
 def _builtin(last: str, data: bytes, allow_pickle: bool, budget: Budget) -> Any:
@@ -182,17 +222,25 @@ def _builtin(last: str, data: bytes, allow_pickle: bool, budget: Budget) -> Any:
         return _npz(data, allow_pickle, budget)
     if last in PICKLE_EXTS:
         if not allow_pickle:
-            return data
+            _refuse_pickle(last)
         import pickle
 
         return pickle.loads(data)
     if last in TORCH_EXTS:
         return _torch_load(data, allow_pickle)
+    if last in TENBIN_EXTS:
+        from .tenbin import tenbin_decode
+
+        return tenbin_decode(data)
     if last in MSGPACK_EXTS:
         return import_optional("msgpack", f"a .{last} member").unpackb(data)
     if last in CBOR_EXTS:
         return import_optional("cbor2", f"a .{last} member").loads(data)
-    return data
+    return _NO_DECODER
+
+
+_NO_DECODER: Any = object()
+"""What :func:`_builtin` returns for an extension it has no decoder for (the bytes stay)."""
 
 
 def _kind(ext: str) -> str:
@@ -209,6 +257,8 @@ def _kind(ext: str) -> str:
         return f"a .{last} file"
     if last in TORCH_EXTS:
         return "a torch.save file"
+    if last in TENBIN_EXTS:
+        return "tenbin"
     if last in MSGPACK_EXTS:
         return "msgpack"
     if last in CBOR_EXTS:
@@ -234,10 +284,12 @@ def _run(
     max_pixels: int,
     budget: Budget,
     at: tuple[int, int] = (0, 0),
+    must: bool = False,
 ) -> Any:
     """Decode one member: decompress (``.zst``, ``.gz``), the steps in order, the built-ins.
 
-    ``at`` is ``(epoch, index)`` of the sample, for :class:`ImageDecode` steps.
+    ``at`` is ``(epoch, index)`` of the sample, for :class:`ImageDecode` steps. ``must``:
+    an extension nothing decodes is an error (webdataset's ``must_decode``), else its bytes.
     """
     ext, data = decompress_layers(ext, data, budget)
     last = last_ext(ext)
@@ -260,7 +312,15 @@ def _run(
             raise _HandlerFailed(step, e) from e
         if out is not None:
             return out
-    return _builtin(last, data, allow_pickle, budget)
+    out = _builtin(last, data, allow_pickle, budget)
+    if out is _NO_DECODER:
+        if must:
+            raise Refused(
+                f"no decoder for extension {last!r} (must_decode=True): add a handler or "
+                f"an xdecode pattern for it, or pass must_decode=False to keep its bytes"
+            )
+        return data
+    return out
 
 
 def _decode_member(
@@ -273,10 +333,11 @@ def _decode_member(
     shard: str | None,
     key: str | None,
     at: tuple[int, int] = (0, 0),
+    must: bool = False,
 ) -> Any:
     """:func:`_run`, every failure but MemoryError raised as a DecodeError naming the member."""
     try:
-        return _run(ext, data, steps, allow_pickle, max_pixels, budget, at)
+        return _run(ext, data, steps, allow_pickle, max_pixels, budget, at, must)
     except MemoryError:
         raise
     except Exception as e:
@@ -304,11 +365,12 @@ def _decode_member(
 
 
 def _strip_compressed(sample: dict[str, Any], shard: str | None, key: str | None) -> None:
-    """Rename each decoded ``EXT.zst``/``EXT.gz`` entry of ``sample`` to ``EXT``, in place."""
+    """Rename each decoded ``EXT.zst`` entry of ``sample`` to ``EXT``, in place (``EXT.gz``
+    keeps its name, as in webdataset: :func:`tarindex.codecs.compress.decoded_name`)."""
     items = list(sample.items())
     sample.clear()
     for k, v in items:
-        name = k if k.startswith("__") else strip_compression(k)
+        name = k if k.startswith("__") else decoded_name(k)
         if name in sample:
             where = (f"{shard}: " if shard is not None else "") + (
                 f"sample {key!r}, " if key is not None else ""
@@ -463,6 +525,13 @@ class ExtDecoder:
         max_decompressed_bytes: Bytes all ``.zst`` frames, ``.gz`` streams and ``.npz``
             entries of one sample may expand to together, ``>= 0``. Defaults to
             :data:`ZSTD_MAX_OUTPUT` (1 GiB) at construction.
+        only: Decode only the members with these extensions (names as the sample has them,
+            e.g. ``["jpg", "json"]``, or one space-separated string), webdataset's
+            ``decode(..., only=...)``; the others stay bytes (a pickle left out is not an
+            error). Defaults to ``None`` (every member).
+        must_decode: A member that no step and no built-in decodes (it would stay bytes)
+            raises :class:`tarindex.DecodeError`, webdataset's ``xdecode(must_decode=True)``.
+            Defaults to ``False``.
 
     Raises:
         ValueError: An unknown image spec or list item, or a bound below its minimum. Calls
@@ -478,9 +547,19 @@ class ExtDecoder:
         *,
         max_image_pixels: int | None = None,
         max_decompressed_bytes: int | None = None,
+        only: str | Collection[str] | None = None,
+        must_decode: bool = False,
     ) -> None:
         self.steps = decode_steps(decode)
         self.allow_pickle = allow_pickle
+        if isinstance(only, str):
+            only = only.split()
+        if only is not None and not all(isinstance(e, str) and e for e in only):
+            raise ValueError(f"only={only!r}: expected extensions, e.g. ['jpg', 'json']")
+        self.only: frozenset[str] | None = None if only is None else frozenset(only)
+        """The extensions decoded (``None``: all)."""
+        self.must_decode = bool(must_decode)
+        """Whether a member no decoder takes is an error (else its bytes stay)."""
         self.max_image_pixels = _bound(
             "max_image_pixels",
             MAX_IMAGE_PIXELS if max_image_pixels is None else max_image_pixels,
@@ -538,21 +617,24 @@ class ExtDecoder:
         key = None if key is None else str(key)
         steps, pickle_ok, pixels = self.steps, self.allow_pickle, self.max_image_pixels
         at = (self.epoch, int(sample.get("__index__", 0)))
+        only, must = self.only, self.must_decode
         compressed = False
         for k, v in sample.items():
-            if not k.startswith("__"):
+            if not k.startswith("__") and (only is None or k in only):
                 sample[k] = _decode_member(
-                    k, v, steps, pickle_ok, pixels, budget, shard, key, at
+                    k, v, steps, pickle_ok, pixels, budget, shard, key, at, must
                 )
-                compressed = compressed or bool(compression_layers(k))
+                compressed = compressed or k.endswith(RENAMED_SUFFIXES)
         if compressed:
             _strip_compressed(sample, shard, key)
         return sample
 
     def __repr__(self) -> str:
         steps = self.steps[0] if len(self.steps) == 1 else list(self.steps)
+        extra = "" if self.only is None else f", only={sorted(self.only)!r}"
+        extra += ", must_decode=True" if self.must_decode else ""
         return (
             f"ExtDecoder({steps!r}, allow_pickle={self.allow_pickle}, "
             f"max_image_pixels={self.max_image_pixels}, "
-            f"max_decompressed_bytes={self.max_decompressed_bytes})"
+            f"max_decompressed_bytes={self.max_decompressed_bytes}{extra})"
         )

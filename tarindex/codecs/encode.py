@@ -18,6 +18,8 @@ any                                    ``bytes``/``bytearray``/``memoryview``: a
                                        ``json.dumps`` (UTF-8, ``ensure_ascii=False``)
 ``npy``                                a numpy array or scalar: ``np.save`` (no pickle)
 ``npz``                                a ``dict`` of arrays: ``np.savez_compressed``
+``ten`` ``tb``                         a numpy array or a list of them: webdataset's tenbin
+                                       (:mod:`tarindex.codecs.tenbin`)
 image extensions (:data:`IMAGE_FORMATS`)  a PIL image, or a ``uint8`` array ``(H, W)``,
                                        ``(H, W, 1|3|4)`` (float arrays in ``[0, 1]`` are
                                        scaled to ``uint8`` as webdataset does), saved by
@@ -47,11 +49,12 @@ from .compress import COMPRESSORS
 from .exts import (
     IMAGE_FORMATS,
     JSON_EXTS,
-    MSGPACK_EXTS,
+    MSGPACK_WRITE_EXTS,
     NPY_EXTS,
     NPZ_EXTS,
     PICKLE_EXTS,
     SERIALIZER_EXTS,
+    TENBIN_EXTS,
     TORCH_EXTS,
     last_ext,
 )
@@ -232,7 +235,7 @@ def _serialize(ext: str, last: str, value: Any) -> bytes:
         buf = io.BytesIO()
         torch.save(value, buf)
         return buf.getvalue()
-    if last in MSGPACK_EXTS:
+    if last in MSGPACK_WRITE_EXTS:
         out: bytes = _need("msgpack", ext).packb(value, use_bin_type=True)
         return out
     cbor: bytes = _need("cbor2", ext).dumps(value)
@@ -293,6 +296,10 @@ def encode_value(
         raise TypeError(f"extension {ext!r}: bool is ambiguous; pass int(value) or str(value)")
     if isinstance(value, (int, np.integer)):
         return str(int(value)).encode()
+    if last in TENBIN_EXTS and isinstance(value, (np.ndarray, list)):
+        from .tenbin import tenbin_encode
+
+        return tenbin_encode(value)
     if last in NPY_EXTS and isinstance(value, (np.ndarray, np.generic)):
         return _encode_npy(ext, value)
     if last in NPZ_EXTS:

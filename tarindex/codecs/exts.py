@@ -21,10 +21,14 @@ __all__ = [
     "INT_EXTS",
     "JSON_EXTS",
     "MSGPACK_EXTS",
+    "MSGPACK_WRITE_EXTS",
     "NPY_EXTS",
     "NPZ_EXTS",
     "PICKLE_EXTS",
+    "RENAMED_SUFFIXES",
+    "SAFE_IMAGE_FORMATS",
     "SERIALIZER_EXTS",
+    "TENBIN_EXTS",
     "TEXT_EXTS",
     "TORCH_EXTS",
     "ZST_SUFFIX",
@@ -45,15 +49,26 @@ IMAGE_FORMATS: Mapping[str, str] = MappingProxyType(
         "tiff": "TIFF",
         "webp": "WEBP",
         "gif": "GIF",
+        "jfif": "JPEG",
+        "jpe": "JPEG",
+        "tga": "TGA",
+        "ico": "ICO",
     }
 )
-"""Image extension -> the one Pillow format a member with it is written and opened as."""
+"""Image extension -> the Pillow format a member with it is written as, and tried first when
+it is opened (then the other :data:`SAFE_IMAGE_FORMATS`, by content, as webdataset does)."""
+SAFE_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "ICO", "TGA")
+"""The Pillow formats an image member may turn out to be (a ``.jpg`` holding PNG bytes is
+decoded as PNG, as webdataset's ``PIL.Image.open`` does): decoders inside Pillow only. EPS
+and PostScript are never among them (Pillow would start Ghostscript), nor formats whose
+plugins are stubs. TGA last: it has no magic number."""
 IMAGE_EXTS = frozenset(IMAGE_FORMATS)
 """The image extensions (keys of :data:`IMAGE_FORMATS`)."""
-INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id", "idx", "label"})
-"""Decimal integers (``b"3"`` <-> ``3``)."""
-TEXT_EXTS = frozenset({"txt", "text", "transcript", "caption"})
-"""UTF-8 text."""
+INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
+"""Decimal integers (``b"3"`` <-> ``3``): webdataset 1.0's ``basichandlers`` set (``idx``,
+``label`` stay bytes there, so here too)."""
+TEXT_EXTS = frozenset({"txt", "text", "transcript"})
+"""UTF-8 text (webdataset's set: ``caption`` stays bytes)."""
 JSON_EXTS = frozenset({"json", "jsn"})
 """JSON (UTF-8)."""
 NPY_EXTS = frozenset({"npy"})
@@ -64,11 +79,16 @@ PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl"})
 """Pickles: any value on the writer side; read back only with ``allow_pickle=True``."""
 TORCH_EXTS = frozenset({"pth"})
 """``torch.save`` files (torch is imported only to encode or decode one)."""
-MSGPACK_EXTS = frozenset({"mp", "msg", "msgpack"})
-"""msgpack (the ``msgpack`` package)."""
+MSGPACK_EXTS = frozenset({"mp", "msg"})
+"""msgpack (the ``msgpack`` package), decoded: webdataset's decoders know ``mp`` and ``msg``."""
+MSGPACK_WRITE_EXTS = MSGPACK_EXTS | {"msgpack"}
+"""msgpack, encoded: webdataset's writer also encodes ``msgpack`` (which its readers, and
+ours, then leave as bytes unless a handler decodes them)."""
+TENBIN_EXTS = frozenset({"ten", "tb"})
+"""webdataset's tenbin format (:mod:`tarindex.codecs.tenbin`): a list of numpy arrays."""
 CBOR_EXTS = frozenset({"cbor"})
 """CBOR (the ``cbor2`` package)."""
-SERIALIZER_EXTS = PICKLE_EXTS | TORCH_EXTS | MSGPACK_EXTS | CBOR_EXTS
+SERIALIZER_EXTS = PICKLE_EXTS | TORCH_EXTS | MSGPACK_WRITE_EXTS | CBOR_EXTS
 """Extensions whose encoder serializes any value (``str`` and ``int`` too); bytes stay as is."""
 
 ZST_SUFFIX = ".zst"
@@ -76,6 +96,10 @@ ZST_SUFFIX = ".zst"
 GZ_SUFFIX = ".gz"
 """gzip members (RFC 1952), webdataset's ``gzfilter``."""
 COMPRESSION_SUFFIXES = (ZST_SUFFIX, GZ_SUFFIX)
+RENAMED_SUFFIXES = (ZST_SUFFIX,)
+"""Compression suffixes a decoded sample drops from the entry's name: ``json.zst`` is served
+as ``json`` (tarindex's own compressed members, FORMAT.md §7), while ``txt.gz`` keeps its
+name, decompressed, as webdataset serves it (:func:`tarindex.codecs.compress.decoded_name`)."""
 """Extension suffixes that mean compressed bytes of the inner extension: ``.zst``, ``.gz``.
 
 The one table of both sides: readers decompress them (:func:`tarindex.codecs.compression_layers`),

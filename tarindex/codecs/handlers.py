@@ -8,9 +8,10 @@ decoders of :func:`tarindex.codecs.decode_value`; :func:`decode_steps` normalise
 :func:`tarindex.codecs.make_decoder` makes the sample decoder. torch is imported only when a
 ``torch*`` spec is decoded, so ``import tarindex`` works without it.
 
-Images are opened only as the Pillow format their extension names
-(:data:`~tarindex.codecs.exts.IMAGE_FORMATS`), never sniffed, and refused past a pixel bound
-before their pixels are decoded (:func:`open_image`).
+Images are opened as the Pillow format their extension names
+(:data:`~tarindex.codecs.exts.IMAGE_FORMATS`) or, by content as webdataset does, another of
+the :data:`~tarindex.codecs.exts.SAFE_IMAGE_FORMATS` (never EPS: no other program is ever
+started), and refused past a pixel bound before their pixels are decoded (:func:`open_image`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .compress import Refused
-from .exts import IMAGE_FORMATS
+from .exts import IMAGE_FORMATS, SAFE_IMAGE_FORMATS
 from .image import ImageDecode
 
 __all__ = [
@@ -117,22 +118,33 @@ def check_spec(image: str) -> None:
         )
 
 
+_FORMATS_FOR: dict[str, list[str]] = {}  # format -> the Pillow formats tried, it first
+
+
 def open_image(last: str, data: bytes, max_pixels: int) -> Any:
-    """Open ``data`` as the one Pillow format ``last`` names, refuse it past ``max_pixels``, load.
+    """Open an image member, refuse it past ``max_pixels``, load it.
+
+    Tried as the Pillow format ``last`` names first, then by content as the other
+    :data:`~tarindex.codecs.exts.SAFE_IMAGE_FORMATS` (a ``.jpg`` holding PNG bytes opens as
+    PNG, as in webdataset); never as EPS or any format that starts another program.
 
     Raises:
-        Refused: Not that format, or more than ``max_pixels`` pixels (``width * height``,
-            from the header, before the pixels are decoded), or over Pillow's own bound.
+        Refused: None of those formats, or more than ``max_pixels`` pixels (``width *
+            height``, from the header, before the pixels are decoded), or over Pillow's own
+            bound.
     """
     from PIL import Image, UnidentifiedImageError
 
     fmt = IMAGE_FORMATS[last]
+    formats = _FORMATS_FOR.get(fmt)
+    if formats is None:
+        formats = _FORMATS_FOR[fmt] = [fmt, *(f for f in SAFE_IMAGE_FORMATS if f != fmt)]
     try:
-        img = Image.open(io.BytesIO(data), formats=[fmt])
+        img = Image.open(io.BytesIO(data), formats=formats)
     except UnidentifiedImageError as e:
         raise Refused(
-            f"not a {fmt} image (starts {bytes(data[:12])!r}); a member is opened only as the "
-            f"format its extension names, never by content"
+            f"not an image in any of {', '.join(formats)} (starts {bytes(data[:12])!r}); "
+            f"other formats (EPS, ...) are never opened"
         ) from e
     except Image.DecompressionBombError as e:
         raise Refused(

@@ -181,7 +181,7 @@ def test_cbor_and_msgpack_and_a_clear_error_when_missing(tmp_path: Path) -> None
     cbor2 = pytest.importorskip("cbor2")
     msgpack = pytest.importorskip("msgpack")
     assert decode_value("cbor", cbor2.dumps({"c": [1, 2.5]})) == {"c": [1, 2.5]}
-    assert decode_value("msgpack", msgpack.packb([1, "x"])) == [1, "x"]
+    assert decode_value("mp", msgpack.packb([1, "x"])) == [1, "x"]
     code = (
         "import sys; sys.modules['cbor2'] = None; sys.modules['torch'] = None\n"
         "import tarindex\n"

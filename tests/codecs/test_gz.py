@@ -117,13 +117,14 @@ def test_webdataset_shard_decodes_as_webdataset_decodes_it(wds_shard: str) -> No
         assert len(ours) == 6
         for mine, wd in zip(ours, theirs, strict=True):
             assert mine["__key__"] == wd["__key__"]
-            # webdataset keeps the stored name for the decoded value; tarindex drops ".gz"
+            # the decoded value keeps the stored name, as in webdataset (issue 22 item 3)
             names = sorted(k for k in mine if not k.startswith("__"))
-            assert names == ["cls", "json", "npy", "txt"]
+            assert names == ["cls", "json.gz", "npy.gz", "txt.gz"]
+            assert names == sorted(k for k in wd if not k.startswith("__"))
             for ext in ("json", "txt", "npy"):
-                _same(mine[ext], wd[ext + ".gz"])
+                _same(mine[ext + ".gz"], wd[ext + ".gz"])
             _same(mine["cls"], wd["cls"])
-    assert _ours(wds_shard, decode=True)[0][3]["json"] == {"i": 3, "caption": "a cat é " * 3}
+    assert _ours(wds_shard, decode=True)[0][3]["json.gz"] == {"i": 3, "caption": "a cat é " * 3}
 
 
 def test_handlers_see_the_inner_key_and_gunzipped_bytes_as_in_webdataset(wds_shard: str) -> None:
@@ -143,7 +144,7 @@ def test_handlers_see_the_inner_key_and_gunzipped_bytes_as_in_webdataset(wds_sha
         list(wds.WebDataset(wds_shard, shardshuffle=False).decode(theirs))
     assert sorted(mine.calls) == sorted(theirs.calls)
     assert (".json", json.dumps({"i": 1, "caption": "a cat é "}).encode()) in mine.calls
-    assert got[1]["txt"] == "caption 1 é"  # None from the handler: the built-ins decode it
+    assert got[1]["txt.gz"] == "caption 1 é"  # None from the handler: the built-ins decode it
 
 
 def test_tarfile_shard_multi_member_and_padding(tmp_path: Path) -> None:
@@ -162,11 +163,11 @@ def test_tarfile_shard_multi_member_and_padding(tmp_path: Path) -> None:
     theirs = _wds(path)
     for ours in _ours(path, decode=True):
         for mine, wd in zip(ours, theirs, strict=True):
-            for ext in ("json", "txt", "npy"):
-                _same(mine[ext], wd[ext + ".gz"])
-        assert ours[0]["txt"] == "première ligne\nsecond\n" and ours[1]["txt"] == ""
-        assert ours[0]["json"] == {"x": [1, 2]} and ours[1]["json"] == []
-        np.testing.assert_array_equal(ours[1]["npy"], ARR[0])
+            for ext in ("json.gz", "txt.gz", "npy.gz"):
+                _same(mine[ext], wd[ext])
+        assert ours[0]["txt.gz"] == "première ligne\nsecond\n" and ours[1]["txt.gz"] == ""
+        assert ours[0]["json.gz"] == {"x": [1, 2]} and ours[1]["json.gz"] == []
+        np.testing.assert_array_equal(ours[1]["npy.gz"], ARR[0])
     assert decode_value("bin.gz", two) == gzip.decompress(two)
 
 
@@ -242,7 +243,7 @@ def test_gzip_bomb_is_refused_without_its_output(tmp_path: Path) -> None:
     got = ExtDecoder(max_decompressed_bytes=6 * MiB)(
         {"__key__": "k", "a.bin.gz": ok, "b.bin.gz": ok}
     )
-    assert got == {"__key__": "k", "a.bin": bytes(3 * MiB), "b.bin": bytes(3 * MiB)}
+    assert got == {"__key__": "k", "a.bin.gz": bytes(3 * MiB), "b.bin.gz": bytes(3 * MiB)}
     assert decode_value("bin.gz", ok, max_decompressed_bytes=3 * MiB) == bytes(3 * MiB)
     with pytest.raises(DecodeError, match=f"budget of {3 * MiB - 1} bytes"):
         decode_value("bin.gz", ok, max_decompressed_bytes=3 * MiB - 1)
@@ -292,7 +293,7 @@ def test_corrupt_gzip_member_names_the_member(tmp_path: Path, case: str) -> None
         warnings.simplefilter("ignore")
         with pytest.raises(wds.autodecode.DecodingError):
             list(wds.WebDataset(path, shardshuffle=False).decode())
-    assert tarindex.TarDataset(path, decode=True)[0]["json"]["n"] == list(range(50))
+    assert tarindex.TarDataset(path, decode=True)[0]["json.gz"]["n"] == list(range(50))
 
 
 def test_entry_names_nesting_and_collisions() -> None:
@@ -307,8 +308,12 @@ def test_entry_names_nesting_and_collisions() -> None:
     np.testing.assert_array_equal(decode_value("npy.gz.gz", gzip.compress(inner)), ARR)
     # a member whose whole extension is "gz" is not a compressed member: it stays bytes
     assert decode_value("gz", inner) == inner
+    # json and json.gz side by side: two entries, as in webdataset (issue 22 item 3)
     sample = {"__key__": "k", "json": b"1", "json.gz": gzip.compress(b"2")}
-    with pytest.raises(DecodeError, match="extensions 'json' and 'json.gz' both decode to 'json'"):
+    assert ExtDecoder()(sample) == {"__key__": "k", "json": 1, "json.gz": 2}
+    # json and json.zst (tarindex's own compressed members, served as json) still collide
+    sample = {"__key__": "k", "json": b"1", "json.zst": zstandard.ZstdCompressor().compress(b"2")}
+    with pytest.raises(DecodeError, match="extensions 'json' and 'json.zst' both decode to 'json'"):
         ExtDecoder()(sample)
 
 
@@ -327,7 +332,7 @@ def test_writer_gzips_dot_gz_deterministically(tmp_path: Path) -> None:
     assert gzip.decompress(raw["json.gz"]) == b'{"i": 2}' and raw["json.gz"][4:8] == bytes(4)
     theirs = _wds(path)
     for ours in _ours(path, decode=True):
-        assert [(s["json"], s["txt"]) for s in ours] == [
+        assert [(s["json.gz"], s["txt.gz"]) for s in ours] == [
             (t["json.gz"], t["txt.gz"]) for t in theirs
         ]
     assert encode.encode_value("txt.gz", "hi") == gzip.compress(b"hi", 6, mtime=0)
