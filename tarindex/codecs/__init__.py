@@ -15,7 +15,10 @@ Modules, lowest first (each imports only those above it; decode and encode never
   :class:`ExtDecoder`, :func:`make_decoder`; its bounds ``MAX_IMAGE_PIXELS`` and
   ``ZSTD_MAX_OUTPUT`` are module constants there (set ``tarindex.codecs.decode.X``).
 - :mod:`~tarindex.codecs.encode`: :func:`encode_value`, the writer's side.
-- :mod:`~tarindex.codecs.select`: webdataset's ``to_tuple`` (:class:`ToTuple`).
+- :mod:`~tarindex.codecs.select`: webdataset's ``to_tuple``/``extract_keys`` (:class:`ToTuple`),
+  ``rename`` (:class:`Rename`), ``rename_keys`` (:class:`RenameKeys`).
+- :mod:`~tarindex.codecs.xdecode`: webdataset's ``xdecode`` (:class:`XDecode`), decoders by
+  glob that read a file object; :mod:`~tarindex.codecs.tenbin`: the ``.ten`` format.
 
 ``ZstdDecodeError`` (a :class:`tarindex.DecodeError` that is also a ``zstandard.ZstdError``)
 is resolved on first use, so ``import tarindex`` does not import zstandard.
@@ -40,7 +43,18 @@ from .exts import COMPRESSION_SUFFIXES, IMAGE_EXTS, IMAGE_FORMATS, PICKLE_EXTS, 
 from .handlers import IMAGE_MODES, IMAGE_SPECS, DecodeSpec, ExtTable, Handler, is_handler
 from .image import ImageDecode
 from .jpeg import image_backend
-from .select import ToTuple, make_select, select_fields, to_tuple
+from .select import (
+    Rename,
+    RenameKeys,
+    Selection,
+    ToTuple,
+    make_select,
+    rename,
+    rename_keys,
+    select_fields,
+    to_tuple,
+)
+from .xdecode import XDecode, xdecode
 
 __all__ = [
     "COMPRESSION_SUFFIXES",
@@ -59,7 +73,11 @@ __all__ = [
     "Handler",
     "ImageDecode",
     "ImageEncoder",
+    "Rename",
+    "RenameKeys",
+    "Selection",
     "ToTuple",
+    "XDecode",
     "ZstdDecodeError",
     "compression_layers",
     "decode_value",
@@ -70,10 +88,13 @@ __all__ = [
     "is_handler",
     "make_decoder",
     "make_select",
+    "rename",
+    "rename_keys",
     "select_fields",
     "shrink_image",
     "strip_compression",
     "to_tuple",
+    "xdecode",
     "zstd_compress",
     "zstd_compressor",
 ]

@@ -172,11 +172,11 @@ def _numpy_globals() -> list[Any]:
     dtype class: never ``object`` arrays (their items would be pickles). torch's own advice
     for numpy in checkpoints (``torch.serialization.safe_globals``).
     """
-    try:
-        from numpy._core import multiarray  # numpy 2
+    try:  # numpy's public names for them, as torch's docs list them
+        from numpy._core.multiarray import _reconstruct, scalar  # numpy 2
     except ImportError:  # numpy 1
-        from numpy.core import multiarray  # type: ignore[no-redef]
-    out: list[Any] = [np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar]
+        from numpy.core.multiarray import _reconstruct, scalar  # type: ignore[no-redef]
+    out: list[Any] = [np.ndarray, np.dtype, _reconstruct, scalar]
     dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25
     if dtypes is not None:
         out += [
@@ -365,8 +365,10 @@ def _decode_member(
 
 
 def _strip_compressed(sample: dict[str, Any], shard: str | None, key: str | None) -> None:
-    """Rename each decoded ``EXT.zst`` entry of ``sample`` to ``EXT``, in place (``EXT.gz``
-    keeps its name, as in webdataset: :func:`tarindex.codecs.compress.decoded_name`)."""
+    """Rename each decoded ``EXT.zst`` entry of ``sample`` to ``EXT``, in place.
+
+    ``EXT.gz`` keeps its name, as in webdataset (:func:`tarindex.codecs.compress.decoded_name`).
+    """
     items = list(sample.items())
     sample.clear()
     for k, v in items:

@@ -14,6 +14,7 @@ directory names do not count. Leading ``./`` and ``/`` components are removed fi
 from __future__ import annotations
 
 __all__ = [
+    "served_ext",
     "split_key",
     "normalize_name",
     "lookup_key",
@@ -88,6 +89,19 @@ def split_key(name: bytes) -> tuple[bytes, bytes] | None:
     if dot <= slash or dot == len(name) - 1 or name.startswith(b"__", dot + 1):
         return None
     return name[:dot], name[dot + 1 :]
+
+
+def served_ext(ext: str) -> str:
+    """The name a sample serves extension ``ext`` under: lower-cased (FORMAT.md §4, rule 4).
+
+    webdataset's ``group_by_keys(lcase=True)`` lower-cases extensions, so ``a.JPG`` is the
+    ``"jpg"`` of sample ``a`` for ``fields=``, ``select=`` and decoding alike. The index stores
+    extensions as they are in the tar (its tables and their checks are unchanged); readers
+    apply this when they open a shard. Two extensions of one sample that differ only in case
+    (``a.jpg`` and ``a.JPG``) are refused when that sample is read, as webdataset refuses a
+    duplicate file name.
+    """
+    return ext.lower()
 
 
 def check_key(key: str) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import (
+    FormatError,
     IndexMissingError,
     StaleIndexError,
     StaleManifestError,
@@ -78,15 +79,63 @@ Read = Callable[[int, int], bytes]
 
 
 # -- the chunk guard -------------------------------------------------------------------------
-def check_chunk(t: IndexTables, checked: bytearray, c: int, index_path: str) -> None:
+def check_chunk(
+    t: IndexTables,
+    checked: bytearray,
+    c: int,
+    index_path: str,
+    fold: NDArray[np.int64] | None = None,
+    tar_path: str = "<tar>",
+) -> None:
     """Check the tables of chunk ``c`` (samples ``c * CHUNK ...``) and flag it in ``checked``.
 
+    Args:
+        t: The index tables.
+        checked: One flag per chunk.
+        c: The chunk.
+        index_path: The index's path, for messages.
+        fold: ``int64 (len(t.exts),)``: the extension id each extension is served as, when
+            two extensions differ only in case (:func:`tarindex.format.keys.served_ext`);
+            ``None`` (the usual case) when every served name is distinct.
+        tar_path: The tar's path, for messages.
+
     Raises:
-        FormatError: If an entry of the chunk is corrupt (FORMAT.md §2.2-2.5).
+        FormatError: If an entry of the chunk is corrupt (FORMAT.md §2.2-2.5), or a sample
+            holds two extensions that differ only in case.
     """
     j0 = c << CHUNK_SHIFT
-    check_samples(t, j0, min(j0 + CHUNK, t.n_samples), index_path)
+    j1 = min(j0 + CHUNK, t.n_samples)
+    check_samples(t, j0, j1, index_path)
+    if fold is not None:
+        _check_folded(t, j0, j1, fold, tar_path)
     checked[c] = 1
+
+
+def _check_folded(
+    t: IndexTables, j0: int, j1: int, fold: NDArray[np.int64], tar_path: str
+) -> None:
+    """Refuse a sample of ``j0 <= j < j1`` holding two extensions served under one name."""
+    lo, hi = int(t.sample_ptr[j0]), int(t.sample_ptr[j1])
+    if hi - lo < 2:
+        return
+    sp = t.sample_ptr[j0 : j1 + 1].astype(np.int64)
+    local = np.repeat(np.arange(j1 - j0, dtype=np.int64), sp[1:] - sp[:-1])
+    code = local * len(fold) + fold[t.ext_id[lo:hi].astype(np.int64)]
+    order = np.argsort(code, kind="stable")
+    c = code[order]
+    same = np.flatnonzero(c[1:] == c[:-1])
+    if len(same):
+        a, b = int(order[same[0]]), int(order[same[0] + 1])
+        j = j0 + int(local[a])
+        names = [t.exts[int(t.ext_id[lo + m])].decode("utf-8", "surrogateescape") for m in (a, b)]
+        key = bytes(t.key_blob[int(t.key_ptr[j]) : int(t.key_ptr[j + 1])]).decode(
+            "utf-8", "surrogateescape"
+        )
+        raise FormatError(
+            f"{tar_path}: sample {key!r} (index {j}) holds both {key}.{names[0]} and "
+            f"{key}.{names[1]}; extensions are read case-insensitively, as webdataset reads "
+            f"them (FORMAT.md §4), so the sample would lose one: rename one of them"
+        )
 
 
 # -- the cut check ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..codecs import DecodeSpec, ExtDecoder, make_decoder
-from ..codecs.select import ToTuple, select_fields
+from ..codecs.select import Selection, select_fields
 from ..plan.checks import check_int, check_sizes, check_u64
 from ..plan.epoch import WorkerPlan, batch_span, epoch_blocks, plan_worker, rank_share, slot_span
 from ..plan.state import shard_layout
@@ -69,7 +69,7 @@ class StreamDataset(StreamEpochOwner):
         decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
         fields: Collection[str] | None = None,
-        select: ToTuple | str | Sequence[str] | None = None,
+        select: Selection | str | Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..codecs import Decoder, ExtDecoder, compression_layers
-from ..codecs.select import ToTuple
+from ..codecs.select import Selection
 from ..read import Sample
 from ..read.sample_source import SampleSource
 from ..read.subset import shard_of_index
@@ -73,7 +73,7 @@ class Finisher:
         self,
         shards: SampleSource,
         decoder: Decoder | None,
-        select: ToTuple | None,
+        select: Selection | None,
         transform: Callable[[Any], Any] | None,
     ) -> None:
         self.shards = shards

@@ -15,7 +15,7 @@ import torch.utils.data
 from numpy.typing import NDArray
 
 from ..codecs import DecodeSpec, ExtDecoder, make_decoder
-from ..codecs.select import ToTuple, select_fields
+from ..codecs.select import Selection, select_fields
 from ..read import Sample, ShardSet
 from ..read.fields import check_fields, field_set
 from ..read.options import OpenOptions
@@ -122,7 +122,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         decode: DecodeSpec = None,
         transform: Callable[[Sample], Any] | None = None,
         fields: Collection[str] | None = None,
-        select: ToTuple | str | Sequence[str] | None = None,
+        select: Selection | str | Sequence[str] | None = None,
         allow_pickle: bool = False,
         batched: bool = False,
         options: OpenOptions | None = None,

@@ -168,7 +168,7 @@ def test_xss_key_member_and_json_render_as_text(live: Live) -> None:
     assert "&lt;b&gt;bold&lt;/b&gt;" in body
     st, _, raw = live.get("/search?key=" + urllib.parse.quote(XSS))  # one hit: its page
     assert st == 200 and b"#60" in raw
-    st, hd, raw = live.get("/raw/60/0")
+    st, hd, raw = live.get("/raw/60/1")  # members sorted: json, txt
     assert raw == XSS.encode() and hd["Content-Type"] == "application/octet-stream"
     assert hd["Content-Disposition"].startswith('attachment; filename="_script_alert_1__')
     assert "<" not in hd["Content-Disposition"]

@@ -179,6 +179,7 @@ def _npy(a: np.ndarray[Any, Any]) -> bytes:
 
 def test_select_finds_gz_members(wds_shard: str) -> None:
     sel = tarindex.to_tuple("json", "txt;cls", "npy")
+    assert sel.fields is not None
     assert {"json.gz", "json.zst", "txt.gz", "npy.gz"} <= sel.fields
     theirs = _wds(wds_shard)
     for ours in _ours(wds_shard, decode=True, select=sel):
