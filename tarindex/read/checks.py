@@ -57,6 +57,7 @@ __all__ = [
     "CHUNK",
     "CHUNK_SHIFT",
     "check_chunk",
+    "fold_exts",
     "check_mapped",
     "cut_error",
     "check_opened",
@@ -109,6 +110,14 @@ def check_chunk(
     if fold is not None:
         _check_folded(t, j0, j1, fold, tar_path)
     checked[c] = 1
+
+
+def fold_exts(exts: list[str]) -> NDArray[np.int64] | None:
+    """For served extension names with repeats: each id -> the first id of its name, else None."""
+    if len(set(exts)) == len(exts):
+        return None
+    first: dict[str, int] = {}
+    return np.asarray([first.setdefault(e, k) for k, e in enumerate(exts)], np.int64)
 
 
 def _check_folded(

@@ -128,14 +128,8 @@ class ShardReader(ShardOpener):
             self._open_local(use_mmap, full_check, check_crc)
         t = self.index
         self.n_samples = t.n_samples
-        # served lower-cased, as webdataset serves them (the index keeps the tar's names)
         self.exts = [served_ext(e.decode("utf-8", "surrogateescape")) for e in t.exts]
-        self._fold: NDArray[np.int64] | None = None  # ext id -> its served name's first id
-        if len(set(self.exts)) < len(self.exts):
-            first: dict[str, int] = {}
-            self._fold = np.asarray(
-                [first.setdefault(e, k) for k, e in enumerate(self.exts)], np.int64
-            )
+        self._fold = checks.fold_exts(self.exts)  # lower-cased names: None unless one repeats
         self._mm: mmap.mmap | None = getattr(self._src, "mm", None)
         # chunk c's tables passed check_samples (numpy view of the same bytes for gather)
         self._checked = bytearray(((self.n_samples + CHUNK - 1) >> CHUNK_SHIFT) or 1)
@@ -209,9 +203,7 @@ class ShardReader(ShardOpener):
         Raises:
             FormatError: If an entry of the chunk's tables is corrupt (FORMAT.md §2.2-2.5).
         """
-        checks.check_chunk(
-            self.index, self._checked, c, self.index_path, self._fold, self.tar_path
-        )
+        checks.check_chunk(self.index, self._checked, c, self.index_path, self._fold, self.tar_path)
 
     def _guard(self, j: int) -> None:
         self.check_range(j, j + 1)
