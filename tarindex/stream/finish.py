@@ -1,5 +1,10 @@
 """What happens to a raw sample after the read: decode, select, transform, and ``on_error``.
 
+A sample that goes through any of them also gets webdataset's ``__url__`` (its shard's path or
+URL, the same as ``__shard__``) and, for a local shard, ``__local_path__`` (that path), so
+webdataset code reading those keys keeps working; raw samples (none of the three) stay as the
+kernel made them, with no per-sample work added (README, "Coming from webdataset").
+
 One place for the rule both datasets follow: ``select`` (webdataset's ``to_tuple``) picks and
 decodes only its fields, else the decoder runs on the whole sample, then ``transform``; the
 streaming datasets wrap it in their ``on_error`` policy (:meth:`Finisher.guarded`).
@@ -13,6 +18,7 @@ from typing import Any
 
 from ..codecs import Decoder, ExtDecoder, compression_layers
 from ..codecs.select import Selection
+from ..format.url import is_url
 from ..read import Sample
 from ..read.sample_source import SampleSource
 from ..read.subset import shard_of_index
@@ -91,7 +97,15 @@ class Finisher:
         return decode_sample(self.shards, self.decoder, sample)  # type: ignore[arg-type]
 
     def __call__(self, sample: Sample) -> Any:
-        """Decode, select, transform one raw sample; errors propagate."""
+        """Decode, select, transform one raw sample; errors propagate.
+
+        ``__url__`` (and ``__local_path__`` for a local shard) are added first.
+        """
+        path = sample.get("__shard__")
+        if path is not None:
+            sample["__url__"] = path
+            if not is_url(path):
+                sample["__local_path__"] = path
         out: Any = sample
         if self.select is not None:
             out = self.select(sample, None if self.decoder is None else self.decode)

@@ -296,3 +296,22 @@ def test_leading_dot_slash_key_differs_on_purpose(tmp_path: Path) -> None:
     tarindex.build_index(str(tar))
     assert [s["__key__"] for s in _theirs(str(tar))] == ["./a"]
     assert tarindex.TarDataset(str(tar))[0]["__key__"] == "a"
+
+
+def test_url_and_local_path_as_webdataset(tmp_path: Path) -> None:
+    path = _gnu_tar(tmp_path, {"a.cls": b"1", "b.cls": b"2"})
+    theirs = _theirs(path)
+    for ds in (
+        tarindex.TarDataset(path, decode=True),
+        tarindex.TarIterableDataset(path, shuffle=False, decode=True),
+        tarindex.TarDataset(path, transform=lambda s: s),
+    ):
+        ours = list(ds)
+        assert [(s["__url__"], s["__local_path__"]) for s in ours] == [
+            (t["__url__"], t["__local_path__"]) for t in theirs
+        ] == [(path, path)] * 2
+        assert all(s["__url__"] == s["__shard__"] for s in ours)
+    # selectable like any sample entry
+    assert tarindex.TarDataset(path, select=("cls", "__url__"))[1] == (b"2", path)
+    # raw samples stay as the read kernel makes them (no per-sample work added)
+    assert "__url__" not in tarindex.TarDataset(path)[0]
