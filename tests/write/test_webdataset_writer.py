@@ -99,6 +99,10 @@ def test_tgz_name_writes_gzip_as_webdataset(tmp_path: Path, name: str) -> None:
         warnings.simplefilter("ignore")
         got = list(wds.WebDataset(str(path), shardshuffle=False))
     assert [s["__key__"] for s in got] == ["b", "a"] and got[0]["txt"] == b"hello"
+    # indexed afterwards (seek points), it reads like any shard
+    tarindex.build_index(str(path))
+    ds = tarindex.TarDataset(str(path))
+    assert [ds[i]["__key__"] for i in range(len(ds))] == ["b", "a"] and ds[0]["txt"] == b"hello"
     # same samples, same bytes (gzip header mtime 0)
     again = tmp_path / ("again-" + name)
     with tarindex.TarWriter(again, mtime=0, seed=0) as w:
@@ -108,6 +112,7 @@ def test_tgz_name_writes_gzip_as_webdataset(tmp_path: Path, name: str) -> None:
         for s in SAMPLES:
             w.write(dict(s))
     assert again.read_bytes() == path.read_bytes()
+    assert not os.path.exists(str(path) + ".tidx")  # rewriting removed the earlier index
 
 
 def test_post_called_after_each_complete_shard(tmp_path: Path) -> None:
