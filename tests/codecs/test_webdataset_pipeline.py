@@ -83,7 +83,9 @@ def test_rename_keep_and_drop(shard: str) -> None:
     theirs = _run(_wds(shard).decode("rgb8").rename(image="jpg;png", label="cls"))
     ours = _ours(shard, decode="rgb8", select=rename(image="jpg;png", label="cls"))
     assert _clean(ours) == _clean(theirs)
-    assert sorted(ours[1]) == ["__index__", "__key__", "__shard__", "image", "json", "label"]
+    assert sorted(ours[1]) == [
+        "__index__", "__key__", "__local_path__", "__shard__", "__url__", "image", "json", "label"
+    ]
     theirs = _run(_wds(shard).decode("rgb8").rename(image="jpg;png", keep=False))
     sel = rename(image="jpg;png", keep=False)
     assert sel.fields is not None and "cls" not in sel.fields  # reads only the images
