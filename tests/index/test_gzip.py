@@ -284,11 +284,12 @@ def test_other_compressions_name_a_fix_that_works(
 
 def test_remote_tar_gz(tmp_path: Path) -> None:
     """A .tar.gz served over HTTP with its index beside it: ranged reads of the compressed file."""
-    tgz, want = _gnu_tgz(tmp_path / "srv", 120)
-    tarindex.build_index(tgz, gzip_spacing=1 << 16)
+    tgz, want = _gnu_tgz(tmp_path / "srv", 800)
+    t = tarindex.build_index(tgz, gzip_spacing=1 << 16)
+    assert t.gzip is not None and len(t.gzip.points) > 1 << 20  # seek points past 1 MiB
     with serve(os.path.dirname(tgz)) as srv:
         ds = tarindex.TarDataset(srv.url + "/s.tar.gz")
-        for i in (0, 119, 57, 3):
+        for i in (0, 799, 57, 3):
             s = ds[i]
             assert _as_dict(s) == want[s["__key__"]]
         assert srv.bytes_for(".tar.gz") < os.path.getsize(tgz) * 4

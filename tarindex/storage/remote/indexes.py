@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from ...errors import FormatError, IndexMissingError, RemoteError
 from ...format.index import decode_index, index_size, read_header
-from ...format.spec import HEADER
+from ...format.spec import GZIP_RECORD, GZIP_WINDOW, HEADER, MIN_GZIP_SPACING
 from ...format.url import url_scheme
 from .fetch import read_whole
 from .options import DEFAULT, RemoteOptions, cache_key, protocol_of
@@ -48,8 +48,9 @@ def index_bound(url: str) -> Callable[[bytes], int]:
 
     Given its first bytes (the 80-byte header, FORMAT.md §2.1), the most bytes the index can
     hold: its tables (:func:`~tarindex.format.index.index_size`), plus at most 12 bytes of
-    records per member and sample (data crc32s §2.8.2, key hashes §2.8.3) and
-    :data:`INDEX_RECORD_SLACK`.
+    records per member and sample (data crc32s §2.8.2, key hashes §2.8.3), the seek points
+    of a gzip-compressed shard (§2.8.4, §10: at most one 32 KiB window per 64 KiB of the
+    tar, its ``tar_size``) and :data:`INDEX_RECORD_SLACK`.
 
     Raises (from the function returned):
         FormatError: The header is not an index header (names the URL).
@@ -57,7 +58,8 @@ def index_bound(url: str) -> Callable[[bytes], int]:
 
     def bound(head: bytes) -> int:
         h = read_header(head[: HEADER.size], url)
-        return index_size(h) + 12 * (h.n_members + h.n_samples) + INDEX_RECORD_SLACK
+        points = (h.tar_size // MIN_GZIP_SPACING + 2) * (GZIP_WINDOW + 64) + GZIP_RECORD.size
+        return index_size(h) + 12 * (h.n_members + h.n_samples) + points + INDEX_RECORD_SLACK
 
     return bound
 
