@@ -5,6 +5,7 @@
  *
  *   header(data) -> (width, height, jpeg_color_space)
  *   decode(data, denom, x0, y0, x1, y1, out) -> (xoffset, width)
+ *   stream_fault(data) -> None | (kind, offset, marker)
  *
  * decode() decodes rows [y0, y1) and at least columns [x0, x1) of the image scaled by
  * 1/denom (denom 1, 2, 4 or 8; coordinates in scaled pixels) as RGB into the writable
@@ -73,6 +74,72 @@ static PyObject *header(PyObject *self, PyObject *arg)
         return NULL;
     }
     return Py_BuildValue("iii", w, h, cs);
+}
+
+/* Kind 1: cut (no EOI after the first scan), kind 2: a marker inside entropy-coded data,
+ * kind 3: a marker segment running past the end.
+ * The compiled twin of tarindex.codecs.jpeg.stream_fault (its docstring has the rule). */
+static int is_segment(unsigned m)
+{
+    return m == 0xC4 || m == 0xCC || m == 0xDA || m == 0xDB || m == 0xDC || m == 0xDD ||
+           m == 0xFE || (m >= 0xE0 && m <= 0xEF);
+}
+
+static PyObject *stream_fault(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *b = (const unsigned char *)buf.buf;
+    Py_ssize_t n = buf.len, i = 2, j = 0;
+    int scan = 0, kind = 0, restarts = 0;
+    unsigned m = 0;
+    if (n < 2 || b[0] != 0xFF || b[1] != 0xD8)
+        goto done; /* not a JPEG: the decoder says so */
+    for (;;) {
+        const unsigned char *p = i < n ? memchr(b + i, 0xFF, (size_t)(n - i)) : NULL;
+        if (p == NULL || (j = p - b) + 1 >= n) {
+            kind = 1;
+            break;
+        }
+        m = b[j + 1];
+        if (m == 0xFF || m == 0 || (m >= 0xD0 && m <= 0xD7) || (!scan && (m == 0x01 || m == 0xD8))) {
+            i = m == 0xFF ? j + 1 : j + 2;
+            continue;
+        }
+        if (m == 0xD9) {
+            kind = scan ? 0 : 1;
+            break;
+        }
+        if (scan && !is_segment(m)) {
+            if (m < 0xC0 && restarts) { /* libjpeg resyncs at the next restart marker */
+                i = j + 2;
+                continue;
+            }
+            kind = 2;
+            break;
+        }
+        if (j + 4 > n) {
+            kind = 1;
+            break;
+        }
+        if (m == 0xDD && j + 6 <= n)
+            restarts = (b[j + 4] << 8 | b[j + 5]) != 0;
+        i = j + 2 + ((Py_ssize_t)b[j + 2] << 8 | b[j + 3]);
+        if (i > n) {
+            kind = 3;
+            break;
+        }
+        scan = scan || m == 0xDA;
+    }
+done:
+    PyBuffer_Release(&buf);
+    if (kind == 0)
+        Py_RETURN_NONE;
+    if (kind == 1)
+        return Py_BuildValue("inI", 1, n, 0u);
+    return Py_BuildValue("inI", kind, j, 0xFF00u | m);
 }
 
 static PyObject *decode(PyObject *self, PyObject *args)
@@ -168,6 +235,8 @@ static PyMethodDef methods[] = {
     {"header", header, METH_O, "header(data) -> (width, height, jpeg_color_space)"},
     {"decode", decode, METH_VARARGS,
      "decode(data, denom, x0, y0, x1, y1, out) -> (xoffset, width): a region at 1/denom"},
+    {"stream_fault", stream_fault, METH_O,
+     "stream_fault(data) -> None | (kind, offset, marker): a cut or corrupt JPEG stream"},
     {NULL, NULL, 0, NULL},
 };
 

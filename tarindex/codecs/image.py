@@ -174,16 +174,27 @@ def _center_box(
     return (width - w_i) // 2, (height - h_i) // 2, w_i, h_i
 
 
+_MAX_OUT = 1 << 25
+"""Largest output ``H * W`` (as :data:`tarindex.codecs.decode.MAX_IMAGE_PIXELS`): 96 MiB of
+``uint8`` per image. A larger size failed only at the first decode, as a MemoryError."""
+
+
+def _side(size: Any, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"size={size!r}: expected integer sides, not {type(v).__name__}")
+    return int(v)
+
+
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
     """``(height, width)`` of ``size``."""
     if isinstance(size, (tuple, list)):
         if len(size) != 2:
             raise ValueError(f"size={size!r}: expected an int or (height, width)")
-        h, w = int(size[0]), int(size[1])
+        h, w = _side(size, size[0]), _side(size, size[1])
     else:
-        h = w = int(size)
-    if h < 1 or w < 1:
-        raise ValueError(f"size={size!r}: expected sides >= 1")
+        h = w = _side(size, size)
+    if h < 1 or w < 1 or h * w > _MAX_OUT:
+        raise ValueError(f"size={size!r}: expected sides >= 1 and height * width <= 2**25")
     return h, w
 
 
@@ -227,8 +238,9 @@ class ImageDecode:
             Defaults to ``"cpu"``.
 
     Raises:
-        ValueError: An unknown crop, dtype, layout or backend, a size below 1, a scale or
-            ratio range that is not ``0 < lo <= hi`` (scale ``<= 1``), a seed out of range.
+        ValueError: An unknown crop, dtype, layout or backend, a size that is not integers
+            ``>= 1`` with ``height * width <= 2**25``, a scale or ratio range that is not
+            finite ``0 < lo <= hi`` (scale ``<= 1``), a seed out of range.
     """
 
     size: int | tuple[int, int] = 224
@@ -258,8 +270,8 @@ class ImageDecode:
             raise ValueError(f"layout={self.layout!r}: expected 'CHW' or 'HWC'")
         for name, rng, top in (("scale", self.scale, 1.0), ("ratio", self.ratio, math.inf)):
             lo, hi = (float(x) for x in rng)
-            if not 0 < lo <= hi <= top:
-                raise ValueError(f"{name}={rng!r}: expected 0 < low <= high <= {top}")
+            if not (0 < lo <= hi <= top and math.isfinite(hi)):
+                raise ValueError(f"{name}={rng!r}: expected finite 0 < low <= high <= {top}")
             object.__setattr__(self, name, (lo, hi))
         if not 0 < float(self.center) <= 1:
             raise ValueError(f"center={self.center!r}: expected a fraction in (0, 1]")

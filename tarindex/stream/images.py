@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from ..codecs import ExtDecoder, ImageDecode
 from ..codecs.compress import Refused
 from ..codecs.exts import IMAGE_EXTS, IMAGE_FORMATS, last_ext
-from ..codecs.jpeg import jpeg_size
+from ..codecs.jpeg import check_stream, jpeg_size
 from ..errors import DecodeError
 from .pack import Alloc, Packed
 
@@ -145,6 +145,7 @@ def _boxes(
         try:
             if IMAGE_FORMATS[last_ext(exts[b])] == "JPEG":
                 w, h = jpeg_size(data, spec.backend)
+                check_stream(data)  # a cut JPEG is named here, not by the batched decode
             else:
                 from ..codecs.handlers import open_image
 

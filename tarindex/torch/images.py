@@ -243,7 +243,7 @@ def fetch_images(
 def torchvision_decoder() -> Any:
     """``torchvision.io.decode_jpeg`` if torchvision loads here, else ``None`` (looked up once)."""
     try:
-        from torchvision.io import decode_jpeg  # type: ignore[import-not-found,unused-ignore]
+        from torchvision.io import decode_jpeg  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except Exception:  # not installed, or a wheel that does not match this torch
         return None
     return decode_jpeg
@@ -306,19 +306,24 @@ def decode_on_device(batch: ImageBatch, device: str | torch.device) -> torch.Ten
             f"torchvision matching torch {torch.__version__})"
         )
     full: list[torch.Tensor | None] = [None] * n
+    b = 0
     try:
         if decoder is not None and jpeg:
-            got = decoder([datas[b] for b in jpeg], device=dev)
+            try:
+                got = decoder([datas[b] for b in jpeg], device=dev)
+            except Exception:  # decode one by one: the error names the member that fails
+                got = []
+                for b in jpeg:
+                    got.extend(decoder([datas[b]], device=dev))
             for b, img in zip(jpeg, got, strict=True):
                 full[b] = img
-        rest = [b for b in range(n) if full[b] is None]
-        cpu = _cpu_decode([datas[b] for b in rest], [exts[b] for b in rest])
-        for b, img in zip(rest, cpu, strict=True):
-            full[b] = img.to(dev)
+        for b in range(n):
+            if full[b] is None:
+                full[b] = _cpu_decode([datas[b]], [exts[b]])[0].to(dev)
     except Exception as e:
         raise DecodeError(
-            f"batch of {n} ({batch.shards[0]}: sample {batch.keys[0]!r}, ...): decoding on "
-            f"{dev}: {e}"
+            f"{batch.shards[b]}: sample {batch.keys[b]!r}, extension {batch.exts[b]!r}: "
+            f"decoding on {dev} (batch of {n}): {type(e).__name__}: {e}"
         ) from e
     out = torch.empty((n, 3, th, tw), dtype=torch.uint8, device=dev)
     boxes = box_t.numpy()

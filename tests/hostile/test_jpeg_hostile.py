@@ -1,0 +1,212 @@
+"""Hostile JPEGs against the image decode path (issue 21): every backend agrees with Pillow.
+
+libjpeg-turbo only *warns* on a stream cut short (it fills the missing rows with grey) and
+on a marker inside the entropy-coded data; the compiled region decoder stops reading at the
+box's last row, and simplejpeg decodes with ``strict=False``. Pillow raises on both. These
+tests hold every backend (compiled ``libjpeg``, ``simplejpeg``, ``pil``) and the compiled and
+pure stream walks to Pillow's answer, and the datasets to a :class:`DecodeError` naming the
+shard, the sample and the extension.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFile
+
+import tarindex
+from tarindex.codecs import jpeg
+from tarindex.codecs.compress import Refused
+from tarindex.errors import DecodeError
+
+from ..photos import photo_jpegs
+
+pytest.importorskip("sklearn")
+
+BACKENDS = jpeg.available_backends()
+
+
+def _photo(**save: object) -> bytes:
+    src = Image.open(io.BytesIO(photo_jpegs(1, (320, 240), seed=5)[0]))
+    out = io.BytesIO()
+    src.convert(str(save.pop("mode", "RGB"))).save(out, "JPEG", quality=90, **save)
+    return out.getvalue()
+
+
+def _pil_loads(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+        return True
+    except (OSError, SyntaxError, ValueError):
+        return False
+
+
+def _ours_loads(data: bytes, backend: str) -> bool:
+    try:
+        jpeg.decode_region(data, 1, (0, 0, 8, 8), 1 << 25, backend)  # the top-left corner only
+        return True
+    except (Refused, OSError, ValueError):
+        return False
+
+
+def _corruptions(base: bytes, seed: int) -> Iterator[bytes]:
+    """Cuts every 97 bytes, and 40 runs of random bytes in the scan data."""
+    sos = base.index(b"\xff\xda")
+    yield from (base[:c] for c in range(0, len(base), 97))
+    rng = random.Random(seed)
+    for _ in range(40):
+        b = bytearray(base)
+        at = rng.randrange(sos + 20, len(base) - 100)
+        for i in range(at, at + rng.choice((1, 4, 50))):
+            b[i] = rng.randrange(256)
+        yield bytes(b)
+
+
+@pytest.fixture(scope="module")
+def base() -> bytes:
+    return _photo()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["mid-scan", "before-eoi", "first-scan-bytes"])
+def test_a_cut_jpeg_is_refused_by_every_backend(base: bytes, backend: str, where: str) -> None:
+    """Was: libjpeg and simplejpeg returned the box (grey below the cut), Pillow raised."""
+    sos = base.index(b"\xff\xda")
+    cut = {"mid-scan": len(base) // 2, "before-eoi": len(base) - 2, "first-scan-bytes": sos + 40}
+    data = base[: cut[where]]
+    assert not _pil_loads(data)
+    with pytest.raises(Refused, match=rf"JPEG is cut: its {len(data)} bytes end before"):
+        jpeg.decode_region(data, 1, (0, 0, 8, 8), 1 << 25, backend)
+    with pytest.raises(Refused, match="JPEG is cut"):
+        jpeg.decode_scaled(data, 8, 8, 1 << 25, backend)
+
+
+def test_a_cut_jpeg_loads_when_pillow_is_told_to_load_truncated_images(base: bytes) -> None:
+    data = base[: len(base) // 2]
+    ImageFile.LOAD_TRUNCATED_IMAGES = True
+    try:
+        assert _pil_loads(data)
+        for backend in BACKENDS:
+            assert jpeg.decode_region(data, 1, (0, 0, 8, 8), 1 << 25, backend).shape == (8, 8, 3)
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("marker", [0xC9, 0x02, 0xD8])
+def test_a_marker_inside_the_scan_data_is_refused(base: bytes, backend: str, marker: int) -> None:
+    """A SOF, an undefined marker or a second SOI in the entropy-coded data: Pillow raises."""
+    at = base.index(b"\xff\xda") + 3000
+    data = base[:at] + bytes([0xFF, marker]) + base[at + 2 :]
+    assert not _pil_loads(data)
+    with pytest.raises(Refused, match=rf"corrupt JPEG: marker 0xFF{marker:02X} at byte {at}"):
+        jpeg.decode_region(data, 1, (0, 0, 8, 8), 1 << 25, backend)
+
+
+@pytest.mark.parametrize(
+    "kind", ["baseline", "progressive", "gray", "444", "optimized", "restarts", "exif"]
+)
+def test_every_backend_and_both_walks_agree_with_pillow(kind: str) -> None:
+    """Success or failure as Pillow's, on cuts and corruptions; the same pixels where it loads."""
+    save: dict[str, object] = {
+        "baseline": {},
+        "progressive": {"progressive": True},
+        "gray": {"mode": "L"},
+        "444": {"subsampling": 0},
+        "optimized": {"optimize": True},
+        "restarts": {"restart_marker_blocks": 4},
+        "exif": {"exif": _exif_with_thumbnail()},
+    }[kind]  # type: ignore[assignment]
+    base = _photo(**save)
+    ext = getattr(jpeg, "_EXT", None)
+    for n, data in enumerate(_corruptions(base, seed=len(kind))):
+        fault = jpeg.stream_fault(data)
+        if ext is not None:
+            assert ext.stream_fault(data) == fault, n
+        want = _pil_loads(data)
+        got = {b: _ours_loads(data, b) for b in BACKENDS}
+        if fault is not None and fault[0] == 3:  # Pillow zero-fills after such a segment
+            want = False
+        assert set(got.values()) == {want}, (n, len(data), fault, got)
+        if want:
+            boxes = [jpeg.decode_region(data, 1, (0, 0, 320, 240), 1 << 25, b) for b in BACKENDS]
+            for b, arr in zip(BACKENDS[1:], boxes[1:], strict=True):
+                np.testing.assert_array_equal(arr, boxes[0], err_msg=f"{n} {b}")
+
+
+def _exif_with_thumbnail() -> bytes:
+    """An EXIF block holding a JPEG thumbnail (its own SOI .. EOI before the main scan)."""
+    thumb = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(thumb, "JPEG")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: not applied, as Pillow's decode does not apply it
+    exif[0x010E] = "thumb " + "x" * 10
+    out: bytes = exif.tobytes()
+    return out + thumb.getvalue()
+
+
+def _shards(tmp_path: Path, bad: bytes) -> str:
+    good = photo_jpegs(2, (320, 240), seed=6)
+    with tarindex.ShardWriter(str(tmp_path / "h-%06d.tar"), maxcount=10) as sink:
+        sink.write({"__key__": "good0", "jpg": good[0], "cls": 0})
+        sink.write({"__key__": "cut", "jpg": bad, "cls": 1})
+        sink.write({"__key__": "good1", "jpg": good[1], "cls": 2})
+    return str(tmp_path / "h-*.tar")
+
+
+def test_a_cut_jpeg_in_a_dataset_is_a_decode_error_naming_it(tmp_path: Path, base: bytes) -> None:
+    """ds[i], a CPU batch and a device batch: DecodeError naming shard, sample and extension."""
+    pytest.importorskip("torch")
+    from tarindex.torch.images import decode_on_device
+
+    src = _shards(tmp_path, base[: len(base) // 2])
+    named = r"h-000000\.tar: sample 'cut', extension 'jpg'.*JPEG is cut"
+    one = tarindex.TarDataset(src, decode=tarindex.ImageDecode(64))
+    assert one[0]["jpg"].shape == (3, 64, 64)
+    with pytest.raises(DecodeError, match=named):
+        one[1]
+    cpu = tarindex.TarDataset(src, batched=True, decode=tarindex.ImageDecode(64))
+    with pytest.raises(DecodeError, match=named):
+        cpu.__getitems__([0, 1, 2])
+    dev = tarindex.TarDataset(src, batched=True, decode=tarindex.ImageDecode(64, device="cuda"))
+    with pytest.raises(DecodeError, match=named):  # refused in the worker, before it travels
+        dev.__getitems__([0, 1, 2])
+    batch = dev.__getitems__([0, 2])
+    assert tuple(decode_on_device(batch, "cpu").shape) == (2, 3, 64, 64)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"ratio": (1.0, float("inf"))}, r"ratio=.*expected finite"),  # was OverflowError at decode
+        ({"scale": (0.5, float("nan"))}, r"scale=.*expected finite"),
+        ({"size": 100_000}, r"height \* width <= 2\*\*25"),  # was MemoryError at decode
+        ({"size": (1, 10**9)}, r"height \* width <= 2\*\*25"),
+        ({"size": 0}, r"sides >= 1"),
+        ({"size": -3}, r"sides >= 1"),
+        ({"size": True}, "integer sides, not bool"),  # was a 1x1 output
+        ({"size": 2.7}, "integer sides, not float"),  # was 2x2
+        ({"size": (224, 22.5)}, "integer sides, not float"),
+    ],
+)
+def test_odd_image_decode_arguments_are_refused_when_made(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        tarindex.ImageDecode(**kw)  # type: ignore[arg-type]
+
+
+def test_extreme_but_valid_arguments_decode(base: bytes) -> None:
+    kws: list[dict[str, object]] = [
+        {"scale": (1e-300, 1e-300)},
+        {"ratio": (1e-300, 1e300)},
+        {"seed": 2**64 - 1},
+        {"size": np.int64(32)},
+    ]
+    for kw in kws:
+        spec = tarindex.ImageDecode(**{"size": 32, **kw})  # type: ignore[arg-type]
+        assert spec.decode("jpg", base, index=3).shape == (3, 32, 32)
