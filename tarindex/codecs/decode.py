@@ -172,11 +172,13 @@ def _numpy_globals() -> list[Any]:
     dtype class: never ``object`` arrays (their items would be pickles). torch's own advice
     for numpy in checkpoints (``torch.serialization.safe_globals``).
     """
-    try:  # numpy's public names for them, as torch's docs list them
-        from numpy._core.multiarray import _reconstruct, scalar  # numpy 2
-    except ImportError:  # numpy 1
-        from numpy.core.multiarray import _reconstruct, scalar  # type: ignore[no-redef]
-    out: list[Any] = [np.ndarray, np.dtype, _reconstruct, scalar]
+    import importlib
+
+    try:  # the names torch's docs list for numpy arrays
+        names = vars(importlib.import_module("numpy._core.multiarray"))  # numpy 2
+    except ImportError:
+        names = vars(importlib.import_module("numpy.core.multiarray"))  # numpy 1
+    out: list[Any] = [np.ndarray, np.dtype, names["_reconstruct"], names["scalar"]]
     dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25
     if dtypes is not None:
         out += [

@@ -57,11 +57,13 @@ IMAGE_FORMATS: Mapping[str, str] = MappingProxyType(
 )
 """Image extension -> the Pillow format a member with it is written as, and tried first when
 it is opened (then the other :data:`SAFE_IMAGE_FORMATS`, by content, as webdataset does)."""
-SAFE_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "ICO", "TGA")
-"""The Pillow formats an image member may turn out to be (a ``.jpg`` holding PNG bytes is
-decoded as PNG, as webdataset's ``PIL.Image.open`` does): decoders inside Pillow only. EPS
-and PostScript are never among them (Pillow would start Ghostscript), nor formats whose
-plugins are stubs. TGA last: it has no magic number."""
+SAFE_IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PPM", "ICO")
+"""The Pillow formats an image member may turn out to be by its content (a ``.jpg`` holding
+PNG bytes is decoded as PNG, as webdataset's ``PIL.Image.open`` does): decoders inside Pillow,
+each recognised by a magic number. EPS and PostScript are never among them (Pillow would start
+Ghostscript), nor formats whose plugins are stubs, nor TGA: it has no magic number, so corrupt
+bytes of another format could pass for a TGA image (wrong pixels instead of an error); a
+``.tga`` member is opened as TGA, its extension's format, first."""
 IMAGE_EXTS = frozenset(IMAGE_FORMATS)
 """The image extensions (keys of :data:`IMAGE_FORMATS`)."""
 INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})

@@ -575,3 +575,14 @@ def test_import_tarindex_does_not_import_zstandard_or_pillow() -> None:
         "assert 'zstandard' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_corrupt_bytes_never_pass_for_a_tga_image() -> None:
+    # TGA has no magic number: a member that is not TGA by extension is never opened as one,
+    # so bytes Pillow would take for a TGA header are an error, not wrong pixels (issue 22)
+    tga = io.BytesIO()
+    Image.new("RGB", (3, 2), (1, 2, 3)).save(tga, format="TGA")
+    with pytest.raises(DecodeError, match="not an image in any of JPEG"):
+        ExtDecoder("rgb8")(_sample(jpg=tga.getvalue()))
+    got = ExtDecoder("rgb8")(_sample(tga=tga.getvalue()))["tga"]
+    assert got.shape == (2, 3, 3) and got[0, 0].tolist() == [1, 2, 3]
