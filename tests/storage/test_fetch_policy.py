@@ -122,15 +122,17 @@ def test_a_streaming_epoch_downloads_each_shard_once_in_plan_order(
     served: tuple[RangeServer, list[str]],
 ) -> None:
     srv, paths = served
-    it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=3, block_size=16)
+    it = tarindex.TarIterableDataset(
+        f"{srv.url}/{PAT}", seed=3, block_size=16, remote=RemoteOptions(shards_ahead=2)
+    )
     keys = [s["__key__"] for s in it]
     assert sorted(keys) == [f"{i:08d}" for i in range(sum(SIZES))]
     assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
     # nothing else of the tars was read but the whole downloads
     tar_bytes = sum(os.path.getsize(p) for p in paths)
     assert sum(b - a for rs in _tar_gets(srv).values() for a, b in rs) == tar_bytes
-    # the downloads follow the plan's first-need order (two run at once: the default
-    # shards_ahead), not the shards' order
+    # the downloads follow the plan's first-need order (two run at once:
+    # shards_ahead=2), not the shards' order
     first = list(dict.fromkeys(it.plan(0).segments[:, 0].tolist()))
     with srv.lock:
         order = [os.path.basename(p) for m, p, _, _ in srv.log if m == "GET" and ".tar" in p]

@@ -91,7 +91,7 @@ class RemoteOptions:
             read mostly or wholly, ranges otherwise (``ds[i]``, ``get(key)``, subsets).
             Defaults to ``"auto"``.
         shards_ahead: Whole-shard downloads this process runs ahead of need, in the plan's
-            order, at most. Defaults to ``2``.
+            order, at most. Defaults to ``4``.
         whole_cache_dir: Where whole shards go when ``cache_dir`` is ``None``. Defaults to
             ``None``: ``$TARINDEX_CACHE_DIR``, else ``<tmp>/tarindex-cache-<uid>`` (bounded
             by ``cache_bytes`` either way).
@@ -110,7 +110,7 @@ class RemoteOptions:
     chunk_bytes: int = 1 << 20
     download_whole: bool = False
     fetch: str = "auto"
-    shards_ahead: int = 2
+    shards_ahead: int = 4
     whole_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
