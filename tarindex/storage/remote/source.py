@@ -240,8 +240,10 @@ class RemoteSource:
             checks, verify = self._deferred
             ranges = checks + reqs
             if protocol_of(self.path) in ("http", "https") and not range_checked(self.path):
-                a, b = min(checks, key=lambda r: r[1] - r[0])
-                # the first ranged read of a server in this process goes alone (Range probe)
+                # the first ranged read of a server in this process goes alone (Range probe):
+                # from byte 0, so a server that ignores Range is seen in the body, not only
+                # in the status, and that body is read no further than the range
+                a, b = min(checks, key=lambda r: (r[0] != 0, r[1] - r[0]))
                 fetch([(self.path, a, b)], self.opts)
             seen: list[Pin | None] = [None] * len(ranges)
             got = fetch([(self.path, a, b) for a, b in ranges], self.opts, None, seen)
