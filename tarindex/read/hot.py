@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mmap
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -69,14 +69,14 @@ class HotTables(NamedTuple):
     or ``None`` (pread, remote, ``verify_data``: the reader's own path)."""
 
 
-def fast_view(a: NDArray[np.unsignedinteger]) -> memoryview:
+def fast_view(a: NDArray[np.unsignedinteger[Any]]) -> memoryview:
     """A zero-copy view of a little-endian ``u8``/``u4`` table that indexes to Python ints."""
     if sys.byteorder != "little":  # a native copy (big-endian hosts: the Python loops only)
         a = a.astype(a.dtype.newbyteorder("="))
     return memoryview(a).cast("B").cast("Q" if a.dtype.itemsize == 8 else "I")  # type: ignore[arg-type]
 
 
-def raw_view(a: NDArray[np.unsignedinteger]) -> memoryview:
+def raw_view(a: NDArray[np.unsignedinteger[Any]]) -> memoryview:
     """The bytes of a table (little-endian, as in the index file)."""
     return memoryview(a).cast("B")  # type: ignore[arg-type]
 

@@ -17,6 +17,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def screenshot(tmp: Path, url: str, name: str) -> Path:
     return shot
 
 
-def _png(img: np.ndarray) -> bytes:
+def _png(img: np.ndarray[Any, Any]) -> bytes:
     b = io.BytesIO()
     Image.fromarray(img, mode="L").save(b, "PNG")
     return b.getvalue()
