@@ -12,9 +12,18 @@ with ``durable=False`` (no fsync: the same for all):
   Best of 2 runs: the first pass over the cached rows costs several times the second.
   The JVM -> Python Arrow transfer alone (a no-op ``mapInArrow``) is ~10k rows/s here.
 * mosaicml's ``dataframe_to_mds`` on the same DataFrame, when ``streaming`` is installed
-  (``pip install -e '.[bench]'``).
+  (``pip install -e '.[bench]'``); and ``df.write.format("tarindex")`` (the Python Data
+  Source API) on the same DataFrame.
+* **Ray read** (``--ray``): the same samples in 4 shards; one epoch through
+  ``tarindex.ray.read`` and through ``ray.data.read_webdataset(decoder=None)`` on the same
+  shards (``ray.init(num_cpus=2)``, every block consumed by ``iter_batches(batch_size=None)``),
+  samples/s and read tasks used; beside them, in this process, the raw kernel
+  (``ShardSet.read_block`` over every 1,024 samples, plus the one copy of the member bytes
+  any consumer needs: ``read_block`` alone over a mapping copies nothing) and the read task's whole body
+  (:func:`tarindex.stream.arrow.read_range`: read_block + packing + Arrow), samples/s on one
+  core. Target: the datasource per core >= 0.9x raw ``read_block``.
 
-Usage: ``python benchmarks/bench_engines.py [--n 20000] [--json out.json]``.
+Usage: ``python benchmarks/bench_engines.py [--n 20000] [--ray] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -90,10 +99,88 @@ def mds_write(df: Any, n: int, out: str) -> float | None:
     return n / (time.perf_counter() - t0)
 
 
+def format_write(spark: Any, df: Any, n: int, out: str) -> float:
+    import tarindex.spark
+
+    tarindex.spark.register(spark)
+    t0 = time.perf_counter()
+    (df.write.format("tarindex").option("maxcount", 5000).option("durable", "false")
+     .mode("append").save(out))
+    dt = time.perf_counter() - t0
+    assert len(tarindex.ShardSet(f"{out}/data.json")) == n
+    return n / dt
+
+
+def ray_read(rows: list[tuple[str, bytes, int, str]], root: str) -> dict[str, Any]:
+    import ray
+
+    import tarindex.ray
+    from tarindex.stream.arrow import columns_of, read_range
+    from tarindex.stream.pack import pack_blocks
+
+    n = len(rows)
+    shards = os.path.join(root, "ray")
+    with tarindex.ShardWriter(f"{shards}/s-%06d.tar", maxcount=-(-n // 4), durable=False) as w:
+        for k, b, c, j in rows:
+            w.write({"__key__": k, "bin": b, "cls": c, "json": j})
+    tarindex.write_manifest(f"{shards}/s-*.tar", f"{shards}/data.json")
+    res: dict[str, Any] = {}
+    ss = tarindex.ShardSet(f"{shards}/data.json")
+
+    def best(f: Any, k: int = 3) -> float:
+        return max(f() for _ in range(k))
+
+    def raw() -> float:  # the kernel's read and the one copy of the bytes any consumer needs
+        t0 = time.perf_counter()
+        for s in range(ss.n_shards):
+            c = int(ss.counts[s])
+            for j in range(0, c, 1024):
+                pack_blocks([(ss.read_block(s, j, min(c, j + 1024)), None)], None, ())
+        return n / (time.perf_counter() - t0)
+
+    cols = columns_of(ss)
+
+    def body() -> float:
+        t0 = time.perf_counter()
+        for _ in read_range(ss, 0, n, cols):
+            pass
+        return n / (time.perf_counter() - t0)
+
+    res["raw_read_block_per_s"] = best(raw)
+    res["read_task_body_per_s"] = best(body)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    def epoch(make: Any) -> tuple[float, int]:
+        ds = make()
+        t0 = time.perf_counter()
+        got = sum(len(b["__key__"]) for b in ds.iter_batches(batch_size=None))
+        dt = time.perf_counter() - t0
+        assert got == n, got
+        return n / dt, got
+
+    ours = tarindex.ray.TarIndexDatasource(f"{shards}/data.json")
+    res["ray_tasks_tarindex"] = len(ours.get_read_tasks(200))  # what Ray's default asks for
+    res["ray_tarindex_per_s"] = max(
+        epoch(lambda: ray.data.read_datasource(ours))[0] for _ in range(2)
+    )
+    paths = sorted(os.path.join(shards, f) for f in os.listdir(shards) if f.endswith(".tar"))
+    from ray.data._internal.datasource.webdataset_datasource import WebDatasetDatasource
+
+    res["ray_tasks_webdataset"] = len(WebDatasetDatasource(paths, decoder=None).get_read_tasks(200))
+    res["ray_webdataset_per_s"] = max(
+        epoch(lambda: ray.data.read_webdataset(paths, decoder=None))[0] for _ in range(2)
+    )
+    ray.shutdown()
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ray", action="store_true", help="the Ray read figures too")
+    ap.add_argument("--no-spark", action="store_true", help="skip the Spark figures")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-engines-")
     res: dict[str, Any] = {"n": a.n}
@@ -103,6 +190,19 @@ def main() -> None:
         rows = rows_of(a.n)
         res["shardwriter_per_s"] = one_writer(rows, os.path.join(root, "one"))
         print(f"one ShardWriter process: {res['shardwriter_per_s']:,.0f} samples/s")
+        if a.ray:
+            got = ray_read(rows, root)
+            res.update(got)
+            print(f"raw read_block + one copy, 1 core: {got['raw_read_block_per_s']:,.0f} samples/s; "
+                  f"read task body (read_block + pack + Arrow), 1 core: "
+                  f"{got['read_task_body_per_s']:,.0f} samples/s")
+            print(f"Ray, tarindex.ray.read: {got['ray_tarindex_per_s']:,.0f} samples/s "
+                  f"({got['ray_tasks_tarindex']} read tasks; per core "
+                  f"{got['ray_tarindex_per_s'] / 2 / got['raw_read_block_per_s']:.2f}x raw "
+                  f"read_block); ray.data.read_webdataset: {got['ray_webdataset_per_s']:,.0f} "
+                  f"samples/s ({got['ray_tasks_webdataset']} read tasks)")
+        if a.no_spark:
+            return
         from pyspark.sql import SparkSession
 
         spark = (
@@ -120,6 +220,11 @@ def main() -> None:
         ratio = res["spark_per_s"] / res["shardwriter_per_s"]
         print(f"tarindex.spark.write local[2]: {res['spark_per_s']:,.0f} samples/s "
               f"({ratio:.2f}x one ShardWriter)")
+        res["spark_format_per_s"] = max(
+            format_write(spark, df, a.n, os.path.join(root, f"fmt{k}")) for k in range(2)
+        )
+        print(f"df.write.format('tarindex') local[2]: {res['spark_format_per_s']:,.0f} samples/s "
+              f"({res['spark_format_per_s'] / res['shardwriter_per_s']:.2f}x one ShardWriter)")
         mds = mds_write(df, a.n, os.path.join(root, "mds"))
         res["mds_per_s"] = mds
         if mds is None:

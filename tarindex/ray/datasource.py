@@ -38,9 +38,15 @@ __all__ = ["TarIndexDatasource", "read"]
 
 
 def _read_task(
-    spec: OpenSpec, start: int, stop: int, columns: list[str], int_fields: tuple[str, ...], rows: int
+    spec: OpenSpec,
+    start: int,
+    stop: int,
+    columns: list[str],
+    int_fields: tuple[str, ...],
+    rows: int,
+    every_member: bool,
 ) -> Iterator[Any]:
-    yield from read_range(spec.open(), start, stop, columns, int_fields, rows)
+    yield from read_range(spec.open(), start, stop, columns, int_fields, rows, every_member)
 
 
 class TarIndexDatasource(Datasource):
@@ -87,6 +93,7 @@ class TarIndexDatasource(Datasource):
         shards = ShardSet(self._spec.source, options=self._spec.options, remote=self._spec.remote)
         self.columns = columns_of(shards, fields)
         """The member columns, in order."""
+        self.every_member = fields is None  # columns from the first shard: refuse others
         self.int_fields = tuple(int_fields)
         self.block_rows = int(block_rows)
         self.starts: list[int] = shards.starts.tolist()
@@ -123,7 +130,14 @@ class TarIndexDatasource(Datasource):
                 exec_stats=None,
             )
             fn = functools.partial(
-                _read_task, self._spec, a, b, list(self.columns), self.int_fields, self.block_rows
+                _read_task,
+                self._spec,
+                a,
+                b,
+                list(self.columns),
+                self.int_fields,
+                self.block_rows,
+                self.every_member,
             )
             tasks.append(ReadTask(fn, meta, schema=self.schema, per_task_row_limit=per_task_row_limit))
         return tasks

@@ -147,7 +147,8 @@ class TarIndexDataSource(DataSource):
         unknown = [c for c in wanted if c not in cols]
         if unknown:
             raise ValueError(f"tarindex: columns {unknown} are not members of the dataset ({cols})")
-        return TarIndexReader(self._spec(), wanted, ints, self.options)
+        every = self.options.get("fields") is None and wanted == cols
+        return TarIndexReader(self._spec(), wanted, ints, self.options, every)
 
     def writer(self, schema: StructType, overwrite: bool) -> TarIndexWriter:
         """The writer of ``df.write.format("tarindex")`` (:class:`TarIndexWriter`)."""
@@ -157,8 +158,15 @@ class TarIndexDataSource(DataSource):
 class TarIndexReader(DataSourceReader):
     """Partitions = contiguous global sample ranges; each yields Arrow record batches."""
 
-    def __init__(self, spec: OpenSpec, columns: list[str], ints: tuple[str, ...], options: Any) -> None:
-        self.spec, self.columns, self.ints = spec, columns, ints
+    def __init__(
+        self,
+        spec: OpenSpec,
+        columns: list[str],
+        ints: tuple[str, ...],
+        options: Any,
+        every_member: bool = False,
+    ) -> None:
+        self.spec, self.columns, self.ints, self.every = spec, columns, ints, every_member
         self.block_rows = _int_option(options, "blockRows", BLOCK_ROWS, 1)
         n = len(spec.open())
         self.n_samples = n
@@ -176,7 +184,7 @@ class TarIndexReader(DataSourceReader):
         if partition.stop > partition.start:
             shards = self.spec.open()
             for t in read_range(shards, partition.start, partition.stop, self.columns, self.ints,
-                                self.block_rows):
+                                self.block_rows, self.every):
                 yield from t.to_batches()
 
 

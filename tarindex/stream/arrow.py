@@ -197,12 +197,15 @@ def block_table(
     stop: int,
     columns: Sequence[str],
     int_fields: Collection[str] = INT_FIELDS,
+    every_member: bool = False,
 ) -> Any:
     """Read global samples ``start <= i < stop`` into one ``pyarrow.Table`` (:func:`arrow_schema`).
 
     Each shard's part is one :meth:`~tarindex.read.ShardSet.read_block` of ``columns`` only
-    (the other members' bytes are not read); the parts are packed field-major with one copy
-    per member byte, and each binary column is a zero-copy view of that buffer.
+    (the other members' bytes are not read), or of every member with ``every_member`` (the
+    columns were not asked for but taken from the first shard: a member outside them is
+    reported, not dropped); the parts are packed field-major with one copy per member byte,
+    and each binary column is a zero-copy view of that buffer.
 
     Raises:
         SampleIndexError: If the range is outside the dataset.
@@ -218,7 +221,7 @@ def block_table(
     while i < stop:
         s, j = shards.locate(i)
         j1 = min(int(shards.counts[s]), j + (stop - i))
-        parts.append((shards.read_block(s, j, j1, columns), None))
+        parts.append((shards.read_block(s, j, j1, None if every_member else columns), None))
         i += j1 - j
     p = pack_blocks(parts, None, ())
     extra = [f for f in p.fields if f not in columns]
@@ -276,6 +279,7 @@ def read_range(
     columns: Sequence[str],
     int_fields: Collection[str] = INT_FIELDS,
     block_rows: int = BLOCK_ROWS,
+    every_member: bool = False,
 ) -> Iterator[Any]:
     """Yield global samples ``start <= i < stop`` as tables of ``block_rows`` samples.
 
@@ -283,7 +287,7 @@ def read_range(
     """
     b = check_int("block_rows", block_rows, 1)
     for a in range(start, stop, b):
-        yield block_table(shards, a, min(stop, a + b), columns, int_fields)
+        yield block_table(shards, a, min(stop, a + b), columns, int_fields, every_member)
 
 
 def samples_of(
