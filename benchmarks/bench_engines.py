@@ -85,6 +85,37 @@ def spark_write(spark: Any, df: Any, n: int, out: str) -> float:
     return n / dt
 
 
+_TV_STUB = {  # MDS imports torchvision at ``import streaming`` (run.py's _stub_torchvision)
+    "torchvision/__init__.py": "from . import datasets, transforms\n__version__ = '0.0-stub'\n",
+    "torchvision/datasets/__init__.py": "class VisionDataset:\n    pass\nCIFAR10 = VisionDataset\n",
+    "torchvision/transforms/__init__.py": "from . import functional\n",
+    "torchvision/transforms/functional.py": "def to_tensor(x):\n    return x\n",
+}
+
+
+def stub_torchvision(root: str) -> None:
+    """Where torchvision does not import (PyPI's wheel beside the pinned CPU torch), a stub
+    package on ``PYTHONPATH`` for this process and Spark's Python workers: MDS's writer never
+    uses it. Before the Spark session starts (its workers inherit the environment)."""
+    try:
+        import torchvision  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+
+        return
+    except Exception:
+        pass
+    import sys
+
+    d = os.path.join(root, "tvstub")
+    for rel, text in _TV_STUB.items():
+        os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+        with open(os.path.join(d, rel), "w") as f:
+            f.write(text)
+    for m in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[m]
+    sys.path.insert(0, d)
+    os.environ["PYTHONPATH"] = os.pathsep.join([d, os.environ.get("PYTHONPATH", "")])
+
+
 def mds_write(df: Any, n: int, out: str) -> float | None:
     try:
         from streaming.base.converters import dataframe_to_mds  # type: ignore[import-not-found]
@@ -205,6 +236,7 @@ def main() -> None:
             return
         from pyspark.sql import SparkSession
 
+        stub_torchvision(root)
         spark = (
             SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
             .config("spark.driver.memory", "4g").config("spark.ui.showConsoleProgress", "false").getOrCreate()
