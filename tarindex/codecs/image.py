@@ -347,6 +347,8 @@ class ImageDecode:
             width, height = jpeg_size(data, self.backend)
             (left, top, w, h), flipped = self.box(width, height, epoch, index)
             k = dct_factor(min(w / tw, h / th))  # 1/k keeps the box >= the target
+            if min(width, height) < 8 * k:  # the pure backends cannot give 1/k exactly there
+                k = 1
             whole = (self.resize or _ACTIVE[0]) != "pil"  # torch's resize takes whole pixels
             while True:
                 sw, sh = -(-width // k), -(-height // k)  # the image at 1/k

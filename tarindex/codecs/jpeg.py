@@ -397,7 +397,19 @@ def _region(
     if name == "libjpeg":
         name = "simplejpeg" if _SJ is not None else "pil"
     w, h = jpeg_size(data, name)
-    whole = _scaled(data, w // k, h // k, max_pixels, name)
+    sw, sh = -(-w // k), -(-h // k)
+    # simplejpeg picks the smallest n/8 giving at least the size asked: ask the exact 1/k
+    # size (below 8 pixels a side, another n/8 gives it too). Pillow's draft takes the scale
+    # min(w // asked_w, h // asked_h): ask w // k.
+    sj = name == "simplejpeg" and min(w, h) >= 8
+    whole = _scaled(data, sw, sh, max_pixels, name) if sj else None
+    if whole is None or whole.shape[:2] != (sh, sw):
+        whole = _scaled(data, w // k, h // k, max_pixels, "pil")
+    if whole.shape[:2] != (sh, sw):  # was: a region sliced from another scale, silently
+        raise ValueError(
+            f"a {w}x{h} JPEG at 1/{k} is {sw}x{sh}; this backend decoded {whole.shape[1]}x"
+            f"{whole.shape[0]} (a side under 8 pixels: decode at k=1)"
+        )
     if not (0 <= x0 < x1 <= whole.shape[1] and 0 <= y0 < y1 <= whole.shape[0]):
         raise ValueError(
             f"region={region!r}: outside the {whole.shape[1]}x{whole.shape[0]} image at 1/{k}"

@@ -210,3 +210,44 @@ def test_extreme_but_valid_arguments_decode(base: bytes) -> None:
     for kw in kws:
         spec = tarindex.ImageDecode(**{"size": 32, **kw})  # type: ignore[arg-type]
         assert spec.decode("jpg", base, index=3).shape == (3, 32, 32)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "libjpeg"])
+def test_the_pure_region_decode_gives_the_scale_asked_or_refuses(backend: str) -> None:
+    """Was: Pillow's draft (1x50 asked at 1/2: full size) and simplejpeg (5x5 at 1/4: 1/8)
+    decoded at another scale and the region was sliced from it: wrong pixels, no error."""
+    checked = 0
+    for w, h in ((1, 50), (50, 1), (5, 5), (3, 3), (9, 17), (61, 37), (8, 8)):
+        data = _photo_sized(w, h)
+        for k in (2, 4, 8):
+            sw, sh = -(-w // k), -(-h // k)
+            try:
+                got = jpeg.decode_region(data, k, (0, 0, sw, sh), 1 << 25, backend)
+            except ValueError as e:
+                assert min(w, h) < 8 * k and f"at 1/{k} is {sw}x{sh}" in str(e)
+                continue
+            assert got.shape == (sh, sw, 3)
+            if "libjpeg" in BACKENDS:
+                want = jpeg.decode_region(data, k, (0, 0, sw, sh), 1 << 25, "libjpeg")
+                np.testing.assert_array_equal(got, want, err_msg=f"{w}x{h} at 1/{k}")
+            checked += 1
+    assert checked >= 8
+
+
+def test_image_decode_of_tiny_images_is_the_same_on_every_backend() -> None:
+    for w, h in ((1, 50), (50, 1), (5, 5), (1, 1), (12, 9)):
+        data = _photo_sized(w, h)
+        for size in (1, 2, (3, 1), 224):
+            outs = [
+                tarindex.ImageDecode(size, backend=b, resize="pil").decode("jpg", data, index=w * h)
+                for b in BACKENDS
+            ]
+            for b, o in zip(BACKENDS, outs, strict=True):
+                np.testing.assert_array_equal(o, outs[0], err_msg=f"{w}x{h} {size} {b}")
+
+
+def _photo_sized(w: int, h: int) -> bytes:
+    src = Image.open(io.BytesIO(photo_jpegs(1, (320, 240), seed=5)[0])).resize((w, h))
+    out = io.BytesIO()
+    src.save(out, "JPEG", quality=90)
+    return out.getvalue()
