@@ -72,6 +72,9 @@ class NotATarError(TarHeaderError):
 class CompressedTarError(FormatError):
     """The file is a compressed stream (gzip, bzip2, xz, zstd, lz4), not a plain tar."""
 
+    compression: str | None = None
+    """The stream's format by its magic bytes (``"gzip"``, ``"zstd"``, ...), when known."""
+
 
 class TrailingGarbageError(FormatError):
     """Non-zero bytes that are not a tar header follow the end-of-archive marker."""

@@ -20,15 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._version import __version__
-from ..errors import NotATarError, TarIndexError
+from ..errors import CompressedTarError, TarIndexError
 from ..format.group import group_members
 from ..format.index import IndexTables, encode_index
 from ..format.keys import NO_SAMPLE, no_sample_reason, normalize_name
 from ..format.spec import GZIP_SPACING, MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
-from ..format.tar import compression_of
 from ..format.url import is_url
 from ..format.zstd_dict import DictEntry, dict_id_of, entry_for
-from ..storage.bytesource import open_regular
 from ..storage.indexfile import index_path_for, write_atomic
 from ..storage.remote import download, local_path
 from .gzbuild import check_spacing, gunzipped
@@ -38,7 +36,6 @@ __all__ = [
     "IndexResult",
     "build_index",
     "build_indexes",
-    "compression_of_file",
     "find_zstd_dict",
     "index_tables_for",
     "local_tar",
@@ -193,29 +190,17 @@ def build_index(
         OSError: The tar cannot be read or the index cannot be written.
     """
     tar_path = os.fspath(tar_path)
-    if compression_of_file(tar_path) == "gzip":
+    try:  # a plain tar is opened once; the scan's first block tells a gzip stream apart
+        tables = _tables(tar_path, require_end, checksums, tar_path)
+    except CompressedTarError as e:
+        if e.compression != "gzip":
+            raise
         check_spacing(gzip_spacing)
         with gunzipped(tar_path, gzip_spacing, tmp_dir, on_read) as (plain, gz):
             tables = _tables(plain, require_end, True, tar_path)
             tables.gzip = gz
-    else:
-        tables = _tables(tar_path, require_end, checksums, tar_path)
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables
-
-
-def compression_of_file(path: str) -> str | None:
-    """The compression a file's first bytes announce (``"gzip"``, ``"zstd"``, ...), or None.
-
-    Raises:
-        OSError: The file cannot be opened (a FIFO or device is refused, never read).
-    """
-    fd = open_regular(path, "a tar", NotATarError)
-    try:
-        comp = compression_of(os.pread(fd, 8, 0))
-    finally:
-        os.close(fd)
-    return None if comp is None else comp[0]
 
 
 def _tables(path: str, require_end: bool, checksums: bool, shown: str) -> IndexTables:

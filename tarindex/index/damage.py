@@ -56,10 +56,12 @@ def fail_head(path: str, head: bytes) -> None:
                 f"`{cmd} < {path} | gzip > {stem}.tar.gz` then `tarindex index {stem}.tar.gz`; "
                 f"or decompress it: `{cmd} < {path} > {stem}.tar`"
             )
-        raise CompressedTarError(
+        err = CompressedTarError(
             f"{path}: byte 0: found a {fmt} stream, expected a plain tar header; tarindex reads "
             f"plain and gzip-compressed tars at random, not {fmt} ones (no seek points): {fix}"
         )
+        err.compression = fmt
+        raise err
 
 
 def _stem(path: str) -> str:
