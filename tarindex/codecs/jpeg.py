@@ -122,9 +122,15 @@ def _pil_open(data: Any) -> Any:
     try:
         return Image.open(io.BytesIO(data), formats=["JPEG"])
     except UnidentifiedImageError as e:
+        why = ""
+        if bytes(data[:2]) == b"\xff\xd8" and _EXT is not None:
+            try:  # a JPEG's start: say what libjpeg finds wrong (12-bit, zero width, ...)
+                _EXT.header(data)
+            except ValueError as lib:
+                why = f": {lib}"
         raise Refused(
-            f"not a JPEG image (starts {bytes(data[:12])!r}); a member is opened only as the "
-            f"format its extension names, never by content"
+            f"not a JPEG image Pillow can open (starts {bytes(data[:12])!r}){why}; a member is "
+            f"opened only as the format its extension names, never by content"
         ) from e
 
 

@@ -251,3 +251,38 @@ def _photo_sized(w: int, h: int) -> bytes:
     out = io.BytesIO()
     src.save(out, "JPEG", quality=90)
     return out.getvalue()
+
+
+def _sof(data: bytes, at: int, value: bytes) -> bytes:
+    p = data.index(b"\xff\xc0")
+    return data[: p + at] + value + data[p + at + len(value) :]
+
+
+@pytest.mark.parametrize(
+    ("what", "at", "value", "libjpeg_says"),
+    [
+        ("12-bit", 4, b"\x0c", "Unsupported JPEG data precision 12"),
+        ("zero height", 5, b"\x00\x00", "Empty JPEG image"),
+        ("zero width", 7, b"\x00\x00", "Empty JPEG image"),
+    ],
+)
+def test_a_jpeg_header_no_backend_reads_is_named_as_such(
+    base: bytes, what: str, at: int, value: bytes, libjpeg_says: str
+) -> None:
+    """Was: 'not a JPEG image' for a JPEG with a 12-bit or zero-sized frame."""
+    data = _sof(base, at, value)
+    for backend in BACKENDS:
+        with pytest.raises(Refused, match="not a JPEG image Pillow can open") as e:
+            tarindex.ImageDecode(32, backend=backend).decode("jpg", data)
+        if "libjpeg" in BACKENDS:
+            assert libjpeg_says in str(e.value), what
+
+
+def test_a_huge_frame_in_a_small_file_is_refused_before_any_pixel(base: bytes) -> None:
+    """65535x65535 (and 6000x6000, within libjpeg's limit) in a 27 KB file: no allocation."""
+    for w, h in ((65535, 65535), (6000, 6000), (65000, 1000)):
+        data = _sof(_sof(base, 5, h.to_bytes(2, "big")), 7, w.to_bytes(2, "big"))
+        for backend in BACKENDS:
+            with pytest.raises(Exception, match=r"pixels|exceeds limit") as e:
+                jpeg.decode_region(data, 1, (0, 0, 8, 8), 1 << 25, backend)
+            assert not isinstance(e.value, MemoryError)
