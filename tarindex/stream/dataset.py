@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 
 from ..codecs import DecodeSpec, ExtDecoder, make_decoder
 from ..codecs.select import Selection, select_fields
+from ..errors import DecodeError
 from ..plan.checks import check_int, check_sizes, check_u64
 from ..plan.epoch import WorkerPlan, batch_span, epoch_blocks, plan_worker, rank_share, slot_span
 from ..plan.state import shard_layout
@@ -35,7 +36,7 @@ from ..storage.remote import RemoteOptions
 from .epochs import Env, Layouts, StreamEpochOwner
 from .executor import Executor
 from .finish import SKIP, Finisher, check_on_error
-from .images import PackedImages, decode_packed, image_spec
+from .images import PackedImages, decode_packed, decode_packed_skipping, image_spec
 from .pack import INT_FIELDS, Alloc, Packed, numpy_alloc
 from .shards import open_shards
 
@@ -327,7 +328,9 @@ class StreamDataset(StreamEpochOwner):
         for b in self.executor.batches(
             p, start, int(self.batch_size), self.int_fields, self._raw_alloc(), self._passed  # type: ignore[arg-type]
         ):
-            yield wrap(b)
+            out = wrap(b)
+            if out is not None:  # None: every sample skipped (on_error="skip")
+                yield out
 
     def _raw_alloc(self) -> Alloc:
         """Raw batches: the batch's buffer, or the worker's own when images are made of them."""
@@ -337,7 +340,15 @@ class StreamDataset(StreamEpochOwner):
         """A raw batch decoded into one image array (:mod:`tarindex.stream.images`)."""
         dec, spec = self.decoder, self.image_spec
         assert isinstance(dec, ExtDecoder) and spec is not None
-        got = decode_packed(packed, spec, dec.epoch, dec.max_image_pixels, self._alloc, self._alloc)
+        args = (packed, spec, dec.epoch, dec.max_image_pixels, self._alloc, self._alloc)
+        try:
+            got = decode_packed(*args)
+        except DecodeError:
+            if self.on_error != "skip":
+                raise
+            got = decode_packed_skipping(*args)  # the bad samples warned about, left out
+            if not len(got.keys):
+                return None  # every sample skipped: no batch
         return self._wrap_images(got)
 
     def _wrap_images(self, packed: PackedImages) -> Any:
@@ -357,10 +368,11 @@ class StreamDataset(StreamEpochOwner):
         wrap = self._wrap_batch if self.image_spec is None else self._images
         if isinstance(self.decoder, ExtDecoder):
             self.decoder.set_epoch(p.epoch)
-        return map(
+        got = map(
             wrap,
             self.executor.batches(p, start, self.batch_size, self.int_fields, self._raw_alloc()),
         )
+        return (b for b in got if b is not None)  # None: every sample skipped
 
     # -- batch buffers (the torch layer puts them in shared memory) ---------------------------
     def _alloc(self, nbytes: int) -> tuple[Any, NDArray[np.uint8]]:

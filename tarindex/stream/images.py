@@ -18,6 +18,7 @@ With ``ImageDecode(device="cuda")`` nothing is decoded here: the image bytes sta
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..codecs.compress import Refused
 from ..codecs.exts import IMAGE_EXTS, IMAGE_FORMATS, last_ext
 from ..codecs.jpeg import check_stream, jpeg_size
 from ..errors import DecodeError
-from .pack import Alloc, Packed
+from .pack import Alloc, Packed, numpy_alloc, pack_samples
 
 __all__ = ["BOX_COLUMNS", "PackedImages", "decode_packed", "image_spec", "keep_fields"]
 
@@ -230,3 +231,43 @@ def decode_packed(
     return PackedImages(
         keep, exts, packed.ints, packed.keys, packed.global_index, packed.shards, raw, None
     )
+
+
+def decode_packed_skipping(
+    packed: Packed,
+    spec: ImageDecode,
+    epoch: int,
+    max_pixels: int,
+    alloc: Alloc,
+    raw_alloc: Alloc,
+) -> PackedImages:
+    """:func:`decode_packed` under ``on_error="skip"``: the samples that decode, in order.
+
+    A sample that cannot be decoded is warned about (``RuntimeWarning`` naming shard, key,
+    extension and why) and left out of the batch, which then holds fewer samples (none, if
+    every one fails: the dataset then yields no batch). Only run after
+    :func:`decode_packed` raised: each sample is tried alone, the others packed again and
+    decoded together.
+    """
+    src = np.asarray(packed.data).reshape(-1)
+    good: list[dict[str, Any]] = []
+    for b, key in enumerate(packed.keys):
+        smp: dict[str, Any] = {"__key__": key, "__shard__": packed.shards[b]}
+        if int(packed.global_index[b]) >= 0:
+            smp["__index__"] = int(packed.global_index[b])
+        for f, name in enumerate(packed.fields):
+            if packed.present[f, b]:
+                smp[name] = src[int(packed.offsets[f, b]) : int(packed.offsets[f, b + 1])]
+        for name, col in packed.ints.items():
+            if int(col[b]) >= 0:
+                smp[name] = int(col[b])
+        try:
+            decode_packed(pack_samples([smp], packed.ints), spec, epoch, max_pixels, *_NEW)
+        except DecodeError as e:
+            warnings.warn(f"{e}: skipped (on_error='skip')", RuntimeWarning, stacklevel=2)
+            continue
+        good.append(smp)
+    return decode_packed(pack_samples(good, packed.ints), spec, epoch, max_pixels, alloc, raw_alloc)
+
+
+_NEW = (numpy_alloc, numpy_alloc)

@@ -286,3 +286,39 @@ def test_a_huge_frame_in_a_small_file_is_refused_before_any_pixel(base: bytes) -
             with pytest.raises(Exception, match=r"pixels|exceeds limit") as e:
                 jpeg.decode_region(data, 1, (0, 0, 8, 8), 1 << 25, backend)
             assert not isinstance(e.value, MemoryError)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 4])
+def test_streaming_batches_skip_a_bad_image_under_on_error_skip(
+    tmp_path: Path, base: bytes, batch_size: int
+) -> None:
+    """Was: batched=True with ImageDecode raised the DecodeError despite on_error='skip'."""
+    torch = pytest.importorskip("torch")
+    good = photo_jpegs(2, (320, 240), seed=6)
+    with tarindex.ShardWriter(str(tmp_path / "s-%06d.tar"), maxcount=10) as sink:
+        sink.write({"__key__": "g0", "jpg": good[0], "cls": 0})
+        sink.write({"__key__": "empty", "jpg": b"", "cls": 1})
+        sink.write({"__key__": "cut", "jpg": base[: len(base) // 2], "cls": 2})
+        sink.write({"__key__": "g1", "jpg": good[1], "cls": 3})
+    ds = tarindex.TarIterableDataset(
+        str(tmp_path / "s-*.tar"), batched=True, batch_size=batch_size,
+        decode=tarindex.ImageDecode(32), on_error="skip", shuffle=False,
+    )
+    with pytest.warns(RuntimeWarning) as rec:
+        batches = list(ds)
+    msgs = [str(w.message) for w in rec if "skipped" in str(w.message)]
+    assert len(msgs) == 2
+    assert any("sample 'empty', extension 'jpg'" in m for m in msgs)
+    assert any("sample 'cut', extension 'jpg'" in m and "JPEG is cut" in m for m in msgs)
+    assert [k for b in batches for k in b.keys] == ["g0", "g1"]
+    assert [c for b in batches for c in b.cls.tolist()] == [0, 3]
+    one = tarindex.TarDataset(str(tmp_path / "s-*.tar"), decode=tarindex.ImageDecode(32))
+    got = torch.cat([b.decode() for b in batches])
+    assert torch.equal(got[0], torch.from_numpy(one[0]["jpg"]))
+    assert torch.equal(got[1], torch.from_numpy(one[3]["jpg"]))
+    strict = tarindex.TarIterableDataset(
+        str(tmp_path / "s-*.tar"), batched=True, batch_size=batch_size,
+        decode=tarindex.ImageDecode(32), shuffle=False,
+    )
+    with pytest.raises(DecodeError, match="sample 'empty'"):
+        list(strict)
