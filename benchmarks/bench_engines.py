@@ -124,7 +124,7 @@ def mds_write(df: Any, n: int, out: str) -> float | None:
     t0 = time.perf_counter()
     dataframe_to_mds(
         df, merge_index=True,
-        mds_kwargs={"out": out, "columns": {"__key__": "str", "bin": "bytes", "cls": "int",
+        mds_kwargs={"out": out, "columns": {"__key__": "str", "bin": "bytes", "cls": "int64",
                                             "json": "str"}, "size_limit": 1 << 26},
     )
     return n / (time.perf_counter() - t0)
