@@ -11,8 +11,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CHUNK_SHIFT 10 /* tarindex.read.checks.CHUNK_SHIFT */
 
@@ -20,8 +26,6 @@
  * structure these loops read of a reader (its public attribute `hot`), by field position.
  * tests/test_kernel_compiled.py checks these positions against HotTables._fields. */
 #define HOT_FIELDS 16
-#define HOT_MM 9      /* the tar's mapping: its size() is the cut check */
-#define HOT_SIZE 10   /* the tar's size when opened */
 #define HOT_TABLES 15 /* a Tables, or None: hand back */
 
 /* `hot` a HotTables whose tables are a Tables (else hand back) */
@@ -35,10 +39,291 @@
 #define PREFETCH(p) ((void)(p))
 #endif
 
+
+/* ---- the fault guard: a tar cut while mapped is an error, never SIGBUS ------------------
+ *
+ * Every copy (and integer parse) out of a tar's mapping runs inside guarded_copy or
+ * guarded_parse: the calling thread's Guard names the source range and a sigsetjmp point.
+ * A SIGBUS whose address lies in that range (a page past the end of a file cut since it was
+ * mapped, or an I/O error under the mapping) jumps back there, and the copy reports the
+ * byte it faulted at; the caller then raises the Mapped's error (tarindex.read.checks.
+ * tar_fault: TruncatedError naming the file and offset). Nothing but memcpy or the parse
+ * runs between the sigsetjmp and the jump (no allocation, no Python), so jumping out is
+ * sound. Any other SIGBUS goes to the handler that was there before (faulthandler's, or the
+ * default: the process dies as it would have). The handler is installed at import and put
+ * back in front whenever a Mapped is made, if someone (faulthandler.enable()) replaced it. */
+typedef struct {
+    sigjmp_buf jb;
+    const char *lo, *hi;     /* the guarded source range */
+    const char *volatile at; /* where it faulted */
+} Guard;
+
+static __thread Guard *volatile cur_guard __attribute__((tls_model("initial-exec")));
+static struct sigaction prev_bus; /* the handler ours replaced: called for faults not ours */
+
+static void on_bus(int sig, siginfo_t *info, void *ctx) {
+    Guard *g = cur_guard;
+    const char *a = info != NULL ? (const char *)info->si_addr : NULL;
+    if (g != NULL && info != NULL && info->si_code > 0 && a >= g->lo && a < g->hi) {
+        g->at = a;
+        cur_guard = NULL;
+        siglongjmp(g->jb, 1);
+    }
+    void (*h)(int) = prev_bus.sa_handler;
+    if (h == SIG_DFL || h == SIG_IGN) { /* die as before: the fault recurs on return */
+        struct sigaction d;
+        memset(&d, 0, sizeof d);
+        d.sa_handler = SIG_DFL;
+        sigaction(SIGBUS, &d, NULL);
+        return;
+    }
+    if (prev_bus.sa_flags & SA_SIGINFO)
+        prev_bus.sa_sigaction(sig, info, ctx);
+    else
+        h(sig);
+}
+
+/* Put on_bus in front of the SIGBUS handler (once, or again if another replaced it). */
+static void guard_install(void) {
+    struct sigaction now, ours;
+    if (sigaction(SIGBUS, NULL, &now) < 0) return;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_bus) return;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_bus;
+    sigemptyset(&ours.sa_mask);
+    /* SA_NODEFER: sigsetjmp(, 0) does not restore the mask, so SIGBUS must not stay blocked
+     * after the jump; SA_ONSTACK: a fault with the stack exhausted still reaches us */
+    ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    if (sigaction(SIGBUS, &ours, &prev_bus) < 0) return;
+}
+
+#define BARRIER() __asm__ __volatile__("" ::: "memory")
+
+/* memcpy(dst, src, n); -1 with *at the faulting source address if the mapping faulted. */
+static __attribute__((noinline)) int guarded_copy(char *dst, const char *src, size_t n,
+                                                  const char **at) {
+    Guard g;
+    if (n == 0) return 0;
+    g.lo = src;
+    g.hi = src + n;
+    g.at = NULL;
+    if (sigsetjmp(g.jb, 0)) {
+        *at = g.at;
+        return -1;
+    }
+    cur_guard = &g;
+    BARRIER();
+    memcpy(dst, src, n);
+    BARRIER();
+    cur_guard = NULL;
+    return 0;
+}
+
+static int parse_decimal(const char *p, Py_ssize_t n, int64_t *out);
+
+/* parse_decimal over a mapping: 1, 0 (not a decimal) or -1 (*at: it faulted there). */
+static __attribute__((noinline)) int guarded_parse(const char *p, Py_ssize_t n, int64_t *out,
+                                                   const char **at) {
+    Guard g;
+    volatile int ok = 0;
+    g.lo = p;
+    g.hi = p + n;
+    g.at = NULL;
+    if (sigsetjmp(g.jb, 0)) {
+        *at = g.at;
+        return -1;
+    }
+    cur_guard = &g;
+    BARRIER();
+    ok = parse_decimal(p, n, out);
+    BARRIER();
+    cur_guard = NULL;
+    return ok;
+}
+
+/* ---- Mapped: a tar's mapping, its descriptor and what it was when opened ----------------- */
+
+typedef struct {
+    PyObject_HEAD
+    char *base;      /* the mapping of the tar's `size` bytes (NULL: none, size 0) */
+    int fd;          /* owned: closed with the object (the mapping's and the check's) */
+    long long size, dev, ino, mtime_ns; /* the tar when opened (fstat) */
+    PyObject *fault; /* fault(at) -> the error to raise (tarindex.read.checks.tar_fault) */
+} Mapped;
+
+static PyTypeObject MappedType;
+
+/* Raise m's error for a fault at byte `at` of the tar (-1: a change seen by check). */
+static void mapped_raise(PyObject *obj, Py_ssize_t at) {
+    Mapped *m = (obj != NULL && PyObject_TypeCheck(obj, &MappedType)) ? (Mapped *)obj : NULL;
+    PyObject *e = m != NULL && m->fault != NULL ? PyObject_CallFunction(m->fault, "n", at) : NULL;
+    if (m != NULL && m->fault != NULL && e == NULL) return; /* fault() raised: that error */
+    if (e != NULL && PyExceptionInstance_Check(e)) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+    } else {
+        PyErr_Format(PyExc_OSError, "byte %zd: reading a mapped tar faulted (SIGBUS)", at);
+    }
+    Py_XDECREF(e);
+}
+
+/* 0 if the tar is as it was when opened (size, device, inode, mtime: one fstat), else -1
+ * with m's error set (TruncatedError if cut, StaleIndexError if changed): the C side of
+ * tarindex.read.checks.tar_fault. */
+static int mapped_check(Mapped *m) {
+    struct stat st;
+    if (fstat(m->fd, &st) == 0 && (long long)st.st_size == m->size &&
+        (long long)st.st_dev == m->dev && (long long)st.st_ino == m->ino &&
+        (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == m->mtime_ns)
+        return 0;
+    mapped_raise((PyObject *)m, -1);
+    if (!PyErr_Occurred()) /* fault() saw nothing wrong: a race with a change back */
+        return 0;
+    return -1;
+}
+
+static void Mapped_dealloc(Mapped *m) {
+    if (m->base != NULL) munmap(m->base, (size_t)m->size);
+    if (m->fd >= 0) close(m->fd);
+    Py_CLEAR(m->fault);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyObject *Mapped_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Mapped *m = (Mapped *)type->tp_alloc(type, 0);
+    if (m != NULL) m->fd = -1;
+    return (PyObject *)m;
+}
+
+/* Mapped(fd, size, dev, ino, mtime_ns, fault): maps `size` bytes of fd read-only; fd is
+ * owned once this returns without an error (the caller closes it otherwise). */
+static int Mapped_init(Mapped *m, PyObject *args, PyObject *kw) {
+    static char *names[] = {"fd", "size", "dev", "ino", "mtime_ns", "fault", NULL};
+    PyObject *fault;
+    int fd;
+    long long size, dev, ino, mtime;
+    if (m->fd >= 0) {
+        PyErr_SetString(PyExc_TypeError, "Mapped is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iLLLLO:Mapped", names, &fd, &size, &dev, &ino,
+                                     &mtime, &fault))
+        return -1;
+    if (size < 0 || (unsigned long long)size > (unsigned long long)PY_SSIZE_T_MAX) {
+        PyErr_SetString(PyExc_ValueError, "Mapped: size out of range");
+        return -1;
+    }
+    if (size > 0) {
+        void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        m->base = p;
+    }
+    m->fd = fd; /* owned from here on */
+    m->size = size;
+    m->dev = dev;
+    m->ino = ino;
+    m->mtime_ns = mtime;
+    Py_INCREF(fault);
+    m->fault = fault;
+    guard_install();
+    return 0;
+}
+
+/* The buffer of the mapping, read-only: for the loops of this module (which copy out of it
+ * guarded), never for Python code (which slices, guarded). */
+static int Mapped_getbuffer(Mapped *m, Py_buffer *view, int flags) {
+    if (m->fd < 0) {
+        PyErr_SetString(PyExc_BufferError, "Mapped is not initialised");
+        return -1;
+    }
+    static char empty[1];
+    return PyBuffer_FillInfo(view, (PyObject *)m, m->base != NULL ? m->base : empty,
+                             (Py_ssize_t)m->size, 1, flags);
+}
+
+static PyBufferProcs Mapped_as_buffer = {(getbufferproc)Mapped_getbuffer, NULL};
+
+static Py_ssize_t Mapped_len(Mapped *m) { return m->base != NULL ? (Py_ssize_t)m->size : 0; }
+
+/* m[a:b]: a copy of those bytes (clamped as bytes slicing is); the fault guard around it. */
+static PyObject *Mapped_subscript(Mapped *m, PyObject *item) {
+    Py_ssize_t a, b, step;
+    if (!PySlice_Check(item)) {
+        PyErr_SetString(PyExc_TypeError, "Mapped indices must be slices");
+        return NULL;
+    }
+    if (PySlice_Unpack(item, &a, &b, &step) < 0) return NULL;
+    Py_ssize_t n = PySlice_AdjustIndices(Mapped_len(m), &a, &b, step);
+    if (step != 1) {
+        PyErr_SetString(PyExc_ValueError, "Mapped slices have step 1");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    const char *at = NULL, *src = (const char *)m->base + a;
+    if (out == NULL) return NULL;
+    if (guarded_copy(PyBytes_AS_STRING(out), src, (size_t)n, &at) < 0) {
+        Py_DECREF(out);
+        mapped_raise((PyObject *)m, a + (at - src));
+        return NULL;
+    }
+    return out;
+}
+
+static PyMappingMethods Mapped_as_mapping = {(lenfunc)Mapped_len, (binaryfunc)Mapped_subscript,
+                                             NULL};
+
+static PyObject *Mapped_check(Mapped *m, PyObject *unused) {
+    if (mapped_check(m) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* willneed(start, end): madvise(MADV_WILLNEED) over those bytes (a read-ahead hint). */
+static PyObject *Mapped_willneed(Mapped *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "willneed(start, end)");
+        return NULL;
+    }
+    Py_ssize_t a = PyLong_AsSsize_t(args[0]), b;
+    if (a == -1 && PyErr_Occurred()) return NULL;
+    b = PyLong_AsSsize_t(args[1]);
+    if (b == -1 && PyErr_Occurred()) return NULL;
+    if (a < 0) a = 0;
+    if (b > Mapped_len(m)) b = Mapped_len(m);
+    if (m->base != NULL && b > a) {
+        long page = sysconf(_SC_PAGESIZE);
+        Py_ssize_t p0 = a - a % (page > 0 ? page : 4096);
+        (void)madvise(m->base + p0, (size_t)(b - p0), MADV_WILLNEED); /* a hint: no error */
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Mapped_methods[] = {
+    {"willneed", (PyCFunction)(void (*)(void))Mapped_willneed, METH_FASTCALL,
+     "willneed(start, end): ask the kernel to read those bytes ahead (madvise)."},
+    {"check", (PyCFunction)Mapped_check, METH_NOARGS,
+     "check(): raise the error of a tar changed since it was opened (size, device, inode, "
+     "mtime; one fstat)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject MappedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarindex.read._kernel.Mapped",
+    .tp_basicsize = sizeof(Mapped),
+    .tp_dealloc = (destructor)Mapped_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A tar's mapping and descriptor (owned), read with the fault guard.",
+    .tp_methods = Mapped_methods,
+    .tp_init = (initproc)Mapped_init,
+    .tp_new = Mapped_new,
+    .tp_as_buffer = &Mapped_as_buffer,
+    .tp_as_mapping = &Mapped_as_mapping,
+};
+
 /* ---- Tables: one open shard's tables and tar bytes, pinned while the object lives ------ */
 
 static uint64_t kernel_calls = 0; /* numbers the calls that check each mapping's size once */
-static PyObject *str_hot, *str_size, *str_open, *str_check, *str_python, *str_key, *str_shard,
+static PyObject *str_hot, *str_open, *str_check, *str_python, *str_key, *str_shard,
     *str_index;
 
 typedef struct {
@@ -50,6 +335,7 @@ typedef struct {
     Py_ssize_t kbase;    /* where the key blob starts in `keys` */
     Py_ssize_t kend;     /* where it ends */
     PyObject *exts;      /* tuple of str: extension names by id */
+    PyObject *mapped;    /* `data` when it is a Mapped (its check and fault), else NULL */
     Py_ssize_t n_exts;
     uint64_t mark;       /* the batch() call that last checked this mapping's size */
 } Tables;
@@ -63,6 +349,7 @@ static Py_buffer *tables_buf(Tables *t, int i) {
 static void tables_clear(Tables *t) {
     while (t->nbuf > 0) PyBuffer_Release(tables_buf(t, --t->nbuf));
     Py_CLEAR(t->exts);
+    Py_CLEAR(t->mapped);
     t->n = t->members = t->kbase = t->kend = t->n_exts = 0;
 }
 
@@ -104,11 +391,31 @@ static int Tables_init(Tables *t, PyObject *args, PyObject *kw) {
     }
     Py_INCREF(obj[9]);
     t->exts = obj[9];
+    if (PyObject_TypeCheck(obj[8], &MappedType)) t->mapped = Py_NewRef(obj[8]);
     t->n_exts = PyTuple_GET_SIZE(obj[9]);
     return 0;
 fail: /* a half-set object would read past what it holds (sample() after a caught error) */
     tables_clear(t);
     return -1;
+}
+
+/* The cut and change check of t's tar (Mapped.check): 0, or -1 with the error set. */
+static int tables_check(Tables *t) {
+    return t->mapped == NULL ? 0 : mapped_check((Mapped *)t->mapped);
+}
+
+/* bytes of s bytes at offset o of t's tar, copied with the fault guard; NULL with the
+ * error set (the Mapped's, naming the byte it faulted at). */
+static PyObject *tables_bytes(Tables *t, uint64_t o, uint64_t s) {
+    PyObject *v = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)s);
+    const char *at = NULL, *src = (const char *)t->data.buf + o;
+    if (v == NULL) return NULL;
+    if (guarded_copy(PyBytes_AS_STRING(v), src, (size_t)s, &at) < 0) {
+        Py_DECREF(v);
+        mapped_raise(t->mapped, (Py_ssize_t)o + (at - src));
+        return NULL;
+    }
+    return v;
 }
 
 /* Sample j's key and member run, bounded; 0 = hand back (unchecked chunk or out of bounds). */
@@ -152,7 +459,6 @@ static PyObject *tables_dict(Tables *t, Py_ssize_t j, const char *want, PyObject
     if (!tables_row(t, j, &k0, &k1, &m0, &m1)) Py_RETURN_NONE;
     for (uint64_t m = m0; m < m1; m++)
         if (!member_ok(t, m)) Py_RETURN_NONE;
-    const char *data = t->data.buf;
     PyObject *d = PyDict_New(), *v;
     if (d == NULL) return NULL;
     v = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0, (Py_ssize_t)(k1 - k0),
@@ -171,7 +477,7 @@ static PyObject *tables_dict(Tables *t, Py_ssize_t j, const char *want, PyObject
             Py_RETURN_NONE;
         }
         if (want != NULL && !want[e]) continue;
-        v = PyBytes_FromStringAndSize(data + o, (Py_ssize_t)s);
+        v = tables_bytes(t, o, s);
         if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(t->exts, e), v) < 0) goto fail;
         Py_DECREF(v);
     }
@@ -482,9 +788,11 @@ static PyObject *k_pack(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
             ret = k;
             break;
         }
-        const char *p = (const char *)db[s].buf + a;
+        const char *p = (const char *)db[s].buf + a, *at = NULL;
+        int okc = 1;
         if (d < 0) {
-            if (!parse_decimal(p, (Py_ssize_t)len, &vals[k])) {
+            okc = guarded_parse(p, (Py_ssize_t)len, &vals[k], &at);
+            if (okc == 0) {
                 ret = k;
                 break;
             }
@@ -492,7 +800,11 @@ static PyObject *k_pack(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
             ret = k;
             break;
         } else {
-            memcpy(o + d, p, (size_t)len);
+            okc = guarded_copy(o + d, p, (size_t)len, &at);
+        }
+        if (okc < 0) { /* a mapped tar cut under the copy: its error */
+            mapped_raise(PyTuple_GET_ITEM(datas, s), (Py_ssize_t)a + (at - p));
+            goto done;
         }
     }
     res = PyLong_FromSsize_t(ret);
@@ -658,20 +970,12 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (ck == NULL) goto done;
         int ok = HOT_OK(ck);
         Tables *t = ok ? (Tables *)PyTuple_GET_ITEM(ck, HOT_TABLES) : NULL;
-        if (ok && t->mark != call) { /* cut while mapped: SIGBUS otherwise (READING.md) */
-            PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, HOT_MM), str_size);
-            if (now == NULL) {
+        if (ok && t->mark != call) { /* cut or changed since opened: its error (READING.md) */
+            if (tables_check(t) < 0) {
                 Py_DECREF(ck);
                 goto done;
             }
-            int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, HOT_SIZE), Py_GE);
-            Py_DECREF(now);
-            if (cmp < 0) {
-                Py_DECREF(ck);
-                goto done;
-            }
-            ok = cmp;
-            if (ok) t->mark = call; /* once per call: see READING.md, "Compiled loops" */
+            t->mark = call; /* once per call: see READING.md, "Compiled loops" */
         }
         if (ok) { /* owned: alloc() and fields run Python code, which may close a reader */
             Py_INCREF(t);
@@ -746,10 +1050,17 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             if (!is_int) {
                 *cell = (int64_t)ms;
-            } else if (!parse_decimal((const char *)t->data.buf + mo, (Py_ssize_t)ms, cell) ||
-                       *cell == -1) {
-                res = hand_back(str_python, 0, 0); /* int() decides; -1 reads as missing */
-                goto done;
+            } else {
+                const char *at = NULL, *p = (const char *)t->data.buf + mo;
+                int got = guarded_parse(p, (Py_ssize_t)ms, cell, &at);
+                if (got < 0) {
+                    mapped_raise(t->mapped, (Py_ssize_t)mo + (at - p));
+                    goto done;
+                }
+                if (!got || *cell == -1) {
+                    res = hand_back(str_python, 0, 0); /* int() decides; -1 reads as missing */
+                    goto done;
+                }
             }
         }
     }
@@ -809,7 +1120,11 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 res = hand_back(str_python, 0, 0);
                 goto done;
             }
-            memcpy(dst + at[0], (const char *)t->data.buf + mo, (size_t)ms);
+            const char *fa = NULL, *from = (const char *)t->data.buf + mo;
+            if (guarded_copy(dst + at[0], from, (size_t)ms, &fa) < 0) {
+                mapped_raise(t->mapped, (Py_ssize_t)mo + (fa - from));
+                goto done;
+            }
         }
     }
     PyObject_GC_Track(keys);
@@ -913,16 +1228,9 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
         }
     }
     if (call == 0 || t->mark != call) {
-        /* cut while mapped: SIGBUS otherwise (READING.md); between this and the read runs only
-         * Python code that tables_dict's allocations and hashes run */
-        PyObject *now = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(ck, HOT_MM), str_size);
-        if (now == NULL) goto done_r;
-        int cmp = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(ck, HOT_SIZE), Py_GE);
-        Py_DECREF(now);
-        if (cmp <= 0) {
-            res = cmp < 0 ? -1 : 0;
-            goto done_r;
-        }
+        /* the tar cut or changed since it was opened (one fstat): its error, not its bytes
+         * (READING.md); a cut after this is caught by the fault guard of the copies */
+        if (tables_check(t) < 0) goto done_r;
         if (call) t->mark = call;
     }
     if (sh >= PyList_GET_SIZE(paths)) { /* the calls above ran code that shortened it */
@@ -1083,23 +1391,22 @@ static struct PyModuleDef kernel_module = {
     kernel_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kernel(void) {
-    if (PyType_Ready(&TablesType) < 0) return NULL;
+    if (PyType_Ready(&TablesType) < 0 || PyType_Ready(&MappedType) < 0) return NULL;
+    guard_install();
     str_hot = PyUnicode_InternFromString("hot");
-    str_size = PyUnicode_InternFromString("size");
     str_open = PyUnicode_InternFromString("open");
     str_check = PyUnicode_InternFromString("check");
     str_python = PyUnicode_InternFromString("python");
     str_key = PyUnicode_InternFromString("__key__");
     str_shard = PyUnicode_InternFromString("__shard__");
     str_index = PyUnicode_InternFromString("__index__");
-    if (!str_hot || !str_size || !str_open || !str_check || !str_python || !str_key ||
+    if (!str_hot || !str_open || !str_check || !str_python || !str_key ||
         !str_shard || !str_index)
         return NULL;
     PyObject *m = PyModule_Create(&kernel_module);
     if (m == NULL) return NULL;
-    Py_INCREF(&TablesType);
-    if (PyModule_AddObject(m, "Tables", (PyObject *)&TablesType) < 0) {
-        Py_DECREF(&TablesType);
+    if (PyModule_AddObjectRef(m, "Tables", (PyObject *)&TablesType) < 0 ||
+        PyModule_AddObjectRef(m, "Mapped", (PyObject *)&MappedType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

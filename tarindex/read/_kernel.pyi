@@ -3,6 +3,21 @@
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+class Mapped:
+    def __init__(
+        self,
+        fd: int,
+        size: int,
+        dev: int,
+        ino: int,
+        mtime_ns: int,
+        fault: Callable[[int], BaseException | None],
+    ) -> None: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, item: slice) -> bytes: ...
+    def check(self) -> None: ...
+    def willneed(self, start: int, end: int) -> None: ...
+
 class Tables:
     def __init__(
         self,

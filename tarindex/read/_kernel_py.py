@@ -14,17 +14,19 @@ from __future__ import annotations
 import itertools
 import mmap
 import operator
+import os
 import re
 import sys
+import weakref
 from array import array
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from .checks import CHUNK_SHIFT
 
-__all__ = ["Tables", "batch", "gather", "get", "pack", "take"]
+__all__ = ["Mapped", "Tables", "batch", "gather", "get", "pack", "take"]
 
-_HOT_FIELDS, _HOT_MM, _HOT_SIZE, _HOT_TABLES = 16, 9, 10, 15  # HotTables' positions (as the C)
+_HOT_FIELDS, _HOT_TABLES = 16, 15  # HotTables' positions (as the C)
 _WANT_MAX = 64  # get(..., fields): flags of at most this many extensions, else hand back
 _SSIZE_MAX = sys.maxsize
 _calls = itertools.count(1)  # numbers the calls that check each mapping's size once
@@ -73,6 +75,76 @@ def _decimal(p: bytes) -> int | None:
     return None if m is None else int(m.group(1))
 
 
+class Mapped:
+    """A tar's descriptor (owned) and what it was when opened: ``_kernel.Mapped``'s twin.
+
+    The compiled one copies out of the mapping inside a fault guard; Python cannot recover
+    from a fault in a copy, so this one never reads the mapping: every slice is an
+    ``os.pread`` of the descriptor, and a short read (the tar cut since) raises the error
+    ``fault`` makes, as a fault of the compiled copy does.
+
+    Args:
+        fd: An open descriptor of the tar, owned from now on (closed with the object).
+        size: The tar's size when opened (bytes).
+        dev, ino, mtime_ns: Its ``st_dev``, ``st_ino``, ``st_mtime_ns`` when opened.
+        fault: ``fault(at) -> Exception | None``: the error for a read that failed at byte
+            ``at`` (``-1``: the check), ``tarindex.read.checks.tar_fault``.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        size: int,
+        dev: int,
+        ino: int,
+        mtime_ns: int,
+        fault: Callable[[int], BaseException | None],
+    ) -> None:
+        if hasattr(self, "fd"):
+            raise TypeError("Mapped is initialised once")
+        self.fd, self.size, self.fault = fd, size, fault
+        self.ident = (dev, ino, mtime_ns)
+        weakref.finalize(self, os.close, fd)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, item: slice) -> bytes:
+        """``self[a:b]``: those bytes of the tar (clamped as bytes slicing is), read with pread."""
+        if not isinstance(item, slice):
+            raise TypeError("Mapped indices must be slices")
+        a, b, step = item.indices(self.size)
+        if step != 1:
+            raise ValueError("Mapped slices have step 1")
+        if b <= a:
+            return b""
+        got = os.pread(self.fd, b - a, a)
+        if len(got) != b - a:
+            raise self._error(a + len(got))
+        return got
+
+    def _error(self, at: int) -> BaseException:
+        e = self.fault(at)
+        if isinstance(e, BaseException):
+            return e
+        return OSError(f"byte {at}: reading a mapped tar faulted (SIGBUS)")
+
+    def willneed(self, start: int, end: int) -> None:
+        """Ask the kernel to read bytes ``[start, end)`` ahead (``posix_fadvise``; a hint)."""
+        start, end = max(_ssize(start), 0), min(_ssize(end), self.size)
+        if end > start and hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+
+    def check(self) -> None:
+        """Raise the error of a tar changed since it was opened (``fault(-1)``: one fstat)."""
+        e = self.fault(-1)
+        if e is not None:
+            raise e if isinstance(e, BaseException) else self._error(-1)
+
+
 class Tables:
     """One open shard's validated tables and tar bytes (buffers held while alive).
 
@@ -81,7 +153,7 @@ class Tables:
         keys: The buffer holding the key blob, ``keys[key_base:key_end]``.
         key_base, key_end: Where the key blob starts and ends in ``keys`` (bytes).
         ext_id: ``uint32 (members,)``; offset, size: ``uint64 (members,)``.
-        data: The tar's bytes (its mapping).
+        data: The tar's bytes: a :class:`Mapped` (read with its guard), or a buffer.
         exts: Extension names by id.
         checked: One flag per chunk of samples, 1 once its tables passed the guards.
 
@@ -99,9 +171,11 @@ class Tables:
     kp = sp = eid = off = size = off_raw = size_raw = eid_raw = memoryview(b"")
     keys: Any = b""
     data: Any = b""
-    pins: tuple[memoryview, ...] = ()
+    pins: tuple[Any, ...] = ()
     """The buffers held while this object lives (as the C holds them)."""
     checked: Any = b""
+    mapped: Mapped | None = None
+    """``data`` when it is a :class:`Mapped` (its check and reads), else ``None``."""
 
     def __init__(
         self,
@@ -122,11 +196,14 @@ class Tables:
         key_base, key_end = _ssize(key_base), _ssize(key_end)
         if not isinstance(exts, tuple):
             raise TypeError("Tables() argument 'exts' must be tuple")
-        raws = [_flat(b) for b in (key_ptr, sample_ptr, keys, ext_id, offset, size, data)]
+        mapped = data if isinstance(data, Mapped) else None
+        raws = [_flat(b) for b in (key_ptr, sample_ptr, keys, ext_id, offset, size)]
+        raws.append(data if mapped is not None else _flat(data))
         ck = _flat(checked)
         if ck.readonly:
             raise BufferError("Object is not writable.")
-        kp, sp, klen, eid, off, sz, dlen = (r.nbytes for r in raws)
+        kp, sp, klen, eid, off, sz = (r.nbytes for r in raws[:6])
+        dlen = len(data) if mapped is not None else raws[6].nbytes
         if (
             kp % 8 or sp % 8 or off % 8 or sz % 8 or eid % 4 or kp < 8 or kp != sp
             or off != sz or off // 8 != eid // 4 or key_base < 0 or key_end < key_base
@@ -143,7 +220,8 @@ class Tables:
                                          _words(raws[5], "Q"))  # fmt: skip
         self.off_raw, self.size_raw, self.eid_raw = raws[4], raws[5], raws[3]
         self.keys = keys if isinstance(keys, (bytes, mmap.mmap)) else raws[2]
-        self.data = data if isinstance(data, (bytes, mmap.mmap)) else raws[6]
+        self.data = data if isinstance(data, (bytes, mmap.mmap, Mapped)) else raws[6]
+        self.mapped = mapped
         self.dlen = dlen
         self.kbase, self.kend = key_base, key_end
         self.exts = exts
@@ -186,14 +264,14 @@ class Tables:
         if meta_first:
             d["__shard__"] = shard
             d["__index__"] = index
-        exts, data = self.exts, self.data
+        exts, data, mapped = self.exts, self.data, self.mapped
         for m in range(m0, m1):  # read again: hashing a name may have changed a table
             got = member(m)
             if got is None:
                 return None
             e, o, s = got
             if want is None or want[e]:
-                d[exts[e]] = bytes(data[o : o + s])
+                d[exts[e]] = data[o : o + s] if mapped is not None else bytes(data[o : o + s])
         if not meta_first:
             d["__shard__"] = shard
             d["__index__"] = index
@@ -295,8 +373,8 @@ def _resolve(
             return None
         want = bytes(e in fields for e in t.exts)
     if call == 0 or t.mark != call:
-        if not hot[_HOT_MM].size() >= hot[_HOT_SIZE]:  # cut while mapped (READING.md)
-            return None
+        if t.mapped is not None:  # cut or changed since opened: its error (READING.md)
+            t.mapped.check()
         if call:
             t.mark = call
     if sh >= len(paths):
@@ -432,11 +510,12 @@ def pack(
     n = len(sr)
     if not len(of) == len(sz) == len(de) == len(vs) == n:
         raise ValueError("pack: arrays differ in length")
-    db = [_flat(d) for d in datas]
+    db = [d if isinstance(d, Mapped) else _flat(d) for d in datas]  # a Mapped: pread
     nd, olen = len(db), o.nbytes
     for k in range(max(start, 0), n):
         s, a, ln, d = sr[k], of[k], sz[k], de[k]
-        if not 0 <= s < nd or a < 0 or ln < 0 or a > db[s].nbytes or ln > db[s].nbytes - a:
+        dn = len(db[s]) if 0 <= s < nd else 0
+        if not 0 <= s < nd or a < 0 or ln < 0 or a > dn or ln > dn - a:
             return k
         if d < 0:
             v = _decimal(bytes(db[s][a : a + ln]))
@@ -496,11 +575,10 @@ def batch(
             return ("open", sh, 0)
         hot = r.hot
         t = _hot_tables(hot)
-        if t is not None and t.mark != call:  # cut while mapped: SIGBUS otherwise
-            if not hot[_HOT_MM].size() >= hot[_HOT_SIZE]:
-                t = None
-            else:
-                t.mark = call
+        if t is not None and t.mark != call:  # cut or changed since opened: its error
+            if t.mapped is not None:
+                t.mapped.check()
+            t.mark = call
         if t is None:
             return python
         j = i - s0
@@ -552,7 +630,7 @@ def batch(
             if not is_int:
                 cols[q][b] = ms
             else:
-                v = _decimal(bytes(t.data[mo : mo + ms]))
+                v = _decimal(bytes(t.data[mo : mo + ms]))  # a Mapped: read with pread
                 if v is None or v == -1:  # int() decides; -1 reads as missing
                     return python
                 cols[q][b] = v
@@ -590,7 +668,7 @@ def batch(
             a0, a1 = offs[p * (n + 1) + b], offs[p * (n + 1) + b + 1]
             if p >= nf or not pres[p * n + b] or a1 - a0 != ms:
                 return python
-            out[a0:a1] = t.pins[1][mo : mo + ms]
+            out[a0:a1] = t.data[mo : mo + ms] if t.mapped is not None else t.pins[1][mo : mo + ms]
     iv = array("q", itertools.chain.from_iterable(ivals))
     for a in (offs, iv, idx):
         if sys.byteorder != "little":

@@ -10,7 +10,6 @@ chunk of the tables passes the chunk guard first and every mapping the cut check
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from . import kernel
 from .block import Block, crc_mismatches, data_error, joined
 from .checks import CHUNK_SHIFT
 from .fields import Fields, field_set
-from .hot import HotTables
+from .hot import HotTables, Mapped
 from .pool import ReaderPool
 from .runs import read_runs
 from .shard import ShardReader
@@ -32,7 +31,7 @@ from .spanner import check_indices, locate_many
 __all__ = ["gather", "gather_packed"]
 
 
-def _mapping(r: ShardReader | None) -> mmap.mmap | None:
+def _mapping(r: ShardReader | None) -> Mapped | None:
     return None if r is None else r.hot.mm
 
 
@@ -80,7 +79,7 @@ def gather(
     if not copy:
         for slot, s in enumerate(slots):
             r = pool.reader(s)
-            r.check_mapped()  # cut while mapped: SIGBUS otherwise
+            r.check_tar()  # cut or changed since opened: its error, not its bytes
             h = r.hot
             tables[s] = (r, h)
             slot_exts[slot], crcs[slot] = h.exts, r.index.member_crc
@@ -310,11 +309,11 @@ def _assemble(
             keep = None
     maps = [None if copy else _mapping(tables[s][0]) for s in slots]
     offset = tar_off if all(m is not None for m in maps) else tar_off.copy()
-    datas: list[Buffer] = []
+    datas: list[Any] = []  # Buffers, or Mapped (read with the fault guard)
     for slot, s in enumerate(slots):
         mm = maps[slot]
         if mm is not None:
-            datas.append(mm)  # mapped: the buffer is the mapping
+            datas.append(mm)  # mapped: the buffer is the mapping (its Mapped)
             continue
         mine = src == slot
         want = np.flatnonzero(mine if keep is None else mine & keep)
@@ -371,7 +370,7 @@ def _fetch(
     if src.zero_copy:  # mapped, but more shards than may stay open: copy the members out
         mm = r.hot.mm
         assert mm is not None
-        r.check_mapped()  # cut while mapped: SIGBUS otherwise
+        r.check_tar()  # cut or changed since opened: its error, not its bytes
         out, offset[want] = joined(
             [mm[a : a + n] for a, n in zip(toff.tolist(), sz.tolist(), strict=True)]
         )

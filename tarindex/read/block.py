@@ -8,7 +8,6 @@ tar offsets, offsets into source buffers, keys) plus the buffers; consumers only
 
 from __future__ import annotations
 
-import mmap
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -149,7 +148,6 @@ def copy_members(
             return vals, k
         k += 1
     view = memoryview(out).cast("B")
-    views = [memoryview(d) for d in datas]
     try:
         for j, (sr, o, e, d) in enumerate(
             zip(
@@ -167,10 +165,8 @@ def copy_members(
                 except (ValueError, OverflowError):
                     return vals, j
             else:
-                view[d : d + e - o] = views[sr][o:e]
+                view[d : d + e - o] = datas[sr][o:e]  # a Mapped: a guarded copy
     finally:
-        for v in views:
-            v.release()
         view.release()
     return vals, -1
 
@@ -198,22 +194,16 @@ def crc_mismatches(
     mp = blk.member_ptr.tolist()
     off, size, src = blk.offset.tolist(), blk.size.tolist(), blk.src.tolist()
     mids = members.tolist() if isinstance(members, np.ndarray) else list(members)
-    views = [memoryview(d) for d in blk.data]
-    try:
-        for b in range(len(mp) - 1):
-            for k in range(mp[b], mp[b + 1]):
-                table = tables[src[k]]
-                if table is None:
-                    continue
-                got, want = (
-                    zlib.crc32(views[src[k]][off[k] : off[k] + size[k]]),
-                    int(table[mids[k]]),
-                )
-                if got != want:
-                    yield b, k, got, want
-    finally:
-        for v in views:
-            v.release()
+    datas = blk.data  # slices: a mapped tar's (a Mapped) are read with the fault guard
+    for b in range(len(mp) - 1):
+        for k in range(mp[b], mp[b + 1]):
+            table = tables[src[k]]
+            if table is None:
+                continue
+            got = zlib.crc32(datas[src[k]][off[k] : off[k] + size[k]])
+            want = int(table[mids[k]])
+            if got != want:
+                yield b, k, got, want
 
 
 def data_error(
@@ -435,7 +425,7 @@ class Block:
         A block read from a mapping keeps the mapping (and its descriptor) alive after the
         reader is closed; readers that hold more blocks than shards may be open detach them.
         """
-        if not any(isinstance(d, mmap.mmap) for d in self.data) or self.offset is None:
+        if not any(isinstance(d, kernel.kernel.Mapped) for d in self.data) or self.offset is None:
             return self
         data, offset = self.data, self.offset
         ends = offset + self.size

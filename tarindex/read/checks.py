@@ -3,20 +3,24 @@
 - the chunk guard: a reader's index tables are checked (:func:`check_chunk`, over
   :func:`tarindex.format.guards.check_samples`) one chunk of :data:`CHUNK` samples at a time,
   before the first read of that chunk, and flagged in the reader's ``checked`` bytes;
-- the cut check: a tar cut while mapped would kill the process with SIGBUS on the next read
-  of a page past its new end, so every read through a mapping first compares the mapping's
-  size with the tar's (:func:`check_mapped`, :class:`~tarindex.errors.TruncatedError`);
+- the cut and change check: a local tar cut since it was opened would kill the process with
+  SIGBUS on the next read of a page past its new end, and one rewritten in place would be
+  read under an index that no longer describes it; so every read first compares one
+  ``fstat`` of the open tar with what it was at open (:func:`tar_fault`: size, device,
+  inode, mtime), and a copy out of the mapping that faults anyway (a cut during the copy)
+  raises the same error (the fault guard of ``_kernel.c``; the twin reads with ``pread``);
 - the open-time checks (FORMAT.md §3): size, fingerprint, bytes after the archive's end,
   a few member headers re-read (:func:`check_opened`);
 - a manifest's record of a shard against the shard opened (FORMAT.md §9).
 
-The compiled loops (``_kernel.c``) hold their own copy of the cut check and the chunk flag
-test (the C side of the same rules); see docs/READING.md.
+The compiled loops (``_kernel.c``) hold their own copy of the cut and change check and the
+chunk flag test (the C side of the same rules); see docs/READING.md.
 """
 
 from __future__ import annotations
 
-import mmap
+import errno
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -58,7 +62,11 @@ __all__ = [
     "CHUNK_SHIFT",
     "check_chunk",
     "fold_exts",
-    "check_mapped",
+    "Ident",
+    "ident_of",
+    "check_tar",
+    "check_open_tar",
+    "tar_fault",
     "cut_error",
     "check_opened",
     "check_fingerprint",
@@ -147,29 +155,104 @@ def _check_folded(
         )
 
 
-# -- the cut check ---------------------------------------------------------------------------
-def cut_error(tar_path: str, now: int, size: int) -> TruncatedError:
-    """The error for a tar of ``size`` bytes found cut to ``now`` bytes while mapped."""
+# -- the cut and change check ----------------------------------------------------------------
+Ident = tuple[int, int, int]
+"""What a local tar was when opened, besides its size: ``(st_dev, st_ino, st_mtime_ns)``."""
+
+
+def ident_of(st: os.stat_result) -> Ident:
+    """The :data:`Ident` of an ``os.fstat`` result."""
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+def cut_error(tar_path: str, now: int, size: int, at: int = -1) -> TruncatedError:
+    """The error for a tar of ``size`` bytes found cut to ``now`` bytes while open.
+
+    ``at``: the byte a read through the mapping faulted at (``-1``: found before reading).
+    """
+    where = (
+        f"byte {at}: reading it faulted (SIGBUS) there, past its new end"
+        if at >= 0
+        else (f"byte {now}")
+    )
     return TruncatedError(
-        f"{tar_path}: byte {now}: the tar was cut to {now} bytes while open (it had "
-        f"{size}); reading it mapped would kill the process (SIGBUS): re-open it "
-        f"once it is complete, or copy it again and re-index it (tarindex index --force "
-        f"{tar_path})"
+        f"{tar_path}: {where}: the tar was cut to {now} bytes while open (it had "
+        f"{size}); re-open it once it is complete, or copy it again and re-index it "
+        f"(tarindex index --force {tar_path})"
     )
 
 
-def check_mapped(mm: mmap.mmap | None, size: int, tar_path: str) -> None:
-    """Refuse a read through mapping ``mm`` of a tar of ``size`` bytes that was cut since.
+def tar_fault(fd: int, size: int, ident: Ident, tar_path: str, at: int = -1) -> Exception | None:
+    """The error for a local tar that changed since it was opened, or ``None``.
 
-    ``None`` (no mapping: ``pread`` reports a cut itself) passes.
+    The one rule (its C side is ``_kernel.c``'s ``mapped_check``): one ``fstat`` of the open
+    descriptor ``fd``; the size, device, inode and mtime (ns) must be what they were at open
+    (``size``, ``ident``). The read kernel calls it before reads (the cut and change check)
+    and when a copy out of the mapping faulted at byte ``at`` (a page past the end of a file
+    cut since: SIGBUS otherwise).
+
+    Returns:
+        :class:`TruncatedError` if the tar is shorter than ``size`` (naming the byte);
+        :class:`StaleIndexError` if it changed otherwise (rewritten in place, appended to,
+        touched); with ``at >= 0`` and nothing changed an ``OSError`` (``EIO``: the device
+        under the mapping failed); else ``None``.
+    """
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        return OSError(e.errno, f"{tar_path}: the open tar cannot be checked: {e.strerror}")
+    if st.st_size < size:
+        return cut_error(tar_path, st.st_size, size, at)
+    got = ident_of(st)
+    if st.st_size != size or got != ident:
+        what = (
+            f"size {size} -> {st.st_size}" if st.st_size != size
+            else f"mtime {ident[2]} -> {got[2]} ns" if got[2] != ident[2]
+            else "device or inode"
+        )  # fmt: skip
+        return StaleIndexError(
+            f"{tar_path}: byte {max(at, 0)}: the tar changed since it was opened ({what}): "
+            f"its index may no longer describe it; if it was rewritten, rebuild the index "
+            f"with: tarindex index --force {tar_path}, then open it again"
+        )
+    if at >= 0:
+        return OSError(
+            errno.EIO,
+            f"{tar_path}: byte {at}: reading the mapped tar failed (SIGBUS) though it did not "
+            f"change: an I/O error of the device or network file system under it; check the "
+            f"device, or read it with use_mmap=False",
+        )
+    return None
+
+
+def check_open_tar(src: object, size: int, ident: Ident, tar_path: str) -> None:
+    """:func:`check_tar` of a reader's tar source.
+
+    Its kernel ``Mapped`` (``check()``: the same rule in C or the twin), a ``pread``
+    source's descriptor, or nothing (remote: its reads check the version pinned at open).
 
     Raises:
-        TruncatedError: If the mapped file is now shorter than ``size``.
+        TruncatedError, StaleIndexError: As :func:`check_tar`.
     """
-    if mm is not None:
-        now = mm.size()
-        if now < size:
-            raise cut_error(tar_path, now, size)
+    check = getattr(src, "check", None)
+    if check is not None:
+        check()
+        return
+    fd = getattr(src, "fd", -1)
+    if isinstance(fd, int) and fd >= 0:
+        check_tar(fd, size, ident, tar_path)
+
+
+def check_tar(fd: int, size: int, ident: Ident, tar_path: str) -> None:
+    """Refuse a read of a local tar (mapped or ``pread``) that changed since it was opened.
+
+    Raises:
+        TruncatedError: If the tar was cut (a read through its mapping would be SIGBUS).
+        StaleIndexError: If it changed otherwise (:func:`tar_fault`).
+    """
+    e = tar_fault(fd, size, ident, tar_path)
+    if e is not None:
+        raise e
 
 
 # -- the open-time checks (FORMAT.md §3) ------------------------------------------------------

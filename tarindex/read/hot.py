@@ -3,9 +3,10 @@
 :class:`HotTables` is everything a read of sample ``j`` of one open shard needs, as
 zero-copy views of the mapped index (FORMAT.md §2) and the tar's mapping: the whole
 interface between the Python read path (``shardset``, ``batch``) and the per-sample loops
-(``kernel.kernel``: ``_kernel.c`` or its twin ``_kernel_py``, which get the same tables as a
-``Tables`` of that module). A ``NamedTuple``: as fast
-to unpack as a plain tuple, typed field by field.
+(``kernel.kernel``: ``_kernel.c`` or its twin ``_kernel_py``, chosen once at import; the
+loops get the same tables as a ``kernel.kernel.Tables`` and the tar as a
+``kernel.kernel.Mapped``, of whichever module runs). A ``NamedTuple``: as fast to unpack as
+a plain tuple, typed field by field.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from ._kernel import Tables
+    from ._kernel import Mapped, Tables
 else:
-    Tables = object
+    Mapped = Tables = object
 
-__all__ = ["HotTables", "fast_view", "CLOSED"]
+__all__ = ["HotTables", "Mapped", "fast_view", "CLOSED"]
 
 
 class HotTables(NamedTuple):
@@ -52,10 +53,12 @@ class HotTables(NamedTuple):
     """``u8 (m,)``: each member's data offset in the tar (bytes)."""
     size: memoryview
     """``u8 (m,)``: each member's size (bytes)."""
-    mm: mmap.mmap | None
-    """The tar's mapping, or ``None`` (``pread``, remote)."""
+    mm: Mapped | None  # noqa: UP007 (a runtime alias under TYPE_CHECKING only)
+    """The tar's mapping as the kernel's ``Mapped`` (``kernel.kernel.Mapped``: slices are
+    copies made in the fault guard, or ``pread`` in the twin; ``check()`` is the cut and
+    change check), or ``None`` (``pread``, remote)."""
     tar_size: int
-    """The tar's size when opened (bytes): the mapping must still cover it (the cut check)."""
+    """The tar's size when opened (bytes)."""
     offset_raw: memoryview
     """:attr:`offset` as little-endian bytes."""
     size_raw: memoryview

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import Any
 
 from ..errors import FormatError, StaleIndexError, TruncatedError
 from ..format.gzindex import GzipIndex
@@ -32,6 +33,7 @@ from ..storage.remote import (
     local_path,
 )
 from . import checks
+from .mapped import MappedSource
 from .paths import open_regular_file, read_local_index
 
 __all__ = ["ShardOpener"]
@@ -47,6 +49,10 @@ class ShardOpener:
     tar_size: int
     _imm: mmap.mmap | None
     _src: ByteSource | None
+    _mapped: Any = None
+    """The kernel's ``Mapped`` of a mapped tar (:class:`MappedSource`), else ``None``."""
+    tar_ident: checks.Ident = (0, 0, 0)
+    """The local tar's device, inode and mtime (ns) when opened (``(0, 0, 0)``: remote)."""
     _checks: dict[tuple[int, int], bytes] | None
     _remote_opts: RemoteOptions
 
@@ -81,12 +87,18 @@ class ShardOpener:
                 self._open_gzip(PreadSource(tar_path, fd, os.fstat(fd).st_size), self.index.gzip)
                 return
             try:
-                self.tar_size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                self.tar_size, self.tar_ident = st.st_size, checks.ident_of(st)
                 checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
+                if use_mmap and self.tar_size > 0:  # mapped by the kernel: guarded reads
+                    src = MappedSource(tar_path, fd, self.tar_size, self.tar_ident)
+                    self._src, self._mapped = src, src.mapped
             except BaseException:
-                os.close(fd)
+                if self._src is None:
+                    os.close(fd)
                 raise
-            self._src = open_source(tar_path, fd, self.tar_size, use_mmap)
+            if self._src is None:
+                self._src = open_source(tar_path, fd, self.tar_size, False)
             self._check_fingerprint()
         except BaseException:
             self.close()
@@ -117,7 +129,7 @@ class ShardOpener:
                     if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
                         copy = local_copy(self.tar_path, opts, ident)
                     if copy is not None:  # mapped: entries are replaced whole, never cut
-                        self._src = open_source(self.tar_path, copy[0], copy[1], True)
+                        self._map_copy(copy[0], copy[1])
                     elif gz is None and not opts.download_whole and learns_versions(self.tar_path):
                         # no request now: the checks go with the first read (docs/REMOTE.md)
                         self.tar_size = t.tar_size
@@ -139,7 +151,9 @@ class ShardOpener:
                     return
                 else:
                     fd = open_regular_file(local_path(self.tar_path))
-                    self._src = open_source(self.tar_path, fd, os.fstat(fd).st_size, False)
+                    st = os.fstat(fd)
+                    self.tar_ident = checks.ident_of(st)
+                    self._src = open_source(self.tar_path, fd, st.st_size, False)
                 self.tar_size = self._src.size
                 checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
                 # one concurrent batch for all the open-time checks
@@ -162,6 +176,19 @@ class ShardOpener:
             except BaseException:
                 self.close()
                 raise
+
+    def _map_copy(self, fd: int, size: int) -> None:
+        """A local copy of a remote tar (descriptor ``fd``, owned), mapped by the kernel."""
+        try:
+            self.tar_ident = checks.ident_of(os.fstat(fd))
+            if size > 0:
+                src = MappedSource(self.tar_path, fd, size, self.tar_ident)
+                self._src, self._mapped = src, src.mapped
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._src is None:
+            self._src = open_source(self.tar_path, fd, size, False)
 
     def _open_gzip(self, raw: ByteSource, gz: GzipIndex) -> None:
         """Serve the tar inside the gzip file ``raw`` through its seek points (FORMAT.md §10).
@@ -232,7 +259,11 @@ class ShardOpener:
     def _read_check(self, offset: int, size: int) -> bytes:
         """Bytes for an open-time check: from the batch read ahead (remote), else the source."""
         got = self._checks.get((offset, size)) if self._checks else None
-        return got if got is not None else self.source.read(offset, size)
+        return got if got is not None else self.read(offset, size)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes of the tar: defined by ``ShardReader.read``."""
+        raise NotImplementedError
 
     def _decode(self, buf: memoryview, full_check: bool, check_crc: bool) -> None:
         self.index: IndexTables = decode_index(

@@ -39,7 +39,7 @@ from . import checks, kernel
 from .block import Block, Sample, crc_mismatches, data_error
 from .checks import CHUNK, CHUNK_SHIFT
 from .fields import Fields, field_set
-from .hot import CLOSED, HotTables, fast_view, raw_view
+from .hot import CLOSED, HotTables, Mapped, fast_view, raw_view
 from .opening import ShardOpener
 from .runs import read_runs
 from .spanner import check_index, check_indices
@@ -73,14 +73,13 @@ def _decode_keys(blob: bytes, ptr: list[int]) -> list[str]:
 class ShardReader(ShardOpener):
     """One open shard: its index (mapped) and its tar (a :mod:`~tarindex.bytesource`).
 
-    Holds at most :data:`FDS_PER_SHARD` (2) file descriptors: the index mapping and the tar's
-    mapping or ``pread`` descriptor.
+    Holds at most :data:`FDS_PER_SHARD` (2) file descriptors: the index mapping and the tar's.
 
     Args:
         tar_path: Path of the tar.
         index_path: Path of its index. Defaults to ``<tar_path>.tidx``.
-        use_mmap: Map the tar into memory (fast). ``False`` reads with ``os.pread``: no SIGBUS
-            if the file is truncated while open. Defaults to ``True``.
+        use_mmap: Map the tar (fast; a tar cut while mapped is ``TruncatedError``, not SIGBUS:
+            :mod:`tarindex.read.mapped`). ``False`` reads with ``os.pread``. Defaults to ``True``.
         full_check: Also check every table entry now, O(n). Defaults to ``False`` (the
             tables of each chunk of samples are checked before its first read).
         check_crc: Check the index's crc32 footer at open (about 1 ms per MB of index).
@@ -130,7 +129,7 @@ class ShardReader(ShardOpener):
         self.n_samples = t.n_samples
         self.exts = [served_ext(e.decode("utf-8", "surrogateescape")) for e in t.exts]
         self._fold = checks.fold_exts(self.exts)  # lower-cased names: None unless one repeats
-        self._mm: mmap.mmap | None = getattr(self._src, "mm", None)
+        self._mm: Mapped | None = self._mapped  # every read of the mapping goes through it
         # chunk c's tables passed check_samples (numpy view of the same bytes for gather)
         self._checked = bytearray(((self.n_samples + CHUNK - 1) >> CHUNK_SHIFT) or 1)
         self.checked_np = np.frombuffer(self._checked, np.uint8)
@@ -208,13 +207,15 @@ class ShardReader(ShardOpener):
     def _guard(self, j: int) -> None:
         self.check_range(j, j + 1)
 
-    def check_mapped(self) -> None:
-        """The cut check: refuse a read through a mapping of a tar cut since it was opened.
+    def check_tar(self) -> None:
+        """The cut and change check (:func:`~tarindex.read.checks.tar_fault`: one ``fstat``).
 
         Raises:
-            TruncatedError: If the tar is now shorter than when opened (SIGBUS otherwise).
+            TruncatedError: If the tar is now shorter than when opened.
+            StaleIndexError: If it was rewritten, appended to or touched since.
         """
-        checks.check_mapped(self._mm, self.tar_size, self.tar_path)
+        src = self._mm if self._mm is not None else self._src
+        checks.check_open_tar(src, self.tar_size, self.tar_ident, self.tar_path)
 
     def ready(self, j0: int, j1: int) -> tuple[int, int]:
         """Check the tables' chunks of samples ``0 <= j0 < j1 <= n_samples`` (once each).
@@ -327,7 +328,7 @@ class ShardReader(ShardOpener):
             TruncatedError: If the range is negative or runs past the end of the tar
                 (FORMAT.md §2.7), or the tar was cut while open (``use_mmap=False``).
         """
-        return self.source.read(offset, size)
+        return self.source.read(offset, size)  # a mapped tar's: guarded (MappedSource)
 
     def read_block(
         self,
@@ -464,13 +465,13 @@ class ShardReader(ShardOpener):
             np.cumsum(keep, out=kc[1:])
             mp = kc[mp]
             eid, size, toff = eid[keep], size[keep], toff[keep]
-        buf: Buffer | None = None
+        buf: Any = None  # a Buffer, or the tar's Mapped
         offset: NDArray[np.int64] | None = None
         if data:
             src = self.source
-            if src.zero_copy:
-                self.check_mapped()
-                buf, offset = src.read_ranges(toff, toff + size)
+            self.check_tar()
+            if src.zero_copy and self._mm is not None:
+                buf, offset = self._mm, toff  # sliced later, guarded (Mapped)
                 if prefetch and len(toff):
                     src.prefetch(int(toff.min()), int((toff + size).max()))
             elif len(toff) == 0:
@@ -539,7 +540,7 @@ class ShardReader(ShardOpener):
         }
         exts, offs, sizes, eids = self.exts, h.offset, h.size, h.ext_id
         mm = h.mm
-        checks.check_mapped(mm, self.tar_size, self.tar_path)  # cut while mapped: no SIGBUS
+        self.check_tar()  # cut or changed since opened: its error, not its bytes
         verify = self.verify_data
         for m in range(sp[j], sp[j + 1]):
             name = exts[eids[m]]
@@ -646,7 +647,7 @@ class ShardReader(ShardOpener):
             self.hot = CLOSED  # holds buffers of the mappings: released before they are closed
         if hasattr(self, "index"):
             self.index = _ClosedIndex(self.tar_path)  # type: ignore[assignment]
-        for attr in ("_mm", "_keytab"):
+        for attr in ("_mm", "_mapped", "_keytab"):
             if hasattr(self, attr):
                 setattr(self, attr, None)
         src = getattr(self, "_src", None)

@@ -28,7 +28,6 @@ from . import batch, kernel, prefetch
 from . import keys as keylookup
 from .autoindex import build_missing
 from .block import Block, Sample
-from .checks import check_mapped
 from .fetchpolicy import FetchPolicy
 from .fields import Fields, field_set
 from .options import OpenOptions
@@ -421,7 +420,7 @@ class ShardSet:
             # the flags first: hashing `fields` runs Python code, which must not come between
             # the cut check and the read
             want = None if fields is None else r.want_flags(fields)
-            check_mapped(h.mm, h.tar_size, r.tar_path)  # cut while mapped: SIGBUS otherwise
+            r.check_tar()  # cut or changed since opened: its error, not its bytes
             got = tabs.sample(j, want, self.paths[s], i)
             if got is not None:
                 return got
@@ -469,7 +468,7 @@ class ShardSet:
         if tabs is not None and 0 <= j0 < j1 <= r.n_samples:
             a, b = r.ready(j0, j1)
             want = None if fields is None else r.want_flags(fields)
-            r.check_mapped()  # cut while mapped: SIGBUS otherwise (READING.md)
+            r.check_tar()  # cut or changed since opened: its error (READING.md)
             if prefetch and fields is None and b > a:  # projected: no left-out members' pages
                 r.source.prefetch(a, b)
             got = tabs.samples(j0, j1, want, self.paths[s], self._starts_list[s] + j0)

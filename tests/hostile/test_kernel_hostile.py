@@ -69,11 +69,13 @@ def _run(code: str, *args: str, kernel: str, debug_malloc: bool = False) -> str:
 # hand-back of sample()), "int" (gather's hand-back position), a hand-back tuple's first
 # item ("python", "open", "check"), or "batch"/"dict"/"gathered"/"-1" for a result.
 DIRECT = r'''
-import gc, importlib, os, sys
+import gc, importlib, os, sys, tempfile
 from collections import OrderedDict
+from functools import partial
 import numpy as np
 K = importlib.import_module("tarindex.read." + os.environ["KERNEL_UNDER_TEST"])
 from tarindex.read.hot import HotTables
+from tarindex.read.checks import ident_of, tar_fault
 
 U8 = lambda *v: np.array(v, np.uint64).tobytes()
 U4 = lambda *v: np.array(v, np.uint32).tobytes()
@@ -267,6 +269,31 @@ def hot_of(t, mm, size):
     return HotTables(*[None] * 9, mm, size, None, None, None, True, t)
 
 
+_DIR = tempfile.mkdtemp()
+PAST = 10**18  # an mtime (ns) in the past, set before a file is opened
+
+
+def mapped(fault=None, n=len(DATA)):
+    """``DATA`` (repeated to ``n`` bytes) in a real file mapped by the kernel: (Mapped, path)."""
+    p = os.path.join(_DIR, f"m{len(os.listdir(_DIR))}.tar")
+    with open(p, "wb") as f:
+        f.write((DATA * (n // len(DATA) + 1))[:n])
+    os.utime(p, ns=(PAST, PAST))  # a change after open moves the mtime, whatever the clock
+    fd = os.open(p, os.O_RDONLY)
+    ident = ident_of(os.fstat(fd))
+    return K.Mapped(fd, n, *ident, fault or partial(tar_fault, fd, n, ident, p)), p
+
+
+def cut_tables(fault=None, to=10):
+    m, p = mapped(fault)
+    os.truncate(p, to)
+    return tables(data=m)
+
+
+def raising(at):
+    raise OSError("fault() raised")
+
+
 class R:
     def __init__(self, t, mm=None, size=0):
         self.hot = hot_of(t, MM(1 << 30) if mm is None else mm, size)
@@ -313,11 +340,6 @@ class ShortCk:
     hot = (T,)
 
 
-class RaiseSize:
-    def size(self):
-        raise OSError("closed")
-
-
 case("batch", lambda: bt(), "batch")
 case("batch per=0", lambda: bt(per=0), "batch")
 case("batch per=-1", lambda: bt(per=-1), "batch")
@@ -352,9 +374,12 @@ case("batch hot None", lambda: bt(readers={0: NoneCk(), 1: R(T2)}), "python")
 case("batch hot not Tables", lambda: bt(readers={0: BadCk(), 1: R(T2)}), "python")
 case("batch hot short", lambda: bt(readers={0: ShortCk(), 1: R(T2)}), "python")
 case("batch uninitialised Tables", lambda: bt(readers={0: R(t0), 1: R(T2)}), "python")
-case("batch tar cut", lambda: bt(readers={0: R(T, MM(10), 100), 1: R(T2)}), "python")
-case("batch size() raises", lambda: bt(readers={0: R(T, RaiseSize()), 1: R(T2)}), "OSError")
-case("batch size() not an int", lambda: bt(readers={0: R(T, MM("x"), 1), 1: R(T2)}), "TypeError")
+# a tar cut or changed since it was opened: the Mapped's error (checks.tar_fault), raised
+case("batch tar cut", lambda: bt(readers={0: R(cut_tables()), 1: R(T2)}), "TruncatedError")
+case("batch fault() raises", lambda: bt(readers={0: R(cut_tables(raising)), 1: R(T2)}),
+     "OSError")
+case("batch fault() not an error",
+     lambda: bt(readers={0: R(cut_tables(lambda at: "x")), 1: R(T2)}), "OSError")
 case("batch unchecked chunk", lambda: bt(readers={0: R(tables(checked=bytearray(1))), 1: R(T2)}), "check")
 case("batch fields", lambda: bt(fields=frozenset({"cls"})), "batch")
 case("batch fields a list", lambda: bt(fields=["cls", "nope"]), "batch")
@@ -526,8 +551,48 @@ case("get reader without hot", lambda: gt(readers={0: NoCk()}), "AttributeError"
 case("get hot None", lambda: gt(readers={0: NoneCk()}), "none")
 case("get hot not Tables", lambda: gt(readers={0: BadCk()}), "none")
 case("get hot short", lambda: gt(readers={0: ShortCk()}), "none")
-case("get size() raises", lambda: gt(readers={0: R(T, RaiseSize())}), "OSError")
-case("get cut", lambda: gt(readers={0: R(T, MM(0), 100)}), "none")
+case("get fault() raises", lambda: gt(readers={0: R(cut_tables(raising))}), "OSError")
+case("get cut", lambda: gt(readers={0: R(cut_tables())}), "TruncatedError")
+
+
+def changed(how):
+    m, p = mapped()
+    if how == "touched":
+        os.utime(p, ns=(PAST, PAST + 1))
+    elif how == "rewritten":  # same size, other bytes, in place
+        with open(p, "r+b") as f:
+            f.write(bytes(len(DATA)))
+    else:  # grown
+        with open(p, "ab") as f:
+            f.write(b"x")
+    return gt(readers={0: R(tables(data=m))})
+
+
+# a local tar changed after open (issue 19 item 8): one fstat, no bytes of it read
+case("get touched", lambda: changed("touched"), "StaleIndexError")
+case("get rewritten in place", lambda: changed("rewritten"), "StaleIndexError")
+case("get appended to", lambda: changed("grown"), "StaleIndexError")
+case("get unchanged mapped", lambda: gt(readers={0: R(tables(data=mapped()[0]))}), "dict")
+# the fault guard: a copy past the end of a file cut since it was mapped raises, naming the byte
+big, bigp = mapped(n=1 << 16)
+case("Mapped slice", lambda: "same" if big[100:110] == (DATA * 32)[100:110] else None, "str")
+
+
+def cut_slice():
+    os.truncate(bigp, 0)
+    return big[40000:40010]
+
+
+case("Mapped slice past a cut", cut_slice, "TruncatedError")
+pm, pmp = mapped(n=1 << 16)
+
+
+def cut_pack():
+    os.truncate(pmp, 100)
+    return pk(bytearray(16), datas=(pm,), off=I8(30000), sz=I8(8), dest=I8(0))
+
+
+case("pack from a cut Mapped", cut_pack, "TruncatedError")
 case("get paths short", lambda: gt(paths=["a"], i=3), "none")
 case("get unchecked chunk", lambda: gt(readers={0: R(tables(checked=bytearray(1)))}), "none")
 case("get member past data", lambda: gt(readers={0: R(tables(offset=U8(0, len(DATA), 0)))}),
@@ -537,28 +602,6 @@ lru = OrderedDict([(0, R(T)), (1, R(T2))])
 # the LRU order is the pool's: the kernel only looks readers up (read/pool.py touch())
 case("get leaves the LRU order alone",
      lambda: "kept" if (gt(0, readers=lru), list(lru))[1] == [0, 1] else None, "str")
-gpaths = ["a", "b"]
-grd = {}
-
-
-class Shorten:
-    def size(self):  # Python code between the lookup and the read: the paths list shrinks
-        gpaths.clear()
-        return 1 << 30
-
-
-class Drop:
-    def size(self):  # ... or every reader is dropped (the Tables must stay alive)
-        grd.clear()
-        gc.collect()
-        return 1 << 30
-
-
-case("get size() empties paths", lambda: K.get(3, ST.tobytes(), 2, {1: R(T2, Shorten())}, gpaths),
-     "none")
-grd.update({0: R(tables(), Drop())})
-case("get size() drops the reader", lambda: K.get(1, ST.tobytes(), 2, grd, ["a", "b"]),
-     "dict")
 spaths = [c * 50 + str(k) for k, c in enumerate("ab")]  # made at run time: no other reference
 
 
@@ -583,20 +626,12 @@ def tk(idx=(0, 3), starts=(0, 2, 4), per=2, readers=None, paths=None):
     return K.take(list(idx), st, per, rd, ["a", "b"] if paths is None else paths)
 
 
-class Counted(MM):
-    calls = 0
-
-    def size(self):
-        Counted.calls += 1
-        return self.n
-
-
-def size_calls(takes=1):
-    Counted.calls = 0
-    rd = {0: R(T, Counted(1 << 30))}
-    for _ in range(takes):
-        tk((0, 1, 0, -4), readers=rd)
-    return Counted.calls
+def takes_check_each():
+    m, p = mapped()
+    rd = {0: R(tables(data=m))}
+    tk((0, 1), readers=rd)
+    os.truncate(p, 10)
+    return tk((0, 1), readers=rd)
 
 
 case("take", lambda: "same" if [d["__index__"] for d in tk()] == [0, 3] else None, "str")
@@ -610,12 +645,11 @@ case("take not iterable", lambda: K.take(5, I8(0, 2, 4).tobytes(), 2, {}, ["a", 
 case("take 6 arguments", lambda: K.take([0], I8(0, 2, 4).tobytes(), 2, {}, ["a", "b"], False),
      "TypeError")
 # the consumer runs between two takes: each take checks (a cut since is a hand-back)
-case("takes check each", lambda: "each" if size_calls(3) == 3 else None, "str")
+case("takes check each", takes_check_each, "TruncatedError")
 case("take one past", lambda: tk((0, 4)), "none")
 case("take not open", lambda: tk(readers={0: R(T)}), "none")
-case("take cut", lambda: tk(readers={0: R(T, MM(0), 100), 1: R(T2)}), "none")
+case("take cut", lambda: tk(readers={0: R(cut_tables()), 1: R(T2)}), "TruncatedError")
 case("take float", lambda: tk((0, 1.0)), "none")
-case("take size once, counted", lambda: "once" if size_calls() == 1 else None, "str")
 case("take starts a list", lambda: K.take([0], [0, 2, 4], 2, {}, ["a", "b"]), "TypeError")
 case("take leaves the LRU order alone",
      lambda: "kept" if (tk((3, 0), readers=lru), list(lru))[1] == [0, 1] else None, "str")
