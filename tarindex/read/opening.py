@@ -129,7 +129,7 @@ class ShardOpener:
                     if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
                         copy = local_copy(self.tar_path, opts, ident)
                     if copy is not None:  # mapped: entries are replaced whole, never cut
-                        self._map_copy(copy[0], copy[1])
+                        self._src = self._map_copy(copy[0], copy[1])
                     elif gz is None and not opts.download_whole and learns_versions(self.tar_path):
                         # no request now: the checks go with the first read (docs/REMOTE.md)
                         self.tar_size = t.tar_size
@@ -177,18 +177,18 @@ class ShardOpener:
                 self.close()
                 raise
 
-    def _map_copy(self, fd: int, size: int) -> None:
+    def _map_copy(self, fd: int, size: int) -> ByteSource:
         """A local copy of a remote tar (descriptor ``fd``, owned), mapped by the kernel."""
         try:
             self.tar_ident = checks.ident_of(os.fstat(fd))
             if size > 0:
                 src = MappedSource(self.tar_path, fd, size, self.tar_ident)
-                self._src, self._mapped = src, src.mapped
+                self._mapped = src.mapped
+                return src
         except BaseException:
             os.close(fd)
             raise
-        if self._src is None:
-            self._src = open_source(self.tar_path, fd, size, False)
+        return open_source(self.tar_path, fd, size, False)
 
     def _open_gzip(self, raw: ByteSource, gz: GzipIndex) -> None:
         """Serve the tar inside the gzip file ``raw`` through its seek points (FORMAT.md §10).
