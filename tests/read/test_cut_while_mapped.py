@@ -90,7 +90,7 @@ def test_a_tar_changed_after_open_is_stale(
     code = f"""
 import sys, tarindex
 from tarindex.errors import StaleIndexError
-ss = tarindex.ShardSet([{path!r}], use_mmap={use_mmap})
+ss = tarindex.ShardSet([{path!r}], options=tarindex.OpenOptions(use_mmap={use_mmap}))
 ds = tarindex.TarDataset(ss)
 assert ds[3]["txt"] == b"sample 3"
 sys.stdout.write("opened\\n"); sys.stdout.flush()
