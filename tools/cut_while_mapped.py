@@ -9,7 +9,9 @@ truncates both tars to 100 KB with ``os.truncate`` after a random 0-20 ms, and t
 fate is recorded:
 
 - ``error``: it raised ``TruncatedError``/``StaleIndexError`` naming the tar (the goal);
-- ``SIGBUS`` (or another signal): it died, or a DataLoader worker did;
+- ``SIGBUS`` (or another signal): it died, or a DataLoader worker did (torch reports a worker's
+  SIGBUS as "Unexpected bus error encountered in worker" and "worker ... exited
+  unexpectedly");
 - ``other``: another exception, or no error within 10 s; ``hung``: no exit within 60 s.
 
 Paths: ``getitem`` (``ds[i]``), ``getitems`` (``ds.__getitems__``), ``batched``
@@ -123,7 +125,10 @@ def _read_loop(path: str, tars: list[str], workers: int, ready: int) -> int:
         if ok(e):
             return 0
         text = f"{type(e).__name__}: {e}"
-        if "Bus error" in text or "signal: SIGBUS" in text or "killed by signal" in text:
+        worker_died = "DataLoader worker" in text and (
+            "exited unexpectedly" in text or "killed by signal" in text
+        )  # torch's worker handler prints "Unexpected bus error encountered in worker" first
+        if worker_died or "Bus error" in text:
             sys.stderr.write(text[:300] + "\n")
             return 7  # a DataLoader worker died by a signal
         sys.stderr.write(text[:500] + "\n")
