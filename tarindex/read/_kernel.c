@@ -147,7 +147,7 @@ typedef struct {
     PyObject_HEAD
     char *base;      /* the mapping of the tar's `size` bytes (NULL: none, size 0) */
     int fd;          /* owned: closed with the object (the mapping's and the check's) */
-    long long size, dev, ino, mtime_ns; /* the tar when opened (fstat) */
+    long long size, dev, ino, mtime_ns; /* the tar when opened (fstat; mtime < 0: not compared) */
     PyObject *fault; /* fault(at) -> the error to raise (tarindex.read.checks.tar_fault) */
 } Mapped;
 
@@ -173,7 +173,8 @@ static int mapped_check(Mapped *m) {
     struct stat st;
     if (fstat(m->fd, &st) == 0 && (long long)st.st_size == m->size &&
         (long long)st.st_dev == m->dev && (long long)st.st_ino == m->ino &&
-        (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == m->mtime_ns)
+        (m->mtime_ns < 0 ||
+         (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec == m->mtime_ns))
         return 0;
     mapped_raise((PyObject *)m, -1);
     if (!PyErr_Occurred()) /* fault() saw nothing wrong: a race with a change back */

@@ -157,7 +157,8 @@ def _check_folded(
 
 # -- the cut and change check ----------------------------------------------------------------
 Ident = tuple[int, int, int]
-"""What a local tar was when opened, besides its size: ``(st_dev, st_ino, st_mtime_ns)``."""
+"""What a local tar was when opened, besides its size: ``(st_dev, st_ino, st_mtime_ns)``; an
+mtime ``< 0`` is not compared (a cached copy of a remote tar, written in pieces while read)."""
 
 
 def ident_of(st: os.stat_result) -> Ident:
@@ -204,7 +205,7 @@ def tar_fault(fd: int, size: int, ident: Ident, tar_path: str, at: int = -1) -> 
     if st.st_size < size:
         return cut_error(tar_path, st.st_size, size, at)
     got = ident_of(st)
-    if st.st_size != size or got != ident:
+    if st.st_size != size or got[:2] != ident[:2] or (ident[2] >= 0 and got[2] != ident[2]):
         what = (
             f"size {size} -> {st.st_size}" if st.st_size != size
             else f"mtime {ident[2]} -> {got[2]} ns" if got[2] != ident[2]

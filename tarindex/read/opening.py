@@ -178,9 +178,13 @@ class ShardOpener:
                 raise
 
     def _map_copy(self, fd: int, size: int) -> ByteSource:
-        """A local copy of a remote tar (descriptor ``fd``, owned), mapped by the kernel."""
+        """A local copy of a remote tar (descriptor ``fd``, owned), mapped by the kernel.
+
+        Its mtime is not compared (:data:`checks.Ident`): the cache writes a copy's pieces
+        while it is read (the remote layer pins each piece it serves).
+        """
         try:
-            self.tar_ident = checks.ident_of(os.fstat(fd))
+            self.tar_ident = (*checks.ident_of(os.fstat(fd))[:2], -1)
             if size > 0:
                 src = MappedSource(self.tar_path, fd, size, self.tar_ident)
                 self._mapped = src.mapped
