@@ -32,7 +32,6 @@ Sample = dict[str, Any]
 """A sample: ``__key__``, ``__shard__``, ``__index__`` and one entry per extension."""
 
 
-
 def _uniform_layout(mp: NDArray[np.int64], ext_id: NDArray[np.int64]) -> list[int] | None:
     """The extension ids every sample has, in order, if all samples have the same; else None."""
     n = len(mp) - 1
