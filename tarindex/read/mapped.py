@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TruncatedError
-from ..storage.bytesource import MmapSource, cold_cache
+from ..storage.bytesource import MmapSource, closed_error, cold_cache
 from . import checks, kernel
 
 __all__ = ["MappedSource"]
@@ -51,10 +51,13 @@ class MappedSource(MmapSource):
         Raises:
             TruncatedError: If the range runs past the end of the tar, or the tar was cut
                 while mapped; StaleIndexError if it changed (:func:`checks.tar_fault`).
+            ClosedError: If the source is closed.
         """
         end = offset + size
         m = self.mapped
-        if offset < 0 or size < 0 or end > self.size or m is None:
+        if m is None:
+            raise closed_error(self.path)
+        if offset < 0 or size < 0 or end > self.size:
             raise TruncatedError(
                 f"{self.path}: byte {self.size}: range {offset}..{end} runs past the end of the "
                 f"tar; the index is corrupt or the tar was cut: tarindex verify {self.path}"
@@ -68,10 +71,10 @@ class MappedSource(MmapSource):
         """Return the ``Mapped`` itself and ``starts`` (offsets into it are tar offsets).
 
         Raises:
-            TruncatedError: If the source is closed.
+            ClosedError: If the source is closed.
         """
         if self.mapped is None:
-            raise TruncatedError(f"{self.path}: byte 0: the tar's source is closed")
+            raise closed_error(self.path)
         return self.mapped, starts
 
     def prefetch(self, start: int, end: int) -> None:

@@ -32,7 +32,7 @@ from ..errors import ChecksumError, SampleIndexError, TarIndexError
 from ..format.keys import lookup_key, served_ext
 from ..format.keytable import KeyTable, key_table
 from ..format.zstd_dict import check_dict, dict_entry
-from ..storage.bytesource import Buffer, ByteSource, closed_error
+from ..storage.bytesource import ByteSource, closed_error
 from ..storage.indexfile import index_path_for
 from ..storage.remote import RemoteOptions, is_url
 from . import checks, kernel
@@ -214,7 +214,8 @@ class ShardReader(ShardOpener):
             TruncatedError: If the tar is now shorter than when opened.
             StaleIndexError: If it was rewritten, appended to or touched since.
         """
-        src = self._mm if self._mm is not None else self._src
+        mm = self._mm  # once: close() in another thread drops it
+        src = mm if mm is not None else self._src
         checks.check_open_tar(src, self.tar_size, self.tar_ident, self.tar_path)
 
     def ready(self, j0: int, j1: int) -> tuple[int, int]:
@@ -539,8 +540,11 @@ class ShardReader(ShardOpener):
             "__key__": h.keys[kb + kp[j] : kb + kp[j + 1]].decode("utf-8", "surrogateescape")
         }
         exts, offs, sizes, eids = self.exts, h.offset, h.size, h.ext_id
-        mm = h.mm
-        self.check_tar()  # cut or changed since opened: its error, not its bytes
+        mm = h.mm  # cut or changed since opened: its error, not its bytes
+        if mm is not None:
+            mm.check()
+        else:
+            self.check_tar()
         verify = self.verify_data
         for m in range(sp[j], sp[j + 1]):
             name = exts[eids[m]]
