@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -38,7 +39,10 @@ def command(args: argparse.Namespace) -> int:
             paths,
             jobs=args.jobs or default_jobs(),
             out=args.out,
-            up_to_date=None if args.force else is_up_to_date,
+            # --checksums rebuilds an index that records no crc32s
+            up_to_date=None
+            if args.force
+            else functools.partial(is_up_to_date, checksums=args.checksums),
             require_end=args.require_end,
             checksums=args.checksums,
             gzip_spacing=args.gzip_spacing,

@@ -679,15 +679,21 @@ class ShardReader(ShardOpener):
             pass
 
 
-def is_up_to_date(tar_path: str | os.PathLike[str], index_path: str | None = None) -> bool:
+def is_up_to_date(
+    tar_path: str | os.PathLike[str], index_path: str | None = None, *, checksums: bool = False
+) -> bool:
     """Return True if an index exists for the tar and passes the open-time checks.
 
     Those are the cheap checks (FORMAT.md §2.7, §3): header, size, end magic, fingerprint. A
     corrupt table inside an otherwise intact index still counts as up to date; ``tarindex
-    verify`` catches that.
+    verify`` catches that. With ``checksums=True`` an index must also record each member's
+    crc32 (FORMAT.md §2.8.2), as ``tarindex index --checksums`` asks.
     """
     try:
-        ShardReader(os.fspath(tar_path), index_path).close()
-        return True
+        r = ShardReader(os.fspath(tar_path), index_path)
     except (TarIndexError, OSError):
         return False
+    try:
+        return not checksums or r.index.member_crc is not None
+    finally:
+        r.close()

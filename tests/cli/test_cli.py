@@ -194,6 +194,25 @@ def test_index_builds_skips_and_forces(shards: list[str], capsys: Cap) -> None:
     assert code == 0 and "3 built, 0 up to date" in out
 
 
+def test_index_checksums_rebuilds_an_index_without_them(tmp_path: Path, capsys: Cap) -> None:
+    """An index without crc32s is not up to date for ``--checksums`` (it skipped it before,
+    and ``verify --data`` then failed asking for the same command)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.bin").write_bytes(bytes([i]) * 100)
+    tar = str(tmp_path / "gnu.tar")
+    subprocess.run(["tar", "cf", tar, "-C", str(src), "0.bin", "1.bin", "2.bin"], check=True)
+    assert run(["index", tar], capsys)[0] == 0
+    code, out, err = run(["verify", "--data", tar], capsys)
+    assert code == 1 and "records no data checksums" in out + err
+    code, out, _ = run(["index", "--checksums", tar], capsys)
+    assert code == 0 and "1 built, 0 up to date" in out
+    assert run(["verify", "--data", tar], capsys)[0] == 0
+    code, out, _ = run(["index", "--checksums", tar], capsys)  # now it is up to date
+    assert code == 0 and "0 built, 1 up to date" in out
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_index_goes_on_after_a_corrupt_tar(
     shards: list[str], tmp_path: Path, jobs: str, capsys: Cap
