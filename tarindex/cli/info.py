@@ -1,4 +1,8 @@
-"""``tarindex info``: shards, samples, members, extensions (counts) and bytes."""
+"""``tarindex info``: shards, samples, members, extensions (counts) and bytes.
+
+``tar bytes`` are those of the tar, decompressed for a gzip-compressed shard (FORMAT.md §10);
+``gzip bytes`` (only when there are such shards) are their compressed sizes.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ def human(n: float) -> str:
 def command(args: argparse.Namespace) -> int:
     """Print the totals of every shard of the sources (``--json``: one JSON object)."""
     n_shards = n_samples = n_members = data_bytes = tar_bytes = index_bytes = 0
+    n_gzip = gzip_bytes = 0
     exts: Counter[str] = Counter()
     for p, r in each_reader(args.sources, args):
         n_shards += 1
@@ -38,6 +43,10 @@ def command(args: argparse.Namespace) -> int:
             n_members += len(blk.ext_id)
         n_samples += r.n_samples
         tar_bytes += r.tar_size
+        gz = r.index.gzip
+        if gz is not None:
+            n_gzip += 1
+            gzip_bytes += gz.gz_size
         index_bytes += (
             len(load_indexes([r.index_path], [p])[0][0])
             if is_url(r.index_path)
@@ -53,6 +62,8 @@ def command(args: argparse.Namespace) -> int:
         "data_bytes": data_bytes,
         "tar_bytes": tar_bytes,
         "index_bytes": index_bytes,
+        "gzip_shards": n_gzip,
+        "gzip_bytes": gzip_bytes,
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -63,5 +74,10 @@ def command(args: argparse.Namespace) -> int:
     print("extensions:  " + (", ".join(f"{e} ({c})" for e, c in sorted(exts.items())) or "-"))
     print(f"data bytes:  {data_bytes} ({human(data_bytes)}, member contents)")
     print(f"tar bytes:   {tar_bytes} ({human(tar_bytes)})")
+    if n_gzip:
+        print(
+            f"gzip bytes:  {gzip_bytes} ({human(gzip_bytes)}, compressed, {n_gzip} gzip shard(s); "
+            f"their tar bytes are decompressed)"
+        )
     print(f"index bytes: {index_bytes} ({human(index_bytes)})")
     return EXIT_OK

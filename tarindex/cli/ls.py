@@ -12,6 +12,7 @@ import sys
 
 from ..format.keys import escape_name
 from ..index.build import local_tar
+from ..index.gzbuild import plain_tar
 from ..index.scan import Members, scan_members
 from .common import EXIT_OK, blocks, each_reader, expand
 
@@ -38,8 +39,9 @@ def command(args: argparse.Namespace) -> int:
     if args.members or args.skipped:
         paths = expand(args.sources)
         for s, p in enumerate(paths):
-            with local_tar(p) as tmp:  # a remote tar: streamed once
-                m = scan_members(tmp)
+            # a remote tar: streamed once; a gzip one: the tar inside, inflated once
+            with local_tar(p) as tmp, plain_tar(tmp) as plain:
+                m = scan_members(plain)
             if len(paths) > 1:
                 write(("\n" if s else "") + f"==> {esc(p)} <==\n")
             if args.skipped:

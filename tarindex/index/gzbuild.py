@@ -3,6 +3,8 @@
 :func:`gunzipped` records the file's seek points (:func:`tarindex.storage.gzsource.decompress_indexed`)
 and hands the header walk a temporary decompressed copy, removed afterwards whatever happens;
 :func:`renamed_errors` makes every message about that copy name the ``.tar.gz`` instead.
+:func:`plain_tar` is the same copy without seek points, for the commands that walk the headers
+of an indexed shard again (``tarindex verify``, ``tarindex ls --members``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from contextlib import contextmanager
 from ..errors import TarIndexError
 from ..format.gzindex import GzipIndex
 from ..format.spec import MIN_GZIP_SPACING
+from ..format.tar import compression_of
 from ..storage.bytesource import PreadSource, open_regular
-from ..storage.gzsource import decompress_indexed
+from ..storage.gzsource import decompress_indexed, inflate_checked
 
-__all__ = ["gunzipped", "renamed_errors", "check_spacing"]
+__all__ = ["gunzipped", "plain_tar", "renamed_errors", "check_spacing"]
 
 
 def check_spacing(spacing: int) -> int:
@@ -67,6 +70,46 @@ def gunzipped(
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+
+
+@contextmanager
+def plain_tar(path: str, tmp_dir: str | None = None) -> Iterator[str]:
+    """Yield a plain tar holding the bytes of the tar at ``path``: ``path`` itself, or a copy.
+
+    A gzip-compressed tar (its first bytes ``1f 8b``, whatever its name; FORMAT.md §10) is
+    inflated once, every gzip member's crc32 and length checked, into a temp file in
+    ``tmp_dir`` (else ``$TMPDIR``) as large as the decompressed tar, deleted on exit; byte
+    offsets in it are those of the index's tables. Errors about the copy name ``path`` and say
+    "decompressed byte" (:func:`renamed_errors`). Any other file is yielded as is (the header
+    walk refuses other compressions with ``CompressedTarError``).
+
+    Raises:
+        TruncatedError, ChecksumError, FormatError: Invalid gzip data (as
+            :func:`~tarindex.storage.gzsource.inflate_checked`), naming ``path``.
+        OSError: ``path`` cannot be read or the temp file written (``ENOSPC``).
+    """
+    fd = open_regular(path)
+    src = PreadSource(path, fd, os.fstat(fd).st_size)
+    try:
+        found = compression_of(src.read(0, min(16, src.size)))
+        if found is None or found[0] != "gzip":
+            src.close()
+            yield path
+            return
+        tfd, tmp = tempfile.mkstemp(prefix=".tarindex-gunzip-", suffix=".tar", dir=tmp_dir)
+        try:
+            with os.fdopen(tfd, "wb") as out:
+                inflate_checked(src, out)
+            src.close()
+            with renamed_errors(tmp, path):
+                yield tmp
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+    finally:
+        src.close()
 
 
 @contextmanager

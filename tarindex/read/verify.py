@@ -4,6 +4,8 @@
 open does (index header, footer magic, tar fingerprint), it reads the whole index (crc32
 footer, table consistency), re-reads the ustar header block right before every indexed
 member's data, and rebuilds the tables from a fresh header walk to compare them byte for byte.
+A gzip-compressed shard (docs/FORMAT.md §10) is checked the same way on the tar inside, inflated
+once into a temp file; ``data`` reads its members through the seek points.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..format.spec import (
 )
 from ..format.tar import checksum_ok, header_checksums, header_name, parse_number
 from ..index.build import find_zstd_dict, index_tables_for
+from ..index.gzbuild import plain_tar
 from ..index.scan import scan_members
 from .block import crc_mismatches
 from .shard import ShardReader
@@ -91,6 +94,9 @@ def verify(
     field (or pax size) equals the indexed size and whose name gives the indexed key and
     extension; finally that a fresh header walk of the tar rebuilds the same sample, member
     and key tables byte for byte. Cost: one pass over the index and one header walk of the tar.
+    A gzip-compressed tar (FORMAT.md §10) is first inflated once into a temp file in
+    ``$TMPDIR`` (every gzip member's crc32 checked), whose headers are re-read and walked:
+    offsets are those of the decompressed tar, as in the index.
 
     With ``data``, also every member's bytes against the crc32 the index records
     (FORMAT.md §2.8.2): one read of every member.
@@ -108,7 +114,8 @@ def verify(
         FormatError: The index is corrupt (checksum, bad tables), or the tar is (scan errors:
             truncated, bad header checksum, ...). :class:`tarindex.errors.TarHeaderError` when the
             header before an indexed member has a valid checksum but a size field that is not
-            a number.
+            a number. ``TruncatedError``/``ChecksumError`` for invalid gzip data of a
+            gzip-compressed tar.
         StaleIndexError: The index does not describe this tar: fingerprint mismatch, an
             indexed offset that is not right after a matching header, or tables that differ
             from a fresh scan. The message names the member, the byte offset and the fix.
@@ -120,14 +127,20 @@ def verify(
     with ShardReader(tar, index_path, full_check=True) as r:
         stored = r.index
         ipath = r.index_path
-        long_names = _check_headers(tar, ipath, stored)
-        # the walk also takes the fingerprint; a tar indexed with --no-require-end is
-        # rescanned the same way (its index's metadata says so); what the walk warns of (no
-        # end marker, members skipped) was reported by `index`, and the report says the first
-        require_end = bool(stored.meta.get("require_end", True))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            members = scan_members(tar, require_end=require_end)
+        # a gzip shard's headers and walk are those of the tar inside (FORMAT.md §10)
+        with plain_tar(tar) as plain:
+            long_names = _check_headers(plain, ipath, stored)
+            # the walk also takes the fingerprint; a tar indexed with --no-require-end is
+            # rescanned the same way (its index's metadata says so); what the walk warns of
+            # (no end marker, members skipped) was reported by `index`, the report says the first
+            require_end = bool(stored.meta.get("require_end", True))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                members = scan_members(plain, require_end=require_end)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a bad dictionary member was reported by `index`
+                zd = find_zstd_dict(members)  # FORMAT.md §7: the same dictionary entry, or none
+            members.path = tar  # messages name the shard, not the temp copy
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # interleaving/duplicates were reported by `index`
             fresh = index_tables_for(members)
@@ -136,9 +149,6 @@ def verify(
                 f"{tar}: index {ipath} does not match a fresh scan of the tar: "
                 f"{_first_difference(stored, fresh)}; rebuild it with: tarindex index --force {tar}"
             )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a bad dictionary member was reported by `index`
-            zd = find_zstd_dict(members)  # FORMAT.md §7: the same dictionary entry, or none
         want = None if zd is None else zd.meta()
         if stored.meta.get(ZSTD_DICT_META) != want:
             raise StaleIndexError(

@@ -10,7 +10,7 @@ inflating at the seek point before the byte asked for, so one read decompresses 
 any byte source (``os.pread`` on a local file, a remote source for a URL).
 
 :func:`decompress_indexed` is the build side: one pass records the seek points, a second
-writes the decompressed tar to a file for the header walk.
+(:func:`inflate_checked`) writes the decompressed tar to a file for the header walk.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..format.hints import rebuild_hint
 from ..format.spec import FINGERPRINT_BYTES, INDEX_SUFFIX
 from .bytesource import Buffer, ByteSource, closed_error, reset_after_fork
 
-__all__ = ["GzipSource", "decompress_indexed", "gzip_fingerprint"]
+__all__ = ["GzipSource", "decompress_indexed", "gzip_fingerprint", "inflate_checked"]
 
 _READ_BUF = 64 << 10
 """Bytes of compressed data indexed_gzip asks the raw source for at a time."""
@@ -274,7 +274,7 @@ def decompress_indexed(
             raise _gzip_error(src.path, 0, e) from None
     finally:
         f.close()
-    n = _inflate_checked(src, out, on_read)
+    n = inflate_checked(src, out, on_read)
     if n != n_points:
         raise FormatError(
             f"{src.path}: the gzip data decompresses to {n} bytes, but its seek points end at "
@@ -284,8 +284,21 @@ def decompress_indexed(
     return GzipIndex(src.size, head, tail, spacing, bio.getvalue())
 
 
-def _inflate_checked(src: ByteSource, out: IO[bytes], on_read: Callable[[int], None] | None) -> int:
-    """Inflate every gzip member of ``src`` into ``out``; return the decompressed length."""
+def inflate_checked(
+    src: ByteSource, out: IO[bytes], on_read: Callable[[int], None] | None = None
+) -> int:
+    """Inflate every gzip member of ``src`` into ``out``; return the decompressed length (bytes).
+
+    As ``gunzip``: each member's crc32 and length trailer is checked (RFC 1952 §2.3.1), members
+    are concatenated, zeros after the last one are tar padding. One pass, no seek points (the
+    second pass of :func:`decompress_indexed`; ``tarindex verify`` and ``ls --members`` use it
+    alone).
+
+    Raises:
+        TruncatedError: The gzip data ends inside a member.
+        ChecksumError: A member's crc32 or length does not match its trailer.
+        FormatError: Other invalid gzip data, or non-zero bytes after the last member.
+    """
     d = zlib.decompressobj(zlib.MAX_WBITS | 16)
     started = padding = False  # d has been fed a byte; only zeros may follow
     pos = total = 0
