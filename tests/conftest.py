@@ -14,6 +14,13 @@ import tarindex
 from tarindex.write.tar import TarShardWriter
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# processes the tests start (Ray and Spark workers, spawned DataLoader workers) unpickle the
+# tests' functions by reference (cloudpickle): the repository root must be importable there
+# too, whatever their working directory (seen: "No module named 'tests'" in a Ray worker)
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p
+)
 
 
 @pytest.fixture(autouse=True)
