@@ -419,9 +419,8 @@ class ShardWriter:
             ).digest()
         # one statement: no signal can land between the temp file's creation and ``_cur``
         # (``abort`` then removes it)
-        self._cur = cur = TarShardWriter(
-            self._path(self.shard), self.mtime, durable=self.durable, shard_id=sid
-        )
+        path = self._path(self.shard)
+        self._cur = cur = TarShardWriter(path, self.mtime, durable=self.durable, shard_id=sid)
         zd = self._train() if self._dict_size else None
         if zd is not None:
             cur.write_zstd_dict(zd.as_bytes())

@@ -13,7 +13,7 @@ import gzip
 import os
 import time
 import zlib
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -134,12 +134,7 @@ class TarShardWriter:
         """After :meth:`close`: the shard's manifest row (FORMAT.md §9), from what was written."""
         # opened last: nothing in this constructor runs after the temp file exists, so a signal
         # (Ctrl-C, a write_shards worker's Stop) cannot leave a temp file no writer object knows
-        self._raw = open(self.tmp, "w+b")  # read too: the fingerprint is read back at close
-        self._f: Any = (
-            gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0)
-            if self.gzip
-            else self._raw
-        )
+        self._raw, self._f = _open_temp(self.tmp, self.gzip)
 
     def _failed(self, e: OSError) -> OSError:
         """``e`` (ENOSPC, EFBIG, EIO, ...) naming the shard and the byte (the caller aborts it)."""
@@ -324,6 +319,26 @@ class TarShardWriter:
                 os.unlink(self.tmp)
             except FileNotFoundError:
                 pass
+
+
+def _open_temp(tmp: str, gz: bool) -> tuple[BinaryIO, Any]:
+    """Create the temp file and the stream written to it (gzip for a ``.tar.gz``).
+
+    The file is opened for reading too (the fingerprint is read back at close). On any
+    exception here, a signal included, the file is removed.
+    """
+    raw: BinaryIO | None = None
+    try:
+        raw = open(tmp, "w+b")
+        return raw, (gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if gz else raw)
+    except BaseException:  # also after open returned, before ``raw`` was stored
+        if raw is not None:
+            raw.close()
+        try:
+            os.unlink(tmp)  # a fresh pid + random name: if it exists, it is this one's
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def padded_to(n: int, multiple: int) -> int:

@@ -16,9 +16,13 @@ from typing import Any
 
 import tarindex
 from tarindex.write.shards import ShardWriter
-from tarindex.write.tar import TarShardWriter
+from tarindex.write.tar import TarShardWriter, _open_temp
 
-OPENING: set[CodeType] = {TarShardWriter.__init__.__code__, ShardWriter._open.__code__}
+OPENING: set[CodeType] = {
+    TarShardWriter.__init__.__code__,
+    ShardWriter._open.__code__,
+    _open_temp.__code__,
+}
 
 
 def _write_interrupted_at(pattern: str, line: int) -> bool:
