@@ -438,7 +438,10 @@ def test_tar_cut_while_open_without_mmap(tmp_path: Path) -> None:
     r = tarindex.ShardReader(str(tar), use_mmap=False)
     assert r.sample(0) == EXPECTED[0]
     os.truncate(tar, 1024)
-    with pytest.raises(TruncatedError, match=rf"{tar}: byte \d+: short read .* cut while open"):
+    # the pread path's fstat sees the cut before the read comes up short (issue 19 item 8)
+    with pytest.raises(
+        TruncatedError, match=rf"{tar}: byte \d+: the tar was cut to \d+ bytes while open.*index"
+    ):
         r.sample(4)
     r.close()
 
