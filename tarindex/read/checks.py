@@ -64,8 +64,8 @@ __all__ = [
     "fold_exts",
     "Ident",
     "ident_of",
-    "check_tar",
     "check_open_tar",
+    "stat_fault",
     "tar_fault",
     "cut_error",
     "check_opened",
@@ -202,6 +202,13 @@ def tar_fault(fd: int, size: int, ident: Ident, tar_path: str, at: int = -1) -> 
         st = os.fstat(fd)
     except OSError as e:
         return OSError(e.errno, f"{tar_path}: the open tar cannot be checked: {e.strerror}")
+    return stat_fault(st, size, ident, tar_path, at)
+
+
+def stat_fault(
+    st: os.stat_result, size: int, ident: Ident, tar_path: str, at: int = -1
+) -> Exception | None:
+    """:func:`tar_fault` of the ``fstat`` result ``st`` (a source that pins its descriptor)."""
     if st.st_size < size:
         return cut_error(tar_path, st.st_size, size, at)
     got = ident_of(st)
@@ -227,33 +234,25 @@ def tar_fault(fd: int, size: int, ident: Ident, tar_path: str, at: int = -1) -> 
 
 
 def check_open_tar(src: object, size: int, ident: Ident, tar_path: str) -> None:
-    """:func:`check_tar` of a reader's tar source.
+    """Refuse a read of a reader's local tar (mapped or ``pread``) that changed since it was opened.
 
     Its kernel ``Mapped`` (``check()``: the same rule in C or the twin), a ``pread``
     source's descriptor, or nothing (remote: its reads check the version pinned at open).
 
     Raises:
-        TruncatedError, StaleIndexError: As :func:`check_tar`.
+        TruncatedError: If the tar was cut (a read through its mapping would be SIGBUS).
+        StaleIndexError: If it changed otherwise (:func:`tar_fault`).
+        ClosedError: If a ``pread`` source was closed.
     """
     check = getattr(src, "check", None)
     if check is not None:
         check()
         return
-    fd = getattr(src, "fd", -1)
-    if isinstance(fd, int) and fd >= 0:
-        check_tar(fd, size, ident, tar_path)
-
-
-def check_tar(fd: int, size: int, ident: Ident, tar_path: str) -> None:
-    """Refuse a read of a local tar (mapped or ``pread``) that changed since it was opened.
-
-    Raises:
-        TruncatedError: If the tar was cut (a read through its mapping would be SIGBUS).
-        StaleIndexError: If it changed otherwise (:func:`tar_fault`).
-    """
-    e = tar_fault(fd, size, ident, tar_path)
-    if e is not None:
-        raise e
+    fstat = getattr(src, "fstat", None)
+    if fstat is not None:  # a pread source: fstat with its descriptor held open (threads)
+        e = stat_fault(fstat(), size, ident, tar_path)
+        if e is not None:
+            raise e
 
 
 # -- the open-time checks (FORMAT.md §3) ------------------------------------------------------

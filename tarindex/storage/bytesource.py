@@ -337,18 +337,11 @@ class PreadSource(_LocalSource):
         end = offset + size
         if offset < 0 or size < 0 or end > self.size:
             raise _past_end(self.path, self.size, offset, end)
-        with self._lock:  # the descriptor stays ours (not closed, its number not reused)
-            if self._closing:
-                raise closed_error(self.path)
-            fd = self.fd
-            self._busy += 1
+        fd = self._pin()
         try:
             data = os.pread(fd, size, offset)
         finally:
-            with self._lock:
-                self._busy -= 1
-                if self._closing and not self._busy:
-                    self._release()
+            self._unpin()
         self.bytes_read += len(data)
         if self.log is not None:
             self.log.append((offset, size))
@@ -359,6 +352,32 @@ class PreadSource(_LocalSource):
                 f"it again and re-index it (tarindex index --force {self.path})"
             )
         return data
+
+    def fstat(self) -> os.stat_result:
+        """``os.fstat`` of the tar's descriptor (the cut and change check), held open meanwhile.
+
+        Raises:
+            ClosedError: If the source is closed.
+        """
+        fd = self._pin()
+        try:
+            return os.fstat(fd)
+        finally:
+            self._unpin()
+
+    def _pin(self) -> int:
+        """The descriptor, kept ours (not closed, its number not reused) until :meth:`_unpin`."""
+        with self._lock:
+            if self._closing:
+                raise closed_error(self.path)
+            self._busy += 1
+            return self.fd
+
+    def _unpin(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if self._closing and not self._busy:
+                self._release()
 
     def read_ranges(
         self, starts: NDArray[np.int64], ends: NDArray[np.int64]
@@ -380,20 +399,16 @@ class PreadSource(_LocalSource):
         """``posix_fadvise(POSIX_FADV_WILLNEED)`` where the platform has it."""
         if end <= start or not hasattr(os, "posix_fadvise"):
             return
-        with self._lock:
-            if self._closing:
-                return
-            fd = self.fd
-            self._busy += 1
+        try:
+            fd = self._pin()
+        except ClosedError:
+            return
         try:
             os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
         finally:
-            with self._lock:
-                self._busy -= 1
-                if self._closing and not self._busy:
-                    self._release()
+            self._unpin()
 
     def close(self) -> None:
         """Close the descriptor: now, or when the last read in flight (another thread's) ends.
