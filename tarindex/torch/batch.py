@@ -21,7 +21,45 @@ from .transport import open_ref, share_ref
 __all__ = ["BatchedSamples"]
 
 
-class BatchedSamples:
+class IntColumns:
+    """The per-sample integer columns of a batch (:class:`BatchedSamples`, ``ImageBatch``).
+
+    Both hold ``_index`` (``int64 (B,)``) and ``_ints`` (``{ext: int64 (B,)}``).
+    """
+
+    __slots__ = ()
+    _index: NDArray[np.int64]
+    _ints: dict[str, NDArray[np.int64]]
+
+    @property
+    def index(self) -> torch.Tensor:
+        """Global index of each sample: ``torch.int64``, shape ``(B,)`` (``-1`` if unknown)."""
+        return torch.from_numpy(self._index)
+
+    @property
+    def cls(self) -> torch.Tensor:
+        """The ``cls`` labels: ``torch.int64``, shape ``(B,)``; ``-1`` where a sample has none.
+
+        Raises:
+            KeyError: If no sample of the batch has a ``cls`` member.
+        """
+        return self.ints("cls")
+
+    def ints(self, ext: str) -> torch.Tensor:
+        """An integer field (``int_fields``): ``torch.int64``, ``(B,)``, ``-1`` if missing.
+
+        Raises:
+            KeyError: If the field is not an integer field of this batch.
+        """
+        return torch.from_numpy(self._ints[ext])
+
+    @property
+    def int_fields(self) -> tuple[str, ...]:
+        """Names of the integer fields of this batch."""
+        return tuple(self._ints)
+
+
+class BatchedSamples(IntColumns):
     """A batch of raw samples: one ``uint8`` buffer, offsets per extension, ``int64`` labels.
 
     Made by the packers of :mod:`tarindex.torch.collate` (``TarDataset(batched=True)``,
@@ -72,32 +110,6 @@ class BatchedSamples:
         )
 
     # -- columns -----------------------------------------------------------------------------
-    @property
-    def index(self) -> torch.Tensor:
-        """Global index of each sample: ``torch.int64``, shape ``(B,)`` (``-1`` if unknown)."""
-        return torch.from_numpy(self._index)
-
-    @property
-    def cls(self) -> torch.Tensor:
-        """The ``cls`` labels: ``torch.int64``, shape ``(B,)``; ``-1`` where a sample has none.
-
-        Raises:
-            KeyError: If no sample of the batch has a ``cls`` member.
-        """
-        return self.ints("cls")
-
-    def ints(self, ext: str) -> torch.Tensor:
-        """An integer field (``int_fields``): ``torch.int64``, ``(B,)``, ``-1`` if missing.
-
-        Raises:
-            KeyError: If the field is not an integer field of this batch.
-        """
-        return torch.from_numpy(self._ints[ext])
-
-    @property
-    def int_fields(self) -> tuple[str, ...]:
-        """Names of the integer fields of this batch."""
-        return tuple(self._ints)
 
     def offsets(self, ext: str) -> torch.Tensor:
         """Byte offsets of field ``ext`` in :attr:`data`: ``torch.int64``, shape ``(B + 1,)``.

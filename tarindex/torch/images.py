@@ -40,7 +40,7 @@ from ..errors import DecodeError
 from ..read.sample_source import SampleSource
 from ..stream.images import PackedImages, decode_packed
 from ..stream.pack import INT_FIELDS, fetch_packed, numpy_alloc
-from .batch import BatchedSamples
+from .batch import BatchedSamples, IntColumns
 from .transport import alloc_buffer, open_ref, share_ref
 
 __all__ = [
@@ -81,7 +81,7 @@ def _tensor_alloc(nbytes: int) -> tuple[torch.Tensor, NDArray[np.uint8]]:
     return t, t.numpy()
 
 
-class ImageBatch:
+class ImageBatch(IntColumns):
     """A batch of images decoded to the model's size: one tensor, plus labels and keys.
 
     Made by ``TarDataset(..., batched=True, decode=ImageDecode(...))`` (its
@@ -127,33 +127,6 @@ class ImageBatch:
             f"ImageBatch({len(self)} samples, images={shape}, ints={list(self._ints)}, "
             f"device={self.spec.device!r})"
         )
-
-    @property
-    def index(self) -> torch.Tensor:
-        """Global index of each sample: ``torch.int64``, shape ``(B,)``."""
-        return torch.from_numpy(self._index)
-
-    @property
-    def cls(self) -> torch.Tensor:
-        """The ``cls`` labels: ``torch.int64``, shape ``(B,)``; ``-1`` where a sample has none.
-
-        Raises:
-            KeyError: If no sample of the batch has a ``cls`` member.
-        """
-        return self.ints("cls")
-
-    def ints(self, ext: str) -> torch.Tensor:
-        """An integer field: ``torch.int64``, ``(B,)``, ``-1`` where missing.
-
-        Raises:
-            KeyError: If the field is not an integer field of this batch.
-        """
-        return torch.from_numpy(self._ints[ext])
-
-    @property
-    def int_fields(self) -> tuple[str, ...]:
-        """Names of the integer fields of this batch."""
-        return tuple(self._ints)
 
     @property
     def boxes(self) -> torch.Tensor | None:
