@@ -19,7 +19,8 @@ Usage: ``python benchmarks/bench_kernel.py [--data GLOB] [--n 20000] [--passes 5
 [--before PATH]``. ``--data`` defaults to run.py's full-mode tarindex shards (run
 ``python benchmarks/run.py`` once first); ``--before PATH`` also runs the same measurement with
 ``PYTHONPATH=PATH`` (another checkout's tarindex, e.g. a ``git worktree`` of an older commit)
-in a child process, alternating, and prints after/before ratios. A row whose keyword the
+in a child process, for `--rounds` rounds with the order of the pair flipped each round (the
+second run of a pair tends to win), and prints after/before ratios of each tree's best round. A row whose keyword the
 older checkout lacks (``batched=``, ``fields=``) prints ``n/a``; a checkout older than the
 index format of ``--data`` cannot read it: write the data with that checkout's
 ``benchmarks/run.py --only write --match tarindex --data DIR`` and pass that to both.
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=20_000, help="random samples per pass")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--before", help="another tarindex checkout to compare (PYTHONPATH)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="with --before: rounds of the pair, the order flipped each round")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.json:
@@ -159,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {"now": []}
     if a.before:
         runs["before"] = []
-    for _ in range(2 if a.before else 1):
-        for which in runs:
+    # A tree run second in a pair tends to win (warm page cache, settled clocks), so the order
+    # of the pair flips every round and each tree keeps its best round.
+    for rnd in range(max(1, a.rounds) if a.before else 1):
+        for which in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
             env = dict(os.environ)
             if which == "before":
                 env["PYTHONPATH"] = a.before
