@@ -33,7 +33,7 @@ from ..read.sample_source import SampleSource
 from ..read.sources import Source
 from ..read.subset import ShardSubset
 from ..storage.remote import RemoteOptions
-from .epochs import Env, Layouts, StreamEpochOwner
+from .epochs import Env, Layouts, Progress, StreamEpochOwner
 from .executor import Executor
 from .finish import SKIP, Finisher, check_on_error
 from .images import PackedImages, decode_packed, decode_packed_skipping, image_spec
@@ -298,19 +298,19 @@ class StreamDataset(StreamEpochOwner):
         if isinstance(self.decoder, ExtDecoder):  # ImageDecode draws per (seed, epoch, index)
             self.decoder.set_epoch(epoch)
         p = self.plan(epoch, worker, nw)
-        self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
-        self._consumed = start  # load_state_dict checked it against the plan
+        # load_state_dict checked start against the plan
+        self._active = act = Progress(epoch, start, worker, nw)
         if self.batch_size is not None:
-            return self._generate_batched(p, self._consumed)
-        return self._generate(p, self._consumed)
+            return self._generate_batched(p, act)
+        return self._generate(p, act)
 
-    def _generate(self, p: WorkerPlan, start: int) -> Iterator[Any]:
+    def _generate(self, p: WorkerPlan, act: Progress) -> Iterator[Any]:
         finisher, on_error = self.finisher, self.on_error
         plain = finisher.plain
-        pos = start
-        for smp in self.executor.stream(p, start):
+        pos = act.consumed
+        for smp in self.executor.stream(p, pos):
             pos += 1
-            self._consumed = pos
+            act.consumed = pos
             if smp is None:  # unreadable, skipped (on_error="skip")
                 continue
             if plain:
@@ -320,13 +320,10 @@ class StreamDataset(StreamEpochOwner):
             if out is not SKIP:
                 yield out
 
-    def _passed(self, pos: int) -> None:
-        self._consumed = pos
-
-    def _generate_batched(self, p: WorkerPlan, start: int) -> Iterator[Any]:
+    def _generate_batched(self, p: WorkerPlan, act: Progress) -> Iterator[Any]:
         wrap = self._wrap_batch if self.image_spec is None else self._images
         for b in self.executor.batches(
-            p, start, int(self.batch_size), self.int_fields, self._raw_alloc(), self._passed  # type: ignore[arg-type]
+            p, act.consumed, int(self.batch_size), self.int_fields, self._raw_alloc(), act.passed  # type: ignore[arg-type]
         ):
             out = wrap(b)
             if out is not None:  # None: every sample skipped (on_error="skip")

@@ -228,14 +228,41 @@ class RankEpoch:
         return worker, nw, epoch, int(loaded["consumed"])
 
 
+class Progress:
+    """One iterator's place in its epoch: what ``state_dict`` reports while it is the newest.
+
+    Every ``__iter__`` makes its own and its loop writes only that one (``consumed``, plan
+    positions passed), so an older iterator of the same object still being consumed never
+    moves the state of the newest. ``legs`` is a planned sampler's earlier world sizes.
+    """
+
+    __slots__ = ("consumed", "epoch", "legs", "num_workers", "worker")
+
+    def __init__(
+        self,
+        epoch: int,
+        consumed: int,
+        worker: int = 0,
+        num_workers: int = 1,
+        legs: list[tuple[int, int]] | None = None,
+    ) -> None:
+        self.epoch, self.consumed = epoch, consumed
+        self.worker, self.num_workers = worker, num_workers
+        self.legs: list[tuple[int, int]] = [] if legs is None else legs
+
+    def passed(self, pos: int) -> None:
+        """Record that plan position ``pos`` (exclusive) is reached."""
+        self.consumed = pos
+
+
 class EpochOwner:
     """Base of what holds a :class:`RankEpoch`: the streaming datasets and the planned samplers.
 
     Holds ``_re`` (rank, world size, epoch counter), ``_loaded`` (a state from
-    ``load_state_dict`` not yet consumed by an ``__iter__``), ``_active`` (the epoch being
-    iterated by this process, or ``None``) and ``_consumed`` (positions passed in it, written
-    by the owner's per-sample loop as a plain attribute). Its :class:`Env` is ``env`` if
-    given, else the class's :attr:`default_env` (the torch layer's classes set torch's).
+    ``load_state_dict`` not yet consumed by an ``__iter__``) and ``_active`` (the
+    :class:`Progress` of the iterator started last by this process, or ``None``). Its
+    :class:`Env` is ``env`` if given, else the class's :attr:`default_env` (the torch layer's
+    classes set torch's).
     """
 
     default_env: ClassVar[Env] = LOCAL
@@ -246,8 +273,7 @@ class EpochOwner:
     ) -> None:
         self._re = RankEpoch(rank, world_size, what, self.default_env if env is None else env)
         self._loaded: dict[str, Any] | None = None
-        self._active: dict[str, Any] | None = None
-        self._consumed = 0
+        self._active: Progress | None = None
 
     def _rank(self) -> tuple[int, int]:
         return self._re.resolve()
@@ -303,7 +329,7 @@ class StreamEpochOwner(EpochOwner):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_active"], state["_consumed"] = None, 0  # progress travels via state_dict only
+        state["_active"] = None  # progress travels via state_dict only
         return state
 
     def _layout_state(self) -> list[int] | list[list[int]]:
@@ -318,9 +344,9 @@ class StreamEpochOwner(EpochOwner):
         """
         if self._loaded is not None:
             return dict(self._loaded)
-        if self._active is not None:
-            epoch, worker, nw = (self._active[k] for k in ("epoch", "worker", "num_workers"))
-            consumed = self._consumed
+        act = self._active
+        if act is not None:
+            epoch, worker, nw, consumed = act.epoch, act.worker, act.num_workers, act.consumed
         else:
             worker, nw = self._re.env.layout()
             epoch, consumed = self._re.peek(), 0

@@ -22,7 +22,7 @@ from ..plan.epoch import WorkerPlan, plan_span, rank_share, slot_span
 from ..plan.mix import mix_counts, mix_offsets, mix_schedule, mix_sources, mix_spans, source_seed
 from ..plan.state import shard_layout
 from .dataset import StreamDataset
-from .epochs import Env, Layouts, StreamEpochOwner
+from .epochs import Env, Layouts, Progress, StreamEpochOwner
 
 __all__ = ["MixedStream", "source_spans"]
 _CHUNK = 1 << 16  # schedule positions computed at a time
@@ -238,9 +238,9 @@ class MixedStream(StreamEpochOwner):
         worker, nw, epoch, start = self._re.begin_iter(self._loaded)
         self._loaded = None  # a loaded state is consumed by one __iter__
         a, b = self.span(worker, nw)
-        self._active = {"epoch": epoch, "worker": worker, "num_workers": nw}
-        self._consumed = start  # load_state_dict checked it against the span
-        return self._generate(epoch, a, b)
+        # load_state_dict checked start against the span
+        self._active = act = Progress(epoch, start, worker, nw)
+        return self._generate(act, a, b)
 
     def _source_stream(self, s: int, rows: list[tuple[int, int, int]], skip: int) -> Iterator[Any]:
         """Source ``s``'s samples of ``rows`` after the first ``skip``, one item per position.
@@ -264,17 +264,18 @@ class MixedStream(StreamEpochOwner):
         )
         return next(its) if len(parts) == 1 else chain.from_iterable(its)
 
-    def _generate(self, epoch: int, a: int, b: int) -> Iterator[Any]:
+    def _generate(self, act: Progress, a: int, b: int) -> Iterator[Any]:
         """The worker's share ``[a, b)`` from position ``a + consumed`` on.
 
         Each source's windows are cut from the worker's first position, also when resuming,
         so a resumed epoch reads and yields exactly what the uninterrupted one would have.
         """
+        epoch = act.epoch
         o0 = mix_offsets(self.counts, self.seed, epoch, a, self.shuffle)
         spans = source_spans(
             self.counts, self.sizes, self.replacement, self.seed, epoch, a, b, self.shuffle, o0
         )
-        pos = self._consumed
+        pos = act.consumed
         skips = (
             (mix_offsets(self.counts, self.seed, epoch, a + pos, self.shuffle) - o0)
             if pos
@@ -295,12 +296,12 @@ class MixedStream(StreamEpochOwner):
             if lean:  # no marker can come (errors raise), nothing to tag
                 for x in pulled:
                     pos += 1
-                    self._consumed = pos
+                    act.consumed = pos
                     yield x
             else:
                 for s, x in zip(src.tolist(), pulled, strict=False):  # checked below
                     pos += 1
-                    self._consumed = pos
+                    act.consumed = pos
                     if x is skipped:
                         continue
                     if tag[s]:

@@ -19,7 +19,7 @@ from ..plan.epoch import plan_worker, rank_share, slot_span
 from ..plan.mix import mix_counts, mix_schedule, source_seed
 from ..plan.resume import resume_segments
 from ..plan.state import STATE_VERSION, check_consumed, check_state, shard_layout
-from .epochs import EpochOwner, Layouts
+from .epochs import EpochOwner, Layouts, Progress
 from .mix import source_spans
 
 __all__ = ["PlanSampler", "BlockPlanSampler", "MixPlanSampler", "follow_plan", "shard_counts"]
@@ -103,7 +103,7 @@ class PlanSampler(EpochOwner):
         nxt = self._re.peek()
         out = [nxt, nxt + 1]
         if self._active is not None:
-            out.insert(0, int(self._active["epoch"]))
+            out.insert(0, int(self._active.epoch))
         return list(dict.fromkeys(out))
 
     def leg_order(
@@ -144,7 +144,8 @@ class PlanSampler(EpochOwner):
             return dict(self._loaded)
         rank, ws = self._rank()
         if self._active is not None:
-            epoch, legs, consumed = self._active["epoch"], self._active["legs"], self._consumed
+            act = self._active
+            epoch, legs, consumed = act.epoch, act.legs, act.consumed
         else:
             epoch, legs, consumed = self._re.peek(), [], 0
         return {
@@ -231,10 +232,9 @@ class PlanSampler(EpochOwner):
         else:
             epoch = self._re.next_epoch()
         idx = self.leg_order(epoch, legs, rank, ws)
-        self._active = {"epoch": epoch, "legs": legs}
-        self._consumed = start
+        self._active = act = Progress(epoch, start, legs=legs)
         for i in idx[start:].tolist():
-            self._consumed += 1
+            act.consumed += 1
             yield i
 
 
