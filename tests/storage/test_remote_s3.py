@@ -132,3 +132,24 @@ def test_s3_object_overwritten_after_open_is_stale(s3: tuple[RemoteOptions, list
     j = SIZES[0] // 2
     with pytest.raises(tarindex.StaleIndexError, match=r"s3://shards/data/train-000000\.tar: "):
         ss.sample(j)
+
+
+def test_s3_open_costs_one_get_per_index_and_a_first_sample_one_round(
+    s3: tuple[RemoteOptions, list[str]],
+) -> None:
+    from .test_remote_startup import first_read_requests
+
+    opts, paths = s3
+    remote.forget_process_state()
+    url = f"s3://{BUCKET}/data/train-{{000000..000002}}.tar"
+    remote.stats(reset=True)
+    ds = tarindex.TarDataset(url, remote=opts)
+    assert remote.stats()["requests"] == len(paths)  # the indexes: no HeadObject
+    local = tarindex.ShardSet(paths)
+    k0 = SIZES[0]
+    remote.stats(reset=True)
+    assert ds[k0 + 2]["bin"] == local.sample(k0 + 2)["bin"]
+    assert remote.stats()["requests"] == first_read_requests(paths[1], 2)  # checks + sample
+    remote.stats(reset=True)
+    assert ds[k0 + 3]["bin"] == local.sample(k0 + 3)["bin"]
+    assert remote.stats()["requests"] == 1

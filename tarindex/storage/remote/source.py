@@ -51,6 +51,19 @@ def _agreed(url: str, seen: Sequence[Pin | None], size: int) -> Pin:
     return Pin(next(iter(sizes)) if sizes else size, p.etag, p.last_modified, p.version_id)
 
 
+def _slices(
+    merged: list[tuple[int, int]], got: list[bytes], ranges: list[tuple[int, int]]
+) -> list[bytes]:
+    """The bytes of each of ``ranges`` out of ``got``, the bytes of their coalesced runs."""
+    starts = [m[0] for m in merged]
+    out = []
+    for a, b in ranges:
+        k = bisect_right(starts, a) - 1
+        m0, d = merged[k][0], got[k]
+        out.append(d if (a == m0 and b - a == len(d)) else d[a - m0 : b - m0])
+    return out
+
+
 def _after_fork_in_child() -> None:
     _pool[0] = None  # the read-ahead threads do not exist in the child: made again on use
 
@@ -239,22 +252,22 @@ class RemoteSource:
                 return self._network(reqs)
             checks, verify = self._deferred
             ranges = checks + reqs
-            if protocol_of(self.path) in ("http", "https") and not range_checked(self.path):
-                # the first ranged read of a server in this process goes alone (Range probe):
-                # from byte 0, so a server that ignores Range is seen in the body, not only
-                # in the status, and that body is read no further than the range
-                a, b = min(checks, key=lambda r: (r[0] != 0, r[1] - r[0]))
-                fetch([(self.path, a, b)], self.opts)
-            seen: list[Pin | None] = [None] * len(ranges)
-            got = fetch([(self.path, a, b) for a, b in ranges], self.opts, None, seen)
-            self.requests += len(ranges)
+            # one request per coalesced run (the first 4 KiB check and the first samples
+            # are one read): no Range probe of its own either, as a server that ignores
+            # Range is seen in this round's replies (a 200 for a range not from byte 0, a
+            # body longer than the range from byte 0), each read no further than its range
+            merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
+            seen: list[Pin | None] = [None] * len(merged)
+            got = fetch([(self.path, a, b) for a, b in merged], self.opts, None, seen)
+            self.requests += len(merged)
             self.bytes_fetched += sum(len(g) for g in got)
             pin = _agreed(self.path, seen, self.size)
-            verify({(a, b - a): g for (a, b), g in zip(checks, got, strict=False)}, pin)
+            parts = _slices(merged, got, ranges)
+            verify({(a, b - a): g for (a, b), g in zip(checks, parts, strict=False)}, pin)
             self.pin = pin
             self.key = tar_key(self.path, self.size, self._ident, pin)
             self._deferred = None
-            return got[len(checks) :]
+            return parts[len(checks) :]
 
     def probe_range(self) -> None:
         """The first ranged read of an HTTP server in this process, alone (see :meth:`open`)."""
@@ -539,13 +552,7 @@ class RemoteSource:
         if local is not None:
             return [bytes(local.read(a, b - a)) for a, b in ranges]
         merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
-        got = self._network(merged)
-        starts = [m[0] for m in merged]
-        out = []
-        for a, b in ranges:
-            k = bisect_right(starts, a) - 1
-            out.append(got[k][a - merged[k][0] : b - merged[k][0]])
-        return out
+        return _slices(merged, self._network(merged), ranges)
 
     def _network(self, reqs: list[tuple[int, int]]) -> list[bytes]:
         if self._deferred is not None:
@@ -574,13 +581,7 @@ class RemoteSource:
             merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
 
             def finish_plain(got: list[bytes]) -> list[bytes]:
-                out = []
-                for a, b in ranges:
-                    k = bisect_right([m[0] for m in merged], a) - 1
-                    m0 = merged[k][0]
-                    d = got[k]
-                    out.append(d if (a == m0 and b - a == len(d)) else d[a - m0 : b - m0])
-                return out
+                return _slices(merged, got, ranges)
 
             return merged, finish_plain
         cb = self.opts.chunk_bytes

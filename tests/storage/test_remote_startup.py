@@ -1,0 +1,99 @@
+"""Start-up of a remote dataset (issue 24 item 3): the requests that open it and read its first
+sample, counted at a real HTTP server on 127.0.0.1 (tests/remote_server.py) and at moto's S3
+server, so that a request added to the path fails here (docs/REMOTE.md, "Reading")."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tarindex
+from tarindex.format.spec import HEADER_CHECKS
+from tarindex.read import checks
+from tarindex.storage import remote
+from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import coalesce
+
+from ..conftest import MakeShards
+from ..remote_server import RangeServer, serve
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+SIZES = [40, 30, 50, 20]
+PAT = "train-{000000..000003}.tar"
+
+
+@pytest.fixture
+def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
+    remote.forget_process_state()
+    paths = make_shards(SIZES)
+    with serve(str(tmp_path / "train")) as srv:
+        yield srv, paths
+    remote.forget_process_state()
+
+
+def _log(srv: RangeServer) -> list[tuple[str, str, int, int]]:
+    with srv.lock:
+        return list(srv.log)
+
+
+def first_read_requests(path: str, j: int) -> int:
+    """The requests of the first read of sample ``j`` of the local tar ``path``: its open-time
+    check ranges (FORMAT.md §3) and the sample's bytes, coalesced into runs."""
+    r = tarindex.ShardSet([path]).reader(0)
+    starts, ends = checks.open_ranges(r.index, r.tar_size)
+    lo, hi = r.member_slice(j)
+    a = int(r.index.offset[lo:hi].min()) - 512
+    b = max(int(r.index.offset[m]) + int(r.index.size[m]) for m in range(lo, hi))
+    rs = [*zip(starts.tolist(), ends.tolist(), strict=True), (a, b)]
+    return len(coalesce([x for x, _ in rs], [y for _, y in rs]))
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_open_costs_one_get_per_index_and_a_first_sample_one_round_on_its_shard(
+    served: tuple[RangeServer, list[str]], warm: bool
+) -> None:
+    srv, paths = served
+    if warm:  # a warm connection (and a server known to honour Range)
+        remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
+    srv.reset()
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    log = _log(srv)
+    assert sorted(p for _, p, *_ in log) == sorted(
+        f"/{os.path.basename(p)}.tidx" for p in paths
+    )  # one GET per index, nothing else: no HEAD, no tar byte
+    assert {m for m, *_ in log} == {"GET"}
+    local = tarindex.ShardSet(paths)
+    for k, first in ((0, 0), (2, SIZES[0] + SIZES[1])):
+        srv.reset()
+        assert ds[first + 3]["bin"] == local.sample(first + 3)["bin"]
+        log = _log(srv)
+        assert {(m, p) for m, p, *_ in log} == {("GET", f"/train-{k:06d}.tar")}
+        # the checks and the sample in one round, coalesced; no Range probe of its own
+        assert len(log) == first_read_requests(paths[k], 3), log
+        srv.reset()
+        assert ds[first + 4]["bin"] == local.sample(first + 4)["bin"]
+        assert srv.requests == 1  # pinned: one ranged read per sample
+
+
+def test_a_stream_opens_with_the_indexes_and_reads_its_first_sample_in_one_round(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
+    srv.reset()
+    opts = RemoteOptions(fetch="range", readahead_bytes=0)
+    it = iter(tarindex.TarIterableDataset(f"{srv.url}/{PAT}", remote=opts, shuffle=False))
+    first = next(it)
+    assert first["__key__"] == "00000000"
+    log = _log(srv)
+    assert {m for m, *_ in log} == {"GET"}
+    assert sum(p.endswith(".tidx") for _, p, *_ in log) == len(paths)
+    tar = [(a, b) for _, p, a, b in log if p.endswith(".tar")]
+    assert {p for _, p, *_ in log if p.endswith(".tar")} == {"/train-000000.tar"}
+    # the checks plus the first block in one round (the block is read whole)
+    assert len(tar) <= HEADER_CHECKS + 3, tar
