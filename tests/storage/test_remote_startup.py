@@ -5,6 +5,8 @@ server, so that a request added to the path fails here (docs/REMOTE.md, "Reading
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +99,17 @@ def test_a_stream_opens_with_the_indexes_and_reads_its_first_sample_in_one_round
     assert {p for _, p, *_ in log if p.endswith(".tar")} == {"/train-000000.tar"}
     # the checks plus the first block in one round (the block is read whole)
     assert len(tar) <= HEADER_CHECKS + 3, tar
+
+
+def test_import_tarindex_leaves_the_remote_stack_to_first_use() -> None:
+    """``import tarindex`` imports no asyncio, fsspec, aiohttp or s3fs (nor torch): a local job
+    never pays for them, and a remote one pays at its first request (docs/REMOTE.md)."""
+    code = (
+        "import sys, tarindex\n"
+        "from tarindex.storage import remote\n"
+        "print(' '.join(m for m in ('asyncio', 'fsspec', 'aiohttp', 's3fs', 'torch')"
+        " if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == []

@@ -21,7 +21,6 @@ and ``FileNotFoundError`` are final, :func:`is_permanent` tells the rest apart.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -230,6 +229,8 @@ async def _read_at_most(read: Callable[[int], Any], n: int) -> bytes:
 
 def _run(fs: Any, coros: list[Any], opts: RemoteOptions) -> list[Any]:
     """Run ``coros`` on ``fs``'s event loop, each bounded by the deadline; errors as values."""
+    import asyncio  # here, not at import: ``import tarindex`` stays free of asyncio
+
     from fsspec.asyn import sync  # type: ignore[import-untyped,unused-ignore]
 
     async def bounded(sem: asyncio.Semaphore, c: Any) -> Any:
@@ -513,6 +514,8 @@ def get_whole(url: str, opts: RemoteOptions, bound: Callable[[bytes], int]) -> b
         if isinstance(r, BaseException):
             raise r
         return r  # type: ignore[no-any-return]
+    import asyncio
+
     with fs.open(fs_path(url), "rb") as f:
 
         async def read(n: int) -> bytes:
