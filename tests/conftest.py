@@ -25,8 +25,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 @pytest.fixture(autouse=True)
 def _whole_shard_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole remote shards (the fetch policy) go under the test's tmp_path, not ``/tmp``."""
+    """Whole remote shards (the fetch policy) and decompressed copies of zstd/xz/bzip2 shards
+    (the tar cache) go under the test's tmp_path, not ``/tmp`` or ``~/.cache``."""
     monkeypatch.setenv("TARINDEX_CACHE_DIR", str(tmp_path / "tarindex-cache"))
+    monkeypatch.setenv("TARINDEX_TAR_CACHE", str(tmp_path / "tarindex-tar-cache"))
 
 
 def sample_payload(i: int, rng: np.random.Generator) -> dict[str, object]:

@@ -24,12 +24,14 @@ from ..errors import CompressedTarError, TarIndexError
 from ..format.group import group_members
 from ..format.index import IndexTables, encode_index
 from ..format.keys import NO_SAMPLE, no_sample_reason, normalize_name
+from ..format.packed import PACKED_FORMATS, PACKED_META
 from ..format.spec import GZIP_SPACING, MAX_ZSTD_DICT_BYTES, ZSTD_DICT_MEMBER, ZSTD_DICT_META
 from ..format.url import is_url
 from ..format.zstd_dict import DictEntry, dict_id_of, entry_for
 from ..storage.indexfile import index_path_for, write_atomic
 from ..storage.remote import download, local_path
-from .gzbuild import check_spacing, gunzipped
+from ..storage.unpack import codec_missing
+from .gzbuild import check_spacing, gunzipped, unpacked
 from .scan import Members, scan_members
 
 __all__ = [
@@ -146,6 +148,7 @@ def build_index(
     gzip_spacing: int = GZIP_SPACING,
     tmp_dir: str | None = None,
     on_read: Callable[[int], None] | None = None,
+    keep_copy: bool = True,
 ) -> IndexTables:
     """Scan an existing tar and write its sidecar index atomically (the tar is not modified).
 
@@ -154,8 +157,13 @@ def build_index(
     is indexed without recompressing it (FORMAT.md §10): its seek points are recorded (one
     every ``gzip_spacing`` decompressed bytes), a temporary decompressed copy in ``tmp_dir``
     is walked, and the index records the offsets of the tar inside, the data crc32s (the
-    data is read anyway) and the compressed file's fingerprint (``GZIX``, §2.8.4). Warnings
-    as :func:`index_tables_for` and :func:`tarindex.index.scan.scan_members`.
+    data is read anyway) and the compressed file's fingerprint (``GZIX``, §2.8.4). A zstd,
+    xz, bzip2 or lz4-compressed tar (lz4 if its package is installed) has no seek points: it
+    is decompressed once, front to back, into the tar cache
+    (:mod:`tarindex.storage.tarcache`), walked there, and the index records the tar inside,
+    its crc32s and the compressed file's format and fingerprint (metadata ``compressed``,
+    §11); the copy stays in the cache for the reads. Warnings as :func:`index_tables_for` and
+    :func:`tarindex.index.scan.scan_members`.
 
     Args:
         tar_path: A plain tar made by any common tool (GNU tar, bsdtar, Python tarfile,
@@ -176,6 +184,9 @@ def build_index(
         on_read: Called with each count of compressed bytes read while indexing a
             compressed tar (twice its size in all), e.g. for a progress bar. Defaults to
             ``None``.
+        keep_copy: Keep the decompressed copy of a zstd/xz/bzip2/lz4 tar in the tar cache,
+            keyed by ``tar_path``'s fingerprint (§11), so reading it does not decompress it
+            again. ``False`` for a temporary download. Defaults to ``True``.
 
     Returns:
         The tables written (FORMAT.md §2).
@@ -184,8 +195,7 @@ def build_index(
         FormatError: Any of the scan errors of :func:`tarindex.index.scan.scan_members` (truncated,
             corrupt, not a tar); each names the file and the byte offset. No index file is
             written then. Invalid gzip data raises ``TruncatedError``/``ChecksumError``.
-        CompressedTarError: bzip2, xz, zstd or lz4 data (no random access: the message gives
-            the command that converts it).
+        CompressedTarError: lz4 data without the lz4 package (the message gives the fix).
         ValueError: ``gzip_spacing`` is below 64 KiB.
         OSError: The tar cannot be read or the index cannot be written.
     """
@@ -193,12 +203,17 @@ def build_index(
     try:  # a plain tar is opened once; the scan's first block tells a gzip stream apart
         tables = _tables(tar_path, require_end, checksums, tar_path)
     except CompressedTarError as e:
-        if e.compression != "gzip":
+        if e.compression == "gzip":
+            check_spacing(gzip_spacing)
+            with gunzipped(tar_path, gzip_spacing, tmp_dir, on_read) as (plain, gz):
+                tables = _tables(plain, require_end, True, tar_path)
+                tables.gzip = gz
+        elif e.compression in PACKED_FORMATS and not codec_missing(e.compression):
+            with unpacked(tar_path, e.compression, tmp_dir, on_read, keep_copy) as (plain, pf):
+                tables = _tables(plain, require_end, True, tar_path)
+                tables.meta[PACKED_META] = pf.meta()
+        else:
             raise
-        check_spacing(gzip_spacing)
-        with gunzipped(tar_path, gzip_spacing, tmp_dir, on_read) as (plain, gz):
-            tables = _tables(plain, require_end, True, tar_path)
-            tables.gzip = gz
     write_atomic(index_path or index_path_for(tar_path), encode_index(tables))
     return tables
 

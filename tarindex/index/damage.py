@@ -20,6 +20,7 @@ from ..errors import (
 )
 from ..format.spec import BLOCK, TAR_CHKSUM, TAR_NAME
 from ..format.tar import ZERO_BLOCK, checksum_ok, compression_of, header_checksum
+from ..storage.unpack import codec_missing
 
 __all__ = [
     "after_zeros",
@@ -34,10 +35,11 @@ __all__ = [
 def fail_head(path: str, head: bytes) -> None:
     """Raise :class:`~tarindex.errors.CompressedTarError` if ``head`` starts a compressed stream.
 
-    Called where a plain tar is expected: gzip data is indexed before the walk
-    (:func:`tarindex.index.build.build_index`, seek points); bzip2, xz, zstd and lz4 have no
-    random access here, and the message gives two commands that work: recompress it with
-    gzip (kept compressed, read at random through seek points) or decompress it.
+    Called where a plain tar is expected: a compressed tar is indexed before the walk
+    (:func:`tarindex.index.build.build_index`: gzip through seek points, FORMAT.md §10;
+    zstd, xz, bzip2 and lz4 through a decompressed copy, §11), which catches this error. The
+    message says what works: indexing it, or (lz4 without its package) installing the package
+    or decompressing it.
 
     Raises:
         CompressedTarError: gzip, bzip2, xz, zstd or lz4 data.
@@ -45,21 +47,19 @@ def fail_head(path: str, head: bytes) -> None:
     comp = compression_of(head)
     if comp is not None:
         fmt, cmd = comp
-        stem = _stem(path)
-        if fmt == "gzip":
-            fix = (
-                f"index it with build_index or `tarindex index {path}` (seek points, FORMAT.md §10)"
+        missing = codec_missing(fmt)
+        if not missing:
+            how = "seek points, FORMAT.md §10" if fmt == "gzip" else "FORMAT.md §11"
+            msg = (
+                f"found a {fmt} stream, expected a plain tar header; index it with build_index "
+                f"or `tarindex index {path}` ({how})"
             )
         else:
-            fix = (
-                f"recompress it with gzip, which tarindex reads at random through seek points: "
-                f"`{cmd} < {path} | gzip > {stem}.tar.gz` then `tarindex index {stem}.tar.gz`; "
-                f"or decompress it: `{cmd} < {path} > {stem}.tar`"
+            msg = (
+                f"found a {fmt} stream, which cannot be read here: {missing}; or decompress it: "
+                f"`{cmd} < {path} > {_stem(path)}.tar`"
             )
-        err = CompressedTarError(
-            f"{path}: byte 0: found a {fmt} stream, expected a plain tar header; tarindex reads "
-            f"plain and gzip-compressed tars at random, not {fmt} ones (no seek points): {fix}"
-        )
+        err = CompressedTarError(f"{path}: byte 0: {msg}")
         err.compression = fmt
         raise err
 

@@ -131,7 +131,10 @@ def _build(job: _Job, cache: DirCache, opts: RemoteOptions, on_read: Callable[[i
     tmp = cache.temp_path()
     try:
         with local_tar(job.tar, os.path.join(cache.root, "tmp")) as local:
-            build_index(local, tmp, on_read=on_read, tmp_dir=os.path.join(cache.root, "tmp"))
+            build_index(  # a temp download: its decompressed copy (§11) is not kept
+                local, tmp, on_read=on_read, tmp_dir=os.path.join(cache.root, "tmp"),
+                keep_copy=local == job.tar,
+            )
         if not cache.put_file(job.key, _NAME, tmp):
             raise OSError(
                 errno.ENOSPC,

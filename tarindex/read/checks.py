@@ -71,6 +71,7 @@ __all__ = [
     "check_opened",
     "check_fingerprint",
     "check_size",
+    "check_compressed",
     "check_gzip",
     "open_ranges",
     "missing_index",
@@ -293,29 +294,49 @@ def check_size(t: IndexTables, size: int, tar_path: str, index_path: str) -> Non
 
 
 def check_gzip(t: IndexTables, size: int, read: Read, tar_path: str, index_path: str) -> None:
-    """Refuse a compressed shard that is not the file its index was made from (FORMAT.md §2.8.4).
+    """Refuse a gzip shard that is not the file its index was made from (FORMAT.md §2.8.4).
 
-    The rule of :func:`check_size` and :func:`check_fingerprint` applied to the compressed
-    file: its size and the crc32 of its first and last 4 KiB (which hold the gzip trailer,
-    the crc32 and length of the data) against the index's ``GZIX`` record. A tar whose
-    index has no such record passes (its own checks apply).
+    :func:`check_compressed` against the index's ``GZIX`` record. A tar whose index has no
+    such record passes (its own checks apply).
 
     Raises:
         StaleIndexError: Naming what differs and the command that rebuilds the index.
     """
     gz = t.gzip
-    if gz is None:
-        return
+    if gz is not None:
+        check_compressed((gz.gz_size, gz.head_crc, gz.tail_crc), size, read, tar_path, index_path)
+
+
+def check_compressed(
+    want: tuple[int, int, int], size: int, read: Read, tar_path: str, index_path: str
+) -> None:
+    """Refuse a compressed shard that is not the file its index was made from (FORMAT.md §10, §11).
+
+    The rule of :func:`check_size` and :func:`check_fingerprint` applied to the compressed
+    file: its size and the crc32 of its first and last 4 KiB (which hold the gzip trailer or
+    the zstd/xz/bzip2 checksums) against ``want``, the index's ``(size, head_crc,
+    tail_crc)`` (``GZIX``, or the ``compressed`` metadata).
+
+    Args:
+        want: What the index recorded.
+        size: The compressed file's size now (bytes).
+        read: ``read(offset, size)`` of the compressed file.
+        tar_path: The compressed file, for messages.
+        index_path: Its index, for messages.
+
+    Raises:
+        StaleIndexError: Naming what differs and the command that rebuilds the index.
+    """
     fix = f"rebuild it with: tarindex index --force {tar_path}"
-    if size != gz.gz_size:
+    if size != want[0]:
         raise StaleIndexError(
             f"{tar_path}: compressed file is {size} bytes, its index {index_path} was made for "
-            f"{gz.gz_size} bytes (the file was replaced, appended to or cut); {fix}"
+            f"{want[0]} bytes (the file was replaced, appended to or cut); {fix}"
         )
     head, tail = fingerprint(read, size)
-    if head != gz.head_crc or tail != gz.tail_crc:
+    if head != want[1] or tail != want[2]:
         n = min(FINGERPRINT_BYTES, size)
-        where = 0 if head != gz.head_crc else size - n
+        where = 0 if head != want[1] else size - n
         raise StaleIndexError(
             f"{tar_path}: compressed bytes {where}..{where + n} differ from when {index_path} "
             f"was made (the file was replaced or rewritten); {fix}"

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..format.index import read_header
+from ..format.index import decode_index, read_header
+from ..format.packed import PACKED_META
 from ..format.spec import HEADER
 from ..storage.remote import fetch_ahead, is_url, load_indexes, release
 from .pool import ReaderPool
@@ -85,6 +86,7 @@ class FetchPolicy:
         self._ahead: list[int] = []  # shards to fetch whole, in order of need
         self._futs: dict[int, Future[bool]] = {}
         self._sizes: dict[int, tuple[int, str]] = {}
+        self._compressed: set[int] = set()  # shards whose index describes a compressed file
         self._started = False
 
     def copy_for(self, pool: ReaderPool) -> FetchPolicy:
@@ -260,18 +262,31 @@ class FetchPolicy:
             ip = self.pool.index_paths[s]
             if is_url(ip):
                 data = load_indexes([ip], [self.pool.paths[s]], self.pool.remote)[0][0]
-                head = bytes(data[: HEADER.size])
             else:
                 with open(ip, "rb") as f:
-                    head = f.read(HEADER.size)
-            h = read_header(head, ip)
+                    data = f.read()
+            h = read_header(bytes(data[: HEADER.size]), ip)
+            t = decode_index(memoryview(data), ip)
+            if t.gzip is not None or PACKED_META in t.meta:  # read through seek points or a
+                self._compressed.add(s)  # decompressed copy, never downloaded whole here
             got = self._sizes[s] = (h.tar_size, f"{h.tar_size}:{h.head_crc}:{h.tail_crc}")
         return got
 
     # -- whole-shard read-ahead ---------------------------------------------------------------
     def _queue(self, shards: list[int]) -> None:
-        self._ahead = [s for s in shards if is_url(self.pool.paths[s])]
+        self._ahead = [s for s in shards if self._whole_ok(s)]
         self._pump()
+
+    def _whole_ok(self, s: int) -> bool:
+        """Whether shard ``s`` is a remote plain tar, the only kind downloaded whole here.
+
+        A compressed one is read through seek points (gzip) or a decompressed copy
+        (FORMAT.md §10, §11).
+        """
+        if not is_url(self.pool.paths[s]):
+            return False
+        self._info(s)
+        return s not in self._compressed
 
     def _pump(self) -> None:
         """Keep :attr:`RemoteOptions.shards_ahead` downloads of the next shards running."""

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import FormatError, StaleIndexError, TruncatedError
 from ..format.gzindex import GzipIndex
 from ..format.index import IndexTables, decode_index
+from ..format.packed import PackedFile, packed_of
 from ..format.spec import HEADER
 from ..storage.bytesource import ByteSource, PreadSource, open_source
 from ..storage.gzsource import GzipSource
@@ -32,6 +33,7 @@ from ..storage.remote import (
     local_copy,
     local_path,
 )
+from ..storage.tarcache import unpacked_copy
 from . import checks
 from .mapped import MappedSource
 from .paths import open_regular_file, read_local_index
@@ -54,6 +56,8 @@ class ShardOpener:
     tar_ident: checks.Ident = (0, 0, 0)
     """The local tar's device, inode and mtime (ns) when opened (``(0, 0, 0)``: remote)."""
     _checks: dict[tuple[int, int], bytes] | None
+    _packed: PackedFile | None = None
+    """A zstd/xz/bzip2/lz4 shard's compressed file (FORMAT.md §11), else ``None``."""
     _remote_opts: RemoteOptions
 
     def close(self) -> None:
@@ -85,6 +89,10 @@ class ShardOpener:
             fd = open_regular_file(tar_path)
             if self.index.gzip is not None:  # the tar inside a gzip file (FORMAT.md §10)
                 self._open_gzip(PreadSource(tar_path, fd, os.fstat(fd).st_size), self.index.gzip)
+                return
+            if self._packed is not None:  # a decompressed copy (FORMAT.md §11)
+                raw = PreadSource(tar_path, fd, os.fstat(fd).st_size)
+                self._open_packed(self._packed, raw, None)
                 return
             try:
                 st = os.fstat(fd)
@@ -120,6 +128,15 @@ class ShardOpener:
                     data = read_local_index(self.tar_path, self.index_path)
                 self._decode(memoryview(data), full_check, check_crc)
                 gz = self.index.gzip
+                pf = self._packed
+                if pf is not None:  # a decompressed copy (FORMAT.md §11)
+                    if is_url(self.tar_path):
+                        self._open_packed(pf, None, opts)
+                    else:
+                        fd = open_regular_file(local_path(self.tar_path))
+                        raw = PreadSource(self.tar_path, fd, os.fstat(fd).st_size)
+                        self._open_packed(pf, raw, None)
+                    return
                 if is_url(self.tar_path):
                     t = self.index
                     ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
@@ -210,6 +227,36 @@ class ShardOpener:
         self.tar_size = self.index.tar_size
         self._check_fingerprint()
 
+    def _open_packed(
+        self, pf: PackedFile, raw: ByteSource | None, opts: RemoteOptions | None
+    ) -> None:
+        """Serve the tar inside a zstd/xz/bzip2/lz4 file through its decompressed copy (§11).
+
+        The compressed file (``raw``, local; closed here) is checked against the index's
+        ``compressed`` metadata first; then the copy in the tar cache
+        (:func:`~tarindex.storage.tarcache.unpacked_copy`: made once per machine if missing,
+        a remote file downloaded once for it, ``opts``) is mapped by the kernel and checked
+        against the index as any tar (FORMAT.md §3). Its mtime is not compared (the cache
+        touches an entry it serves).
+        """
+        want = (pf.size, pf.head_crc, pf.tail_crc)
+
+        def check(src: ByteSource) -> None:
+            checks.check_compressed(want, src.size, src.read, self.tar_path, self.index_path)
+
+        if raw is not None:
+            try:
+                check(raw)
+            finally:
+                raw.close()
+        fd, size = unpacked_copy(
+            self.tar_path, pf.format, self.index.tar_size, opts, None if raw else check
+        )
+        self._src = self._map_copy(fd, size)
+        self.tar_size = size
+        checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
+        self._check_fingerprint()
+
     def _check_opened(self) -> None:
         """The open-time checks after the fingerprint (:func:`checks.check_opened`), now.
 
@@ -273,6 +320,7 @@ class ShardOpener:
         self.index: IndexTables = decode_index(
             buf, self.index_path, full_check=full_check, check_crc=check_crc
         )
+        self._packed = packed_of(self.index.meta, self.index_path)
         if self.index.gzip is not None:
             # a compressed shard's members are always checked against their crc32s: bytes
             # changed inside the compressed stream may inflate without an error (FORMAT.md §10)

@@ -29,6 +29,7 @@ from ..format.gzindex import GzipIndex
 from ..format.hints import rebuild_hint
 from ..format.spec import FINGERPRINT_BYTES, INDEX_SUFFIX
 from .bytesource import Buffer, ByteSource, closed_error, reset_after_fork
+from .unpack import unpack_checked
 
 __all__ = ["GzipSource", "decompress_indexed", "gzip_fingerprint", "inflate_checked"]
 
@@ -290,7 +291,8 @@ def inflate_checked(
     """Inflate every gzip member of ``src`` into ``out``; return the decompressed length (bytes).
 
     As ``gunzip``: each member's crc32 and length trailer is checked (RFC 1952 §2.3.1), members
-    are concatenated, zeros after the last one are tar padding. One pass, no seek points (the
+    are concatenated, zeros after the last one are tar padding
+    (:func:`~tarindex.storage.unpack.unpack_checked`). One pass, no seek points (the
     second pass of :func:`decompress_indexed`; ``tarindex verify`` and ``ls --members`` use it
     alone).
 
@@ -299,44 +301,4 @@ def inflate_checked(
         ChecksumError: A member's crc32 or length does not match its trailer.
         FormatError: Other invalid gzip data, or non-zero bytes after the last member.
     """
-    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    started = padding = False  # d has been fed a byte; only zeros may follow
-    pos = total = 0
-    while pos < src.size:
-        chunk = src.read(pos, min(4 << 20, src.size - pos))
-        pos += len(chunk)
-        if on_read is not None:
-            on_read(len(chunk))
-        while chunk:
-            at = pos - len(chunk)  # compressed offset of chunk[0]
-            if padding or (not started and chunk[:1] == b"\0"):
-                rest = chunk.lstrip(b"\0")
-                if rest:
-                    raise FormatError(
-                        f"{src.path}: compressed byte {at + len(chunk) - len(rest)}: "
-                        f"bytes after the gzip data that start no gzip member; not indexed: "
-                        f"re-create the file"
-                    )
-                padding = True
-                break
-            started = True
-            try:
-                data = d.decompress(chunk)
-            except zlib.error as e:
-                cls = ChecksumError if "check" in str(e) or "length" in str(e) else FormatError
-                raise cls(
-                    f"{src.path}: compressed bytes from {at}: invalid gzip data ({e}); the file "
-                    f"is corrupt: re-copy or re-create it"
-                ) from None
-            out.write(data)
-            total += len(data)
-            chunk = d.unused_data
-            if d.eof:
-                d = zlib.decompressobj(zlib.MAX_WBITS | 16)
-                started = False
-    if started:
-        raise TruncatedError(
-            f"{src.path}: compressed byte {src.size}: the gzip data ends inside a member (after "
-            f"{total} decompressed bytes); the file was cut: re-copy it"
-        )
-    return total
+    return unpack_checked(src, out, "gzip", on_read)
