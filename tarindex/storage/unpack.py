@@ -12,8 +12,6 @@ and ``lz4`` only if it is installed (:func:`codec_missing`).
 
 from __future__ import annotations
 
-import bz2
-import lzma
 import zlib
 from collections.abc import Callable
 from typing import IO, Any
@@ -58,8 +56,12 @@ def _decompressor(fmt: str) -> Any:
 
         return zstandard.ZstdDecompressor().decompressobj()
     if fmt == "xz":
+        import lzma
+
         return lzma.LZMADecompressor(lzma.FORMAT_XZ)
     if fmt == "bzip2":
+        import bz2
+
         return bz2.BZ2Decompressor()
     import lz4.frame
 
