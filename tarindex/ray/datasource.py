@@ -2,9 +2,10 @@
 
 The driver reads the manifest (or the index headers) only: the dataset's ``n`` samples are
 cut into contiguous global ranges (:func:`tarindex.stream.arrow.cut_ranges`), as many as Ray
-asks for (its ``parallelism``) but at least ``block_rows`` samples each, so the number of read
-tasks is not capped by the number of shards, and each task's metadata holds its exact row
-count (``Dataset.count()`` reads no data). A task yields Arrow tables of ``block_rows``
+asks for (its ``parallelism``) but at least ``task_rows`` samples each (about 128 MiB unless
+a parallelism is asked for), so the number of read tasks is not capped by the number of
+shards, and each task's metadata holds its exact row count (``Dataset.count()`` reads no
+data). A task yields Arrow tables of ``block_rows``
 samples read by the read kernel (:func:`tarindex.stream.arrow.read_range`): ``fields=``
 leaves the other members' bytes unread.
 """
@@ -20,6 +21,7 @@ from ray.data import Dataset, read_datasource
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from ..plan.checks import check_int
 from ..read import OpenOptions, ShardSet
 from ..read.fields import Fields
 from ..storage.remote import RemoteOptions
@@ -34,7 +36,10 @@ from ..stream.arrow import (
     read_range,
 )
 
-__all__ = ["TarIndexDatasource", "read"]
+__all__ = ["TASK_BYTES", "TarIndexDatasource", "read"]
+
+TASK_BYTES = 128 << 20
+"""Default estimated bytes per read task (Ray's default ``target_max_block_size``)."""
 
 
 def _read_task(
@@ -65,8 +70,14 @@ class TarIndexDatasource(Datasource):
             shard's extensions; a member outside them fails the read, naming it).
         int_fields: Extensions read as ``int64``. Defaults to ``("cls",)``; ``()`` keeps
             every member as bytes.
-        block_rows: Samples per Arrow table a task yields, and the fewest a read task gets.
-            Defaults to ``1024``.
+        block_rows: Samples per Arrow table a task yields. Defaults to ``1024``.
+        task_rows: The fewest samples a read task gets (``>= 1``; the last task of a
+            dataset smaller than that has what is left). Defaults to ``None``: about
+            :data:`TASK_BYTES` of the selected members per task (from the first shard's
+            index), and never under ``block_rows``. Ray's own parallelism asks for 200 read
+            tasks, and each task costs Ray tens of milliseconds of scheduling and result
+            handling of its own: small tasks cost more than they read.
+            :func:`read` passes ``block_rows`` when given a ``parallelism``.
         remote: How remote shards are read (:class:`tarindex.RemoteOptions`).
         options: How each worker's :class:`~tarindex.read.ShardSet` opens and checks the
             shards (:class:`tarindex.OpenOptions`: ``use_mmap``, ``verify_data``, ...; the
@@ -85,6 +96,7 @@ class TarIndexDatasource(Datasource):
         fields: Fields = None,
         int_fields: Collection[str] = INT_FIELDS,
         block_rows: int = BLOCK_ROWS,
+        task_rows: int | None = None,
         remote: RemoteOptions | None = None,
         options: OpenOptions | None = None,
     ) -> None:
@@ -95,7 +107,7 @@ class TarIndexDatasource(Datasource):
         """The member columns, in order."""
         self.every_member = fields is None  # columns from the first shard: refuse others
         self.int_fields = tuple(int_fields)
-        self.block_rows = int(block_rows)
+        self.block_rows = check_int("block_rows", block_rows, 1)
         self.starts: list[int] = shards.starts.tolist()
         self.paths: list[str] = list(shards.paths)
         self.schema = arrow_schema(self.columns, self.int_fields)
@@ -103,6 +115,10 @@ class TarIndexDatasource(Datasource):
         self.row_bytes = bytes_per_sample(shards, self.columns)
         """Estimated in-memory bytes per row (from the first shard's index)."""
         shards.close()
+        if task_rows is None:
+            task_rows = max(self.block_rows, int(TASK_BYTES // max(self.row_bytes, 1.0)))
+        self.task_rows = check_int("task_rows", task_rows, 1)
+        """The fewest samples a read task gets."""
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -118,9 +134,13 @@ class TarIndexDatasource(Datasource):
     def get_read_tasks(
         self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
     ) -> list[ReadTask]:
-        """One :class:`ReadTask` per range of :func:`~tarindex.stream.arrow.cut_ranges`."""
+        """One :class:`ReadTask` per range of :func:`~tarindex.stream.arrow.cut_ranges`.
+
+        ``parallelism`` ranges (Ray's request), fewer where a range would hold under
+        :attr:`task_rows` samples.
+        """
         tasks = []
-        for a, b in cut_ranges(len(self), max(1, int(parallelism)), self.block_rows):
+        for a, b in cut_ranges(len(self), max(1, int(parallelism)), self.task_rows):
             s0 = bisect.bisect_right(self.starts, a) - 1
             s1 = bisect.bisect_left(self.starts, b)
             meta = BlockMetadata(
@@ -149,6 +169,7 @@ def read(
     fields: Fields = None,
     int_fields: Collection[str] = INT_FIELDS,
     block_rows: int = BLOCK_ROWS,
+    task_rows: int | None = None,
     remote: RemoteOptions | None = None,
     options: OpenOptions | None = None,
     parallelism: int = -1,
@@ -157,18 +178,23 @@ def read(
     """Read indexed tar shards as a ``ray.data.Dataset`` (:class:`TarIndexDatasource`).
 
     ``parallelism`` (``override_num_blocks`` in Ray's newer words, passed through
-    ``**read_kw``) asks for that many read tasks; each gets at least ``block_rows`` samples.
+    ``**read_kw``) asks for that many read tasks; each gets at least ``task_rows`` samples
+    (``block_rows`` when a parallelism is given and ``task_rows`` is not). Without one, Ray
+    asks for 200 and :class:`TarIndexDatasource`'s ``task_rows`` default keeps tasks at
+    about :data:`TASK_BYTES` each.
     ``ds.count()`` comes from the tasks' metadata, reading no data.
 
     Raises:
         As :class:`TarIndexDatasource` (on the driver); a read task raises as
         :func:`tarindex.stream.arrow.block_table`.
     """
+    asked = parallelism != -1 or read_kw.get("override_num_blocks") is not None
     ds = TarIndexDatasource(
         source,
         fields=fields,
         int_fields=int_fields,
         block_rows=block_rows,
+        task_rows=block_rows if task_rows is None and asked else task_rows,
         remote=remote,
         options=options,
     )

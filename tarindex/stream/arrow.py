@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import FormatError
 from ..format.url import is_url
 from ..plan.checks import check_int
 from ..plan.epoch import worker_shares
-from ..read import OpenOptions, ShardSet
+from ..read import Block, OpenOptions, ShardSet
 from ..read.fields import Fields, check_fields
 from ..storage.remote import RemoteOptions
 from .pack import pack_blocks
@@ -198,21 +199,37 @@ def block_table(
     columns: Sequence[str],
     int_fields: Collection[str] = INT_FIELDS,
     every_member: bool = False,
+    schema: Any = None,
 ) -> Any:
     """Read global samples ``start <= i < stop`` into one ``pyarrow.Table`` (:func:`arrow_schema`).
 
     Each shard's part is one :meth:`~tarindex.read.ShardSet.read_block` of ``columns`` only
     (the other members' bytes are not read), or of every member with ``every_member`` (the
     columns were not asked for but taken from the first shard: a member outside them is
-    reported, not dropped); the parts are packed field-major with one copy per member byte,
-    and each binary column is a zero-copy view of that buffer.
+    reported, not dropped). The parts are packed field-major with one copy per member byte
+    (``int_fields`` members parsed by the same pass instead, as
+    :func:`~tarindex.stream.pack.pack_blocks` does), and every column is made from buffers,
+    with no Python object per sample: each binary column is a zero-copy view of the packed
+    buffer with its ``int32`` offsets, the key column one UTF-8 buffer and its offsets.
+
+    Args:
+        shards: The dataset.
+        start: First global sample.
+        stop: End global sample (exclusive).
+        columns: The member columns, in order (:func:`columns_of`).
+        int_fields: Extensions read as ``int64``. Defaults to :data:`INT_FIELDS`.
+        every_member: Read every member and refuse one outside ``columns``. Defaults to
+            ``False``.
+        schema: ``arrow_schema(columns, int_fields)``, made once by a caller that reads many
+            blocks. Defaults to ``None`` (made here).
 
     Raises:
         SampleIndexError: If the range is outside the dataset.
         FormatError: A member whose extension is not a column (the message names the shard,
             the extension and the fix: ``fields=``), an ``int_fields`` member that is not a
-            decimal integer, a column of one table over 2 GiB (lower ``block_rows``), or a
-            corrupt index (as the read kernel).
+            decimal integer (names the shard, the byte offset and the fix: ``int_fields=()``),
+            a column of one table over 2 GiB (lower ``block_rows``), a key that is not UTF-8,
+            or a corrupt index (as the read kernel).
     """
     import pyarrow as pa
 
@@ -221,12 +238,14 @@ def block_table(
     while i < stop:
         s, j = shards.locate(i)
         j1 = min(int(shards.counts[s]), j + (stop - i))
-        parts.append((shards.read_block(s, j, j1, None if every_member else columns), None))
+        parts.append(shards.read_block(s, j, j1, None if every_member else columns))
         i += j1 - j
-    p = pack_blocks(parts, None, ())
-    extra = [f for f in p.fields if f not in columns]
+    blk = Block.concat(parts)
+    ints = frozenset(int_fields)
+    p = pack_blocks([(blk, None)], None, ints)
+    extra = [f for f in [*p.fields, *p.ints] if f not in columns]
     if extra:
-        k = int(np.flatnonzero(p.present[p.fields.index(extra[0])])[0])
+        k = int(np.flatnonzero(_has(blk, extra[0]))[0])
         raise FormatError(
             f"{p.shards[k]}: sample {p.keys[k]!r} has a {extra[0]!r} member, not one of the "
             f"columns {list(columns)} (taken from the first shard); pass fields=(...) naming "
@@ -234,9 +253,15 @@ def block_table(
         )
     n = len(p.keys)
     buf = pa.py_buffer(p.data)
-    arrays: list[Any] = [pa.array(p.keys, pa.string()), pa.array(p.global_index, pa.int64())]
-    ints = frozenset(int_fields)
+    arrays: list[Any] = [_keys(p.keys, p.shards), pa.array(p.global_index, pa.int64())]
     for c in columns:
+        if c in p.ints:
+            arrays.append(
+                pa.Array.from_buffers(
+                    pa.int64(), n, [_validity(_has(blk, c)), pa.py_buffer(p.ints[c])]
+                )
+            )
+            continue
         if c not in p.fields:
             arrays.append(pa.nulls(n, pa.int64() if c in ints else pa.binary()))
             continue
@@ -248,28 +273,61 @@ def block_table(
                 f"{p.shards[0]}: column {c!r} of samples {start}..{stop - 1} holds {hi - lo} "
                 f"bytes, over Arrow binary's 2 GiB; pass a smaller block_rows"
             )
-        present = p.present[f]
-        valid = None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
-        col = pa.Array.from_buffers(
-            pa.binary(), n, [valid, pa.py_buffer((off - lo).astype(np.int32)), buf.slice(lo, hi - lo)]
+        offsets = pa.py_buffer((off - lo).astype(np.int32))
+        data = buf.slice(lo, hi - lo)
+        arrays.append(
+            pa.Array.from_buffers(pa.binary(), n, [_validity(p.present[f]), offsets, data])
         )
-        if c in ints:
-            col = _ints(col, c, p.shards[0], start, stop)
-        arrays.append(col)
-    return pa.Table.from_arrays(arrays, schema=arrow_schema(columns, int_fields))
+    return pa.Table.from_arrays(arrays, schema=schema or arrow_schema(columns, int_fields))
 
 
-def _ints(col: Any, name: str, shard: str | None, start: int, stop: int) -> Any:
+def _has(blk: Block, ext: str) -> NDArray[np.bool_]:
+    """``bool (len(blk),)``: which samples of ``blk`` have an ``ext`` member."""
+    got = np.zeros(len(blk), np.bool_)
+    rows = np.repeat(np.arange(len(blk)), np.diff(blk.member_ptr))
+    got[rows[blk.ext_id == blk.exts.index(ext)]] = True
+    return got
+
+
+def _validity(present: NDArray[np.bool_]) -> Any:
+    """Arrow's validity bitmap of ``present`` (``None`` when every value is there)."""
     import pyarrow as pa
-    import pyarrow.compute as pc  # type: ignore[import-untyped,unused-ignore]
+
+    return None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
+
+
+def _keys(keys: list[str], shards: list[str | None]) -> Any:
+    """The ``string`` key column: one UTF-8 buffer and its offsets, no Arrow object per key.
+
+    The keys are joined with NUL (not in a tar name: names are C strings) and encoded once;
+    the NULs give the offsets and are then dropped.
+
+    Raises:
+        FormatError: If a key is not UTF-8 (read with ``surrogateescape``, FORMAT.md §2.5).
+    """
+    import pyarrow as pa
 
     try:
-        return pc.cast(col.cast(pa.string()), pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise FormatError(
-            f"{shard}: a {name!r} member of samples {start}..{stop - 1} is not a decimal "
-            f"integer ({e}); pass int_fields=() to read it as bytes"
-        ) from e
+        raw = np.frombuffer("\0".join(keys).encode("utf-8"), np.uint8)
+    except UnicodeEncodeError:
+        for k, key in enumerate(keys):
+            if key.encode("utf-8", "replace") != key.encode("utf-8", "surrogateescape"):
+                raise FormatError(
+                    f"{shards[k]}: key {key!r} is not UTF-8; an Arrow string column cannot "
+                    f"hold it: rename the sample"
+                ) from None
+        raise
+    sep = np.flatnonzero(raw == 0)
+    if len(sep) != max(len(keys) - 1, 0):  # a NUL inside a key: not from a tar, but be exact
+        return pa.array(keys, pa.string())
+    off = np.empty(len(keys) + 1, np.int32)
+    off[0] = 0
+    off[1:-1] = sep - np.arange(len(sep))
+    off[-1] = len(raw) - len(sep)
+    data = raw[raw != 0] if len(sep) else raw
+    return pa.Array.from_buffers(
+        pa.string(), len(keys), [None, pa.py_buffer(off), pa.py_buffer(data)]
+    )
 
 
 def read_range(
@@ -286,8 +344,9 @@ def read_range(
     An engine's read task: the last table may be shorter. Raises as :func:`block_table`.
     """
     b = check_int("block_rows", block_rows, 1)
+    schema = arrow_schema(columns, int_fields)
     for a in range(start, stop, b):
-        yield block_table(shards, a, min(stop, a + b), columns, int_fields, every_member)
+        yield block_table(shards, a, min(stop, a + b), columns, int_fields, every_member, schema)
 
 
 def samples_of(

@@ -150,7 +150,7 @@ def pack_blocks(
     byte = ~is_int
     # byte fields in order of first appearance; field-major layout (field_major)
     bcode, brow = code[byte], row[byte]
-    used = list(dict.fromkeys(bcode.tolist()))
+    used = _first_seen(bcode)
     fmap = np.zeros(len(names), np.int64)
     fmap[used] = np.arange(len(used), dtype=np.int64)
     f = fmap[bcode]
@@ -174,11 +174,17 @@ def pack_blocks(
     if is_int.any():
         isel = np.flatnonzero(is_int)
         icode, irow, ival = code[isel], row[isel], vals[isel]
-        for c in dict.fromkeys(icode.tolist()):
+        for c in _first_seen(icode):
             m = icode == c
             col = ints[names[c]] = np.full(n, -1, np.int64)
             col[irow[m]] = ival[m]
     return Packed([names[c] for c in used], keep, offsets, present, keys, idx, ints, shards)
+
+
+def _first_seen(codes: NDArray[np.int64]) -> list[int]:
+    """The distinct values of ``codes`` in order of first appearance (no Python object per item)."""
+    u, first = np.unique(codes, return_index=True)
+    return [int(c) for c in u[np.argsort(first)]]
 
 
 def fetch_packed(

@@ -89,7 +89,9 @@ def test_round_trip_byte_exact(cluster: None, tmp_path: Path) -> None:
 
 def test_read_tasks_are_sample_ranges_not_shards(cluster: None, tmp_path: Path) -> None:
     src = shards(tmp_path, 4000, 1000)  # 4 shards
-    source = tarindex.ray.TarIndexDatasource(src, block_rows=100)
+    # Ray's default request (200) over 4000 small samples: one task of ~128 MiB would do
+    assert len(tarindex.ray.TarIndexDatasource(src, block_rows=100).get_read_tasks(200)) == 1
+    source = tarindex.ray.TarIndexDatasource(src, block_rows=100, task_rows=100)
     tasks = source.get_read_tasks(32)
     assert len(tasks) == 32  # not capped at 4
     assert [t.metadata.num_rows for t in tasks] == [125] * 32

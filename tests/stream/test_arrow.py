@@ -65,3 +65,38 @@ def test_bad_int_field_names_shard_and_fix(tmp_path: Path) -> None:
         block_table(ss, 0, 10, ["txt"], int_fields=("txt",))
     with pytest.raises(ValueError, match="__"):
         columns_of(ss, ("__key__",))
+
+
+def test_keys_and_ints_from_buffers(tmp_path: Path) -> None:
+    """Non-ASCII keys (bytes != characters), a real -1 label beside a missing one (null)."""
+    with tarindex.ShardWriter(str(tmp_path / "u-%06d.tar"), maxcount=3, durable=False) as w:
+        for i, key in enumerate(["a", "é-1", "日本-2", "z3", "ß"]):
+            s: dict[str, object] = {"__key__": key, "bin": bytes([i]) * i}
+            if i != 2:
+                s["cls"] = -1 if i == 1 else i
+            w.write(s)
+    ss = tarindex.ShardSet(str(tmp_path / "u-*.tar"))
+    t = block_table(ss, 0, 5, ["bin", "cls"])
+    t.validate(full=True)
+    assert t.column("__key__").to_pylist() == ["a", "é-1", "日本-2", "z3", "ß"]
+    assert t.column("cls").to_pylist() == [0, -1, None, 3, 4]
+    assert t.column("bin").to_pylist() == [bytes([i]) * i for i in range(5)]
+    ascii_only = block_table(ss, 3, 5, ["cls"])
+    ascii_only.validate(full=True)
+    assert ascii_only.column("__key__").to_pylist() == ["z3", "ß"]
+
+
+def test_a_key_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(tmp_path / "k.tar", "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tf:
+        for name in ["ok.cls", "caf\xe9.cls"]:  # latin-1 bytes on disk: not UTF-8
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"1"))
+    tarindex.build_index(str(tmp_path / "k.tar"))
+    ss = tarindex.ShardSet(str(tmp_path / "k.tar"))
+    with pytest.raises(FormatError, match="not UTF-8.*rename"):
+        block_table(ss, 0, 2, ["cls"])
+    assert block_table(ss, 0, 1, ["cls"]).column("__key__").to_pylist() == ["ok"]
