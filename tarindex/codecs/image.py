@@ -20,22 +20,19 @@ array ``(3, 224, 224)`` (or a tensor, ``tensor=True``), through these steps:
    backends, simplejpeg and Pillow's ``Image.draft``, decode the whole image at ``1/k`` and
    slice it): a 1024x768 photo for a 224 crop of half its area decodes at 1/2, and about
    half of that. (libjpeg-turbo's other scales, 5/8 .. 7/8, decode slower than the full
-   size and are not used.) With torch's resize, which takes a box of whole pixels only, the
-   scale is the smallest on which the box falls on whole pixels (a box of odd coordinates
-   decodes at full size: rounding it moved edges by half a scaled pixel, past the tolerance;
-   measured on 1024x768 photos, that full-size region plus torch's resize ran 1.13x the 1/2
-   scale plus Pillow's fractional resize). PNG, WebP and the other formats decode whole at full size
-   through Pillow (they have no DCT scale).
+   size and are not used.) The box on the scaled image is fractional in general (its edges
+   divided by ``k``); the resize keeps that sub-pixel position. PNG, WebP and the other
+   formats decode whole at full size through Pillow (they have no DCT scale).
 4. **Resize.** The box is resized to the target, antialiased bilinear (the filter widened
-   when shrinking), by this process's resize backend (:func:`resize_backend`): Pillow's
-   (``crop(box).resize(size, BILINEAR)`` at full size, torchvision's PIL path exactly;
-   ``resize(size, BILINEAR, box=...)`` with the box's fractional coordinates on a scaled
-   decode), or, once the torch layer is loaded, torch's ``uint8`` kernel (torchvision's
-   tensor path; within 1 of Pillow's on every pixel, ~3x faster, the box rounded to whole
-   pixels of a scaled decode).
-5. **Flip** left-right with probability 1/2 (``flip=True``), then the layout (``"CHW"`` or
-   ``"HWC"``) and dtype (``"uint8"``, or ``"float32"`` in ``[0, 1]``), in the one copy into
-   the output (:meth:`ImageDecode.decode_into`: a slot of a batch tensor, when batched).
+   when shrinking), by this process's resize backend (:func:`resize_backend`): tarindex's
+   own (:func:`tarindex.codecs.resample.resample`, compiled or its numpy twin) or Pillow's
+   ``Image.resize``, the same pixels bit for bit: a box of whole pixels (every box at full
+   size) is cropped and resized, torchvision's PIL path ``crop(box).resize(size, BILINEAR)``
+   exactly; a fractional box is resized with ``box=`` (the filter reaching past its edges).
+5. **Flip** left-right with probability 1/2 (``flip=True``), the layout (``"CHW"`` or
+   ``"HWC"``) and dtype (``"uint8"``, or ``"float32"`` in ``[0, 1]``): the resize writes
+   ``uint8`` straight into the output (:meth:`ImageDecode.decode_into`: a slot of a batch
+   tensor, when batched), the flip and the layout being the strides it writes with.
 
 **Random choices** are a pure function of ``(seed, epoch, index)``, ``index`` being the
 sample's global ``__index__``: ``numpy.random.SeedSequence`` over their 32-bit words and a tag
@@ -51,7 +48,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +57,7 @@ from numpy.typing import NDArray
 
 from .exts import IMAGE_FORMATS
 from .jpeg import BACKENDS, decode_region, jpeg_size
+from .resample import resample
 
 __all__ = [
     "CROPS",
@@ -68,9 +66,9 @@ __all__ = [
     "crop_box",
     "dct_factor",
     "draws",
-    "register_resizer",
     "resize",
     "resize_backend",
+    "resize_into",
 ]
 
 CROPS = ("random-resized", "center", None)
@@ -228,9 +226,8 @@ class ImageDecode:
             array. Defaults to ``False``.
         backend: JPEG backend, ``"simplejpeg"`` or ``"pil"``. Defaults to ``None``: this
             process's (:func:`tarindex.codecs.image_backend`).
-        resize: Resize backend, ``"pil"`` or ``"torch"`` (torch's ``uint8`` antialiased
-            bilinear kernel, within 1 of Pillow's per pixel). Defaults to ``None``: this
-            process's (:func:`resize_backend`: ``"torch"`` once the torch layer is loaded).
+        resize: Resize backend, ``"tarindex"`` or ``"pil"`` (:data:`RESIZERS`: the same
+            pixels). Defaults to ``None``: this process's (:func:`resize_backend`).
         device: Where a batched dataset decodes: ``"cpu"`` (in the DataLoader workers, into
             the batch tensor) or ``"cuda"``/``"cuda:N"`` (the workers send the batch's JPEG
             bytes and crop boxes; ``batch.decode()`` decodes them together on that GPU,
@@ -277,8 +274,8 @@ class ImageDecode:
             raise ValueError(f"center={self.center!r}: expected a fraction in (0, 1]")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: expected None or one of {BACKENDS}")
-        if self.resize is not None and self.resize not in ("pil", "torch"):
-            raise ValueError(f"resize={self.resize!r}: expected None, 'pil' or 'torch'")
+        if self.resize is not None and self.resize not in RESIZERS:
+            raise ValueError(f"resize={self.resize!r}: expected None or one of {RESIZERS}")
         dev = str(self.device)
         if dev.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device={self.device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
@@ -349,14 +346,9 @@ class ImageDecode:
             k = dct_factor(min(w / tw, h / th))  # 1/k keeps the box >= the target
             if min(width, height) < 8 * k:  # the pure backends cannot give 1/k exactly there
                 k = 1
-            whole = (self.resize or _ACTIVE[0]) != "pil"  # torch's resize takes whole pixels
-            while True:
-                sw, sh = -(-width // k), -(-height // k)  # the image at 1/k
-                fx, fy = sw / width, sh / height
-                box = (left * fx, top * fy, (left + w) * fx, (top + h) * fy)
-                if k == 1 or not whole or all(float(v).is_integer() for v in box):
-                    break
-                k //= 2
+            sw, sh = -(-width // k), -(-height // k)  # the image at 1/k
+            fx, fy = sw / width, sh / height
+            box = (left * fx, top * fy, (left + w) * fx, (top + h) * fy)
             if all(float(v).is_integer() for v in box):
                 mx = my = 0  # a crop: no pixel beside the box is used
             else:  # a fractional box: the resize filter reaches past it
@@ -416,15 +408,14 @@ class ImageDecode:
                 f"out is {out.dtype} {tuple(out.shape)}: expected {self.dtype} {self.shape}"
             )
         arr, box, flipped = self.source(ext, data, epoch, index, max_pixels)
-        res = resize(arr, box, self.hw, self.resize)
-        if flipped:
-            res = res[:, ::-1]
-        if self.layout == "CHW":
-            res = res.transpose(2, 0, 1)
-        if self.dtype == "float32":
-            np.divide(res, np.float32(255), out=out, dtype=np.float32)
+        if self.dtype == "uint8":  # resized straight into out: layout and flip are its strides
+            dst = out.transpose(1, 2, 0) if self.layout == "CHW" else out
         else:
-            np.copyto(out, res)
+            dst = np.empty((*self.hw, 3), np.uint8)
+        resize_into(arr, box, dst[:, ::-1] if flipped else dst, self.resize)
+        if self.dtype == "float32":
+            res = dst.transpose(2, 0, 1) if self.layout == "CHW" else dst
+            np.divide(res, np.float32(255), out=out, dtype=np.float32)
 
     def decode(
         self, ext: str, data: Any, *, epoch: int = 0, index: int = 0, max_pixels: int = 1 << 25
@@ -458,80 +449,73 @@ class ImageDecode:
 
 # -- the resize (step 4) ----------------------------------------------------------------------
 Box = tuple[float, float, float, float]
-Resizer = Callable[[NDArray[np.uint8], Box, tuple[int, int]], NDArray[np.uint8]]
-"""``resizer(pixels, box, (H, W)) -> (H, W, 3)``: ``pixels`` ``uint8 (h, w, 3)`` RGB, ``box``
-``(x0, y0, x1, y1)`` on it (integers: a crop; fractional: on a DCT-scaled decode), the result
-``uint8 (H, W, 3)`` of any strides, antialiased bilinear."""
+
+RESIZERS = ("tarindex", "pil")
+"""The resize backends: ``"tarindex"`` (:func:`tarindex.codecs.resample.resample`: Pillow's
+antialiased bilinear bit for bit, compiled or its numpy twin, into any strides, the GIL released)
+and ``"pil"`` (Pillow's ``Image.resize`` itself: the reference, ~4x slower plus a copy)."""
+
+_ACTIVE = ["pil" if os.environ.get("TARINDEX_RESIZE", "").strip().lower() == "pil" else "tarindex"]
 
 
-def _pil_resize(src: NDArray[np.uint8], box: Box, size: tuple[int, int]) -> NDArray[np.uint8]:
-    """Pillow's antialiased bilinear resize of ``box`` of ``src`` to ``size``.
+def resize_backend() -> str:
+    """The resize backend of this process: ``"tarindex"``, or ``"pil"`` with ``TARINDEX_RESIZE=pil``."""
+    return _ACTIVE[0]
 
-    ``crop(box).resize`` for a box of whole pixels (torchvision's PIL path exactly), else
-    ``resize(box=...)`` on the box and the pixels its filter reaches
-    (the filter's support, ``box side / output side`` pixels, plus 2: the same result as
-    over the whole scaled image, without moving the rest of it into Pillow).
+
+def _window(
+    src: NDArray[np.uint8], box: Box, size: tuple[int, int]
+) -> tuple[NDArray[np.uint8], Box]:
+    """The pixels of ``src`` the resize of ``box`` to ``size`` reads, and the box on them.
+
+    A box of whole pixels is a crop: only its pixels (torchvision's PIL path, ``crop(box)
+    .resize(size)``). A fractional box (on a DCT-scaled decode) reads past its edges as far
+    as the filter reaches (``box side / output side`` pixels, plus 2): the same result as
+    over the whole scaled image.
     """
-    from PIL import Image
-
     th, tw = size
     x0, y0, x1, y1 = box
     if all(float(v).is_integer() for v in box):
-        img = Image.fromarray(src[int(y0) : int(y1), int(x0) : int(x1)])
-        out = img.resize((tw, th), Image.Resampling.BILINEAR)
-        return np.asarray(out)
+        return src[int(y0) : int(y1), int(x0) : int(x1)], (0.0, 0.0, x1 - x0, y1 - y0)
     mx = int(math.ceil(max((x1 - x0) / tw, 1.0))) + 2
     my = int(math.ceil(max((y1 - y0) / th, 1.0))) + 2
     h, w = src.shape[:2]
     ax, ay = max(int(x0) - mx, 0), max(int(y0) - my, 0)
     bx, by = min(int(math.ceil(x1)) + mx, w), min(int(math.ceil(y1)) + my, h)
-    img = Image.fromarray(src[ay:by, ax:bx])
-    rel = (x0 - ax, y0 - ay, x1 - ax, y1 - ay)
-    return np.asarray(img.resize((tw, th), Image.Resampling.BILINEAR, box=rel))
+    return src[ay:by, ax:bx], (x0 - ax, y0 - ay, x1 - ax, y1 - ay)
 
 
-RESIZERS: dict[str, Resizer] = {"pil": _pil_resize}
-"""The resize backends by name: ``"pil"`` here; the torch layer adds ``"torch"``
-(:mod:`tarindex.torch.images`: torch's ``uint8`` antialiased bilinear kernel, within 1 of
-Pillow's on every pixel of a crop, ~3x faster)."""
+def resize_into(
+    src: NDArray[np.uint8], box: Box, out: NDArray[np.uint8], backend: str | None = None
+) -> None:
+    """Resize the ``box`` of ``src`` (``uint8 (h, w, 3)``) into ``out`` (``uint8 (H, W, 3)``, any strides).
 
-_ACTIVE = ["pil"]
+    ``box`` is ``(x0, y0, x1, y1)`` on ``src`` (whole pixels: a crop; fractional: on a
+    DCT-scaled decode, the filter reaching past it); antialiased bilinear, Pillow's pixels
+    on either backend.
 
-
-def register_resizer(name: str, fn: Resizer) -> None:
-    """Add a resize backend.
-
-    It becomes this process's default unless ``TARINDEX_RESIZE=pil`` (or another registered
-    name) asks for another.
+    Raises:
+        ValueError: An unknown backend, or arrays :func:`~tarindex.codecs.resample.resample`
+            refuses.
     """
-    RESIZERS[name] = fn
-    asked = os.environ.get("TARINDEX_RESIZE", "").strip().lower()
-    if not asked or asked == name:
-        _ACTIVE[0] = name
+    name = backend or _ACTIVE[0]
+    view, rel = _window(src, box, (int(out.shape[0]), int(out.shape[1])))
+    if name == "tarindex":
+        resample(view, rel, out)
+    elif name == "pil":
+        from PIL import Image
 
-
-def resize_backend() -> str:
-    """The resize backend of this process: ``"torch"`` or ``"pil"``.
-
-    ``"torch"`` once the torch layer is imported (``TarDataset``, ``TarIterableDataset``,
-    ...), else ``"pil"``; ``TARINDEX_RESIZE=pil`` keeps Pillow's.
-    """
-    return _ACTIVE[0]
+        img = Image.fromarray(np.ascontiguousarray(view))
+        size = (int(out.shape[1]), int(out.shape[0]))
+        np.copyto(out, np.asarray(img.resize(size, Image.Resampling.BILINEAR, box=rel)))
+    else:
+        raise ValueError(f"resize={name!r}: expected one of {RESIZERS}")
 
 
 def resize(
     src: NDArray[np.uint8], box: Box, size: tuple[int, int], backend: str | None = None
 ) -> NDArray[np.uint8]:
-    """Resize the ``box`` of ``src`` to ``size = (H, W)``: ``uint8 (H, W, 3)`` (see :data:`Resizer`).
-
-    Raises:
-        ValueError: An unknown (or, for ``"torch"``, not yet registered) backend.
-    """
-    name = backend or _ACTIVE[0]
-    fn = RESIZERS.get(name)
-    if fn is None:
-        raise ValueError(
-            f"resize={name!r}: not one of {sorted(RESIZERS)} (\"torch\" needs tarindex.torch "
-            f"imported)"
-        )
-    return fn(src, box, size)
+    """The ``box`` of ``src`` resized to ``size = (H, W)``: a new ``uint8 (H, W, 3)``."""
+    out: NDArray[np.uint8] = np.empty((*size, src.shape[2]), np.uint8)
+    resize_into(src, box, out, backend)
+    return out

@@ -1,12 +1,7 @@
 """Image batches as one tensor: ``batched=True`` with ``decode=tarindex.ImageDecode(...)``.
 
-Three things live here, the torch side of :mod:`tarindex.stream.images`:
+Two things live here, the torch side of :mod:`tarindex.stream.images`:
 
-- **The torch resize.** Importing the torch layer registers torch's ``uint8`` antialiased
-  bilinear kernel (``F.interpolate(..., antialias=True)`` on a ``uint8`` channels-last
-  tensor: torchvision's tensor ``Resize``) as the process's resize backend
-  (:func:`tarindex.codecs.image.resize_backend`): within 1 of Pillow's on every pixel and
-  ~3x faster; the GIL is released while it runs. ``TARINDEX_RESIZE=pil`` keeps Pillow's.
 - :class:`ImageBatch`: what a batched image dataset yields. ``batch.images`` is one
   ``uint8`` tensor ``(B, 3, H, W)`` (the spec's layout and dtype), decoded in the DataLoader
   worker straight into its slots, allocated in shared memory and sent by name
@@ -34,7 +29,7 @@ import torch.nn.functional as F
 from numpy.typing import NDArray
 
 from ..codecs import ExtDecoder
-from ..codecs.image import RESIZERS, Box, ImageDecode, register_resizer
+from ..codecs.image import ImageDecode
 from ..codecs.jpeg import decode_scaled
 from ..errors import DecodeError
 from ..read.sample_source import SampleSource
@@ -47,33 +42,8 @@ __all__ = [
     "ImageBatch",
     "decode_on_device",
     "fetch_images",
-    "torch_resize",
     "torchvision_decoder",
 ]
-
-
-def torch_resize(src: NDArray[np.uint8], box: Box, size: tuple[int, int]) -> NDArray[np.uint8]:
-    """The box of ``src`` (``uint8 (h, w, 3)``) resized to ``size`` by torch's ``uint8`` kernel.
-
-    A box of whole pixels (every box at full size) is sliced and resized by torch
-    (torchvision's tensor path: within 1 of Pillow's on every pixel). A fractional box (on a
-    DCT-scaled decode) goes through Pillow's ``resize(box=...)``, which keeps its sub-pixel
-    position: rounding it to whole pixels moved edges by up to half a scaled pixel, and a
-    pixel by 41 of 255 on the test photos, past the tolerance (docs/DECODING.md). Returns
-    ``uint8 (H, W, 3)`` (channels-last strides from torch).
-    """
-    if not all(float(v).is_integer() for v in box):
-        return RESIZERS["pil"](src, box, size)
-    x0, y0, x1, y1 = (int(v) for v in box)
-    if not src.flags.writeable:  # Pillow's arrays are read-only; torch wants writable memory
-        src = src.copy()
-    t = torch.from_numpy(src).permute(2, 0, 1).unsqueeze(0)[:, :, y0:y1, x0:x1]
-    out = F.interpolate(t, size=size, mode="bilinear", align_corners=False, antialias=True)
-    res: NDArray[np.uint8] = out[0].permute(1, 2, 0).numpy()
-    return res
-
-
-register_resizer("torch", torch_resize)
 
 
 def _tensor_alloc(nbytes: int) -> tuple[torch.Tensor, NDArray[np.uint8]]:
