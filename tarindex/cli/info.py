@@ -1,7 +1,8 @@
 """``tarindex info``: shards, samples, members, extensions (counts) and bytes.
 
-``tar bytes`` are those of the tar, decompressed for a gzip-compressed shard (FORMAT.md §10);
-``gzip bytes`` (only when there are such shards) are their compressed sizes.
+``tar bytes`` are those of the tar, decompressed for a compressed shard (FORMAT.md §10, §11);
+``gzip bytes`` and ``zstd/xz/... bytes`` (only when there are such shards) are their
+compressed sizes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import Counter
 
 import numpy as np
 
+from ..format.packed import packed_of
 from ..format.url import is_url
 from ..storage.remote import load_indexes
 from .common import EXIT_OK, blocks, each_reader
@@ -33,6 +35,8 @@ def command(args: argparse.Namespace) -> int:
     """Print the totals of every shard of the sources (``--json``: one JSON object)."""
     n_shards = n_samples = n_members = data_bytes = tar_bytes = index_bytes = 0
     n_gzip = gzip_bytes = 0
+    packed: Counter[str] = Counter()  # compressed bytes of zstd/xz/bzip2/lz4 shards, by format
+    n_packed: Counter[str] = Counter()
     exts: Counter[str] = Counter()
     for p, r in each_reader(args.sources, args):
         n_shards += 1
@@ -47,6 +51,10 @@ def command(args: argparse.Namespace) -> int:
         if gz is not None:
             n_gzip += 1
             gzip_bytes += gz.gz_size
+        pf = packed_of(r.index.meta, r.index_path)
+        if pf is not None:
+            n_packed[pf.format] += 1
+            packed[pf.format] += pf.size
         index_bytes += (
             len(load_indexes([r.index_path], [p])[0][0])
             if is_url(r.index_path)
@@ -64,6 +72,8 @@ def command(args: argparse.Namespace) -> int:
         "index_bytes": index_bytes,
         "gzip_shards": n_gzip,
         "gzip_bytes": gzip_bytes,
+        "compressed_shards": dict(sorted(n_packed.items())),
+        "compressed_bytes": dict(sorted(packed.items())),
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -78,6 +88,11 @@ def command(args: argparse.Namespace) -> int:
         print(
             f"gzip bytes:  {gzip_bytes} ({human(gzip_bytes)}, compressed, {n_gzip} gzip shard(s); "
             f"their tar bytes are decompressed)"
+        )
+    for fmt, n in sorted(packed.items()):
+        print(
+            f"{fmt} bytes:{' ' * max(1, 6 - len(fmt))}{n} ({human(n)}, compressed, "
+            f"{n_packed[fmt]} {fmt} shard(s), read through decompressed copies)"
         )
     print(f"index bytes: {index_bytes} ({human(index_bytes)})")
     return EXIT_OK

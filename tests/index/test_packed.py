@@ -323,7 +323,7 @@ def test_remote_shards(tmp_path: Path) -> None:
 
 
 def test_cli_index_verify_ls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``tarindex index``, ``verify``, ``verify --data`` and ``ls --members`` on a .tar.xz."""
+    """``tarindex index``, ``verify``, ``verify --data``, ``ls --members`` and ``info`` on a .tar.xz."""
     from tarindex.cli.main import main
 
     path, want = _tar_c(tmp_path, "xz", n=40)
@@ -334,6 +334,28 @@ def test_cli_index_verify_ls(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["ls", "--members", path]) == 0
     out = capsys.readouterr().out
     assert "d/00039.txt" in out
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert f"xz bytes:    {os.path.getsize(path)} " in out and "samples:     40" in out
+
+
+def test_dataloader_workers(tmp_path: Path) -> None:
+    """A real DataLoader with 2 worker processes over two .tar.zst shards, map-style and
+    streaming: every sample once, the bytes of the tar."""
+    torch = pytest.importorskip("torch")
+    a, want_a = _tar_c(tmp_path / "a", "zstd", n=60, seed=1)
+    b, want_b = _tar_c(tmp_path / "b", "zstd", n=50, seed=2)
+    want = {(a, k): v for k, v in want_a.items()} | {(b, k): v for k, v in want_b.items()}
+    ds = tarindex.TarDataset([a, b])
+    got = {}
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=True, num_workers=2)
+    for s in dl:
+        got[(s["__shard__"], s["__key__"])] = _as_dict(s)
+    assert got == want
+    it = tarindex.TarIterableDataset([a, b], shuffle=True, seed=5)
+    dl2 = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2)
+    keys = [(s["__shard__"], s["__key__"]) for s in dl2]
+    assert sorted(keys) == sorted(want)
 
 
 def test_stdlib_compressors(tmp_path: Path) -> None:
