@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 from ..format.index import decode_index, read_header
 from ..format.packed import PACKED_META
 from ..format.spec import HEADER
-from ..storage.remote import fetch_ahead, is_url, load_indexes, release
+from ..storage.remote import RemoteSource, fetch_ahead, is_url, load_indexes, release
 from .pool import ReaderPool
 from .spanner import shards_of
 
@@ -84,7 +84,7 @@ class FetchPolicy:
         self._plan: dict[str, Any] | None = None
         self._tries: list[Any] = []
         self._ahead: list[int] = []  # shards to fetch whole, in order of need
-        self._futs: dict[int, Future[bool]] = {}
+        self._futs: dict[int, Future[bool | None]] = {}
         self._sizes: dict[int, tuple[int, str]] = {}
         self._compressed: set[int] = set()  # shards whose index describes a compressed file
         self._started = False
@@ -185,6 +185,7 @@ class FetchPolicy:
         mode = self.mode
         if mode == "range" or not len(idx):
             return
+        self._remap(sid)
         plan = self._sync(idx) if self.provider is not None else None
         if plan is not None:
             if not plan["decided"]:
@@ -216,6 +217,22 @@ class FetchPolicy:
                 continue
             if self._fits([s]):
                 self.pool.set_whole(s)
+
+    def _remap(self, sid: NDArray[np.int64]) -> None:
+        """Reopen the shards of ``sid`` read from a copy that downloaded while they were open.
+
+        Their next read maps the complete copy (the compiled kernel's reads) instead of
+        reading it through the remote source.
+        """
+        readers = self.pool.readers
+        for s in (int(sid[0]),) if len(sid) == 1 else np.unique(sid).tolist():
+            r = readers.get(s)
+            try:
+                src = r.source if r is not None else None
+            except ValueError:  # closed by another thread meanwhile
+                continue
+            if isinstance(src, RemoteSource) and src.copy_finished:
+                self.pool.drop(s)
 
     def _decide(self, plan: dict[str, Any]) -> None:
         if self.mode == "shard":

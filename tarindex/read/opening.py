@@ -30,8 +30,8 @@ from ..storage.remote import (
     is_url,
     learns_versions,
     load_indexes,
-    local_copy,
     local_path,
+    open_copy,
 )
 from ..storage.tarcache import unpacked_copy
 from . import checks
@@ -144,9 +144,16 @@ class ShardOpener:
                         ident = f"gz:{gz.gz_size}:{gz.head_crc}:{gz.tail_crc}"
                     copy = None
                     if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
-                        copy = local_copy(self.tar_path, opts, ident)
-                    if copy is not None:  # mapped: entries are replaced whole, never cut
-                        self._src = self._map_copy(copy[0], copy[1])
+                        copy = open_copy(self.tar_path, opts, ident)
+                    if copy is not None and copy.pieces is None:
+                        # complete: mapped (cache entries are replaced whole, never cut)
+                        self._src = self._map_copy(copy.fd, copy.size)
+                    elif copy is not None:
+                        # being downloaded: reads wait for their pieces; the checks below
+                        # read the server (pinned), not the pieces still to come
+                        whole = RemoteSource(self.tar_path, copy.size, opts, ident, copy.pin)
+                        whole.read_copy(copy.fd, copy.pieces)
+                        self._src = whole
                     elif gz is None and not opts.download_whole and learns_versions(self.tar_path):
                         # no request now: the checks go with the first read (docs/REMOTE.md)
                         self.tar_size = t.tar_size

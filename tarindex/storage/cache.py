@@ -197,9 +197,8 @@ class DirCache:
         """
         import fcntl
 
-        d = os.path.join(self.root, "locks")
-        self._real_dir(d)
-        fd = self._open_nofollow(os.path.join(d, f"{key}.{name}"), os.O_RDWR | os.O_CREAT)
+        self._real_dir(os.path.join(self.root, "locks"))
+        fd = self._open_nofollow(self.lock_path(key, name), os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -209,6 +208,14 @@ class DirCache:
             os.close(fd)
             raise
         return fd
+
+    def lock_path(self, key: str, name: str) -> str:
+        """The lock file of entry ``(key, name)`` (see :meth:`lock`).
+
+        While a download of the entry holds the lock, the file holds its progress record
+        (:mod:`tarindex.storage.pieces`).
+        """
+        return os.path.join(self.root, "locks", f"{key}.{name}")
 
     @staticmethod
     def unlock(fd: int) -> None:

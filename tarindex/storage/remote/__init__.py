@@ -17,7 +17,8 @@ The story is docs/REMOTE.md; the modules, bottom up:
 - :mod:`.source`: :class:`RemoteSource`, the byte source of a remote tar (coalescing,
   read-ahead, cache), and :func:`prefetch_many`.
 - :mod:`.whole`: whole shards downloaded once per machine into the cache and read locally
-  (the ``"shard"`` fetch policy): :func:`local_copy`, :func:`fetch_ahead`, :func:`release`.
+  (the ``"shard"`` fetch policy): :func:`open_copy` (read while it downloads),
+  :func:`local_copy`, :func:`fetch_ahead`, :func:`release`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import Pin, filesystem, learns_versions
-from .whole import fetch_ahead, local_copy, release
+from .whole import fetch_ahead, local_copy, open_copy, release
 
 __all__ = [
     "DEFAULT",
@@ -55,6 +56,7 @@ __all__ = [
     "load_indexes",
     "local_copy",
     "local_path",
+    "open_copy",
     "prefetch_many",
     "read_whole",
     "release",

@@ -20,6 +20,7 @@ from ...errors import RangeNotSupportedError, RemoteError, StaleIndexError
 from .options import COALESCE_GAP, DEFAULT, STATS, RemoteOptions, protocol_of
 from .transport import (
     Pin,
+    Sink,
     describe,
     filesystem,
     fs_path,
@@ -79,6 +80,7 @@ def fetch(
     opts: RemoteOptions = DEFAULT,
     pins: Sequence[Pin | None] | None = None,
     seen: list[Pin | None] | None = None,
+    sinks: Sequence[Sink | None] | None = None,
 ) -> list[bytes]:
     """Read byte ranges ``[start, end)`` of remote files, concurrently; return their bytes.
 
@@ -96,6 +98,10 @@ def fetch(
         seen: A list of ``len(reqs)`` entries (HTTP, S3): each set to the version the
             range's reply said it holds (size from ``Content-Range``, ETag, ...), to pin an
             object from the replies themselves. Defaults to ``None``.
+        sinks: Per range, ``None`` or a :data:`~.transport.Sink` that receives its body as
+            it arrives, after the same checks (a whole-shard download writes it straight
+            into the cache: no copy in memory); such a range's result is ``b""``. A retried
+            range is handed again from its start. Defaults to none.
 
     Returns:
         The bytes of each range, in the order of ``reqs``.
@@ -110,6 +116,7 @@ def fetch(
     """
     out: list[bytes | None] = [None] * len(reqs)
     pin_of = list(pins) if pins is not None else [None] * len(reqs)
+    sink_of = list(sinks) if sinks is not None else [None] * len(reqs)
     todo = [i for i, (_, a, b) in enumerate(reqs) if b > a]
     for i, (_, a, b) in enumerate(reqs):
         if b <= a:
@@ -128,7 +135,10 @@ def fetch(
         for idx in groups.values():
             STATS.requests += len(idx)
             heard: list[list[Pin]] = [[] for _ in idx]
-            got = get_ranges([reqs[i] for i in idx], [pin_of[i] for i in idx], opts, heard)
+            got = get_ranges(
+                [reqs[i] for i in idx], [pin_of[i] for i in idx], opts, heard,
+                [sink_of[i] for i in idx],
+            )
             for i, g, h in zip(idx, got, heard, strict=True):
                 if seen is not None and h:
                     seen[i] = h[-1]
@@ -148,15 +158,16 @@ def fetch(
                     last[i] = g
                     failed.append(i)
                     continue
-                STATS.bytes += len(g)
-                if len(g) == b - a:
-                    out[i] = g
+                n = g if isinstance(g, int) else len(g)
+                STATS.bytes += n
+                if n == b - a:
+                    out[i] = b"" if isinstance(g, int) else g
                     if protocol_of(url) in ("http", "https"):
                         _range_ok.add((os.getpid(), origin(url)))
-                elif len(g) > b - a:
-                    raise no_range(url, a, b, f"more ({len(g)} bytes or more)")
+                elif n > b - a:
+                    raise no_range(url, a, b, f"more ({n} bytes or more)")
                 else:
-                    last[i] = f"short reply: {len(g)} of {b - a} bytes"
+                    last[i] = f"short reply: {n} of {b - a} bytes"
                     failed.append(i)
         todo = failed
     if todo:

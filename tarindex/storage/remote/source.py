@@ -22,10 +22,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ...errors import RangeNotSupportedError, RemoteError, TruncatedError
+from ..pieces import PieceReader
 from .fetch import coalesce, coalesce_need, fetch, range_checked, stat
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
-from .whole import tar_key
+from .whole import CopySource, tar_key
 
 __all__ = ["RemoteSource", "Verify", "prefetch_many"]
 
@@ -174,7 +175,7 @@ class RemoteSource:
         self._entries: list[_Entry] = []  # sorted by start, non-overlapping
         self._starts: list[int] = []
         self._lock = threading.Lock()
-        self._local: Any = None  # a PreadSource over a whole-shard download
+        self._local: CopySource | None = None  # a whole local copy (maybe downloading)
         self._closed = False
         self._ident = ident
         self._deferred = deferred
@@ -283,8 +284,6 @@ class RemoteSource:
             self._download_whole()
 
     def _download_whole(self) -> None:
-        from ..bytesource import PreadSource
-
         c = self.opts.cache()
         if c is None:
             raise RangeNotSupportedError(
@@ -316,8 +315,24 @@ class RemoteSource:
                 c.discard_path(tmp)
                 raise
             p = c.path(self.key, "whole")
-        fd = c.open_entry(p)
-        self._local = PreadSource(self.path, fd, self.size)
+        self.read_copy(c.open_entry(p), None)
+
+    def read_copy(self, fd: int, pieces: PieceReader | None) -> None:
+        """Read from a local copy of the whole tar from now on (:class:`~.whole.CopySource`).
+
+        Args:
+            fd: Its descriptor (owned from now on).
+            pieces: The progress of its download, when it is still being written (reads
+                wait for their pieces; bytes a failed download never wrote are read from
+                the server); ``None``: complete.
+        """
+        self._local = CopySource(self.path, fd, self.size, pieces, self.fetch_fresh)
+
+    @property
+    def copy_finished(self) -> bool:
+        """Whether this source reads a copy that was downloading at open and is the entry now."""
+        local = self._local
+        return local is not None and local.joined and local.settled
 
     @property
     def fetches(self) -> bool:
@@ -542,14 +557,14 @@ class RemoteSource:
         """The bytes of ``ranges`` from the server now: not the cache, not the read-ahead store.
 
         One concurrent batch of coalesced requests; for the open-time checks (FORMAT.md §3),
-        which must see the remote file as it is. A whole-shard download (``download_whole``)
-        is read instead, as nothing else can be.
+        which must see the remote file as it is. A complete whole-shard copy
+        (``download_whole``) is read instead, as nothing else can be.
 
         Raises:
             RemoteError: As :func:`fetch`.
         """
         local = self._local
-        if local is not None:
+        if local is not None and local.complete:
             return [bytes(local.read(a, b - a)) for a, b in ranges]
         merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
         return _slices(merged, self._network(merged), ranges)

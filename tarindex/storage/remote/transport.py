@@ -34,6 +34,7 @@ from .options import DEFAULT, RemoteOptions, protocol_of
 __all__ = [
     "HTTPStatusError",
     "Pin",
+    "Sink",
     "describe",
     "filesystem",
     "fs_path",
@@ -214,6 +215,29 @@ def _check_pin(url: str, pin: Pin | None, etag: str | None, modified: str | None
         raise _stale(url, f"Last-Modified {modified}, it was {pin.last_modified}")
 
 
+Sink = Callable[[int, bytes], None]
+"""Where a ranged reply's body goes instead of memory: ``sink(at, chunk)``, ``at`` the chunk's
+offset from the range's start, in order (called on the event loop's thread)."""
+
+
+async def _body(read: Callable[[int], Any], n: int, sink: Sink | None) -> bytes | int:
+    """Up to ``n + 1`` bytes of a ranged reply's body, returned or handed to ``sink``.
+
+    With a sink, the first ``n`` bytes go to it and the count of bytes seen is returned
+    (``n + 1`` if the body was longer).
+    """
+    if sink is None:
+        return await _read_at_most(read, n + 1)
+    got = 0
+    while got < n:
+        chunk = await read(min(n - got, 1 << 20))
+        if not chunk:
+            return got
+        sink(got, chunk)
+        got += len(chunk)
+    return got + len(await read(1))
+
+
 async def _read_at_most(read: Callable[[int], Any], n: int) -> bytes:
     """Up to ``n`` bytes of a body (fewer if it ends first); ``read(k)`` returns <= k bytes."""
     parts: list[bytes] = []
@@ -278,8 +302,14 @@ def _seen_pin(total: str | None, etag: str | None, modified: str | None,
 
 
 async def _http_range(
-    fs: Any, url: str, a: int, b: int, pin: Pin | None, seen: list[Pin] | None = None
-) -> bytes:
+    fs: Any,
+    url: str,
+    a: int,
+    b: int,
+    pin: Pin | None,
+    seen: list[Pin] | None = None,
+    sink: Sink | None = None,
+) -> bytes | int:
     session = await fs.set_session()
     hd = {"Range": f"bytes={a}-{b - 1}", "Accept-Encoding": "identity"}
     if pin is not None and pin.etag and not pin.etag.startswith("W/"):
@@ -298,7 +328,7 @@ async def _http_range(
             seen.append(_seen_pin((cr or "/").rpartition("/")[2] if r.status == 206 else
                                   r.headers.get("Content-Length"), r.headers.get("ETag"),
                                   r.headers.get("Last-Modified")))
-        return await _read_at_most(r.content.read, b - a + 1)
+        return await _body(r.content.read, b - a, sink)
 
 
 async def _http_head(fs: Any, url: str) -> Pin:
@@ -367,8 +397,14 @@ def _s3_where(fs: Any, url: str) -> tuple[str, str]:
 
 
 async def _s3_range(
-    fs: Any, url: str, a: int, b: int, pin: Pin | None, seen: list[Pin] | None = None
-) -> bytes:
+    fs: Any,
+    url: str,
+    a: int,
+    b: int,
+    pin: Pin | None,
+    seen: list[Pin] | None = None,
+    sink: Sink | None = None,
+) -> bytes | int:
     client = await fs.set_session()
     bucket, key = _s3_where(fs, url)
     kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={a}-{b - 1}"}
@@ -389,7 +425,7 @@ async def _s3_range(
             seen.append(_seen_pin((resp.get("ContentRange") or "/").rpartition("/")[2],
                                   resp.get("ETag"), str(lm) if lm else None,
                                   resp.get("VersionId")))
-        return await _read_at_most(body.read, b - a + 1)
+        return await _body(body.read, b - a, sink)
     finally:
         body.close()
 
@@ -437,25 +473,33 @@ def get_ranges(
     pins: Sequence[Pin | None],
     opts: RemoteOptions,
     seen: Sequence[list[Pin]] | None = None,
-) -> list[bytes | BaseException]:
+    sinks: Sequence[Sink | None] | None = None,
+) -> list[bytes | int | BaseException]:
     """One attempt at each range ``(url, start, end)`` of one protocol, concurrently.
 
     ``seen`` (HTTP, S3): per range a list the version its reply holds is appended to.
+    ``sinks``: per range, ``None`` or a :data:`Sink` its body is handed to as it arrives
+    (after the reply's checks; a retry hands it again from the range's start).
 
     Returns:
         Per range its body (at most ``end - start + 1`` bytes: one more means the server
-        sent more than asked), or the exception that ended it.
+        sent more than asked), or for a range with a sink the count of body bytes seen
+        (likewise), or the exception that ended it.
     """
     if not reqs:
         return []
     fs = filesystem(reqs[0][0], opts)
     kind = _kind(reqs[0][0])
     sn: Sequence[list[Pin] | None] = seen if seen is not None else [None] * len(reqs)
+    sk: Sequence[Sink | None] = sinks if sinks is not None else [None] * len(reqs)
     if kind in ("http", "s3"):
         one = _http_range if kind == "http" else _s3_range
         return _run(
             fs,
-            [one(fs, u, a, b, p, w) for (u, a, b), p, w in zip(reqs, pins, sn, strict=True)],
+            [
+                one(fs, u, a, b, p, w, k)
+                for (u, a, b), p, w, k in zip(reqs, pins, sn, sk, strict=True)
+            ],
             opts,
         )
     try:
@@ -468,7 +512,14 @@ def get_ranges(
         )
     except Exception as e:  # a whole batch failing (e.g. loop errors)
         return [e] * len(reqs)
-    return [g if isinstance(g, BaseException) else bytes(g) for g in got]
+    out: list[bytes | int | BaseException] = []
+    for (_, a, b), g, k in zip(reqs, got, sk, strict=True):
+        if isinstance(g, BaseException) or k is None:
+            out.append(g if isinstance(g, BaseException) else bytes(g))
+        else:
+            k(0, bytes(g[: b - a]))  # never past the range; the count says if it was longer
+            out.append(len(g))
+    return out
 
 
 def head(url: str, opts: RemoteOptions) -> Pin:

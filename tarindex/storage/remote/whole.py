@@ -11,12 +11,19 @@ compiled read kernel then runs as on a local shard). The rules:
   naming the URL. The entry's key holds the URL, the index's fingerprint and the pinned
   version, so a replaced object is a new entry, never the old bytes; the open-time checks
   (FORMAT.md §3) then run on the local copy against the index.
-- **Sequential multi-MB pieces.** :data:`PIECE` bytes per request, :data:`STREAMS` in
-  flight, written in place into a temp file of the cache, renamed when complete.
+- **Sequential multi-MB pieces, read as they arrive.** :data:`PIECE` bytes per request,
+  :data:`STREAMS` in flight, each reply's body written in place (``pwrite``, no copy in
+  memory) into a preallocated temp file of the cache as it arrives, renamed when complete
+  (:mod:`tarindex.storage.pieces`). A reader does not wait for the whole tar: it joins the
+  download (:func:`open_copy`) and each read waits only for the 1 MiB grains it needs
+  (:class:`CopySource`); once the copy is complete the fetch policy reopens the shard
+  mapped.
 - **One download per machine.** The download runs under the entry's lock
-  (:meth:`~tarindex.storage.cache.DirCache.lock`): a second process or thread that wants
-  the same shard waits for the lock, then finds the entry. Read-ahead (:func:`fetch_ahead`)
-  never waits: a shard another process is downloading is skipped.
+  (:meth:`~tarindex.storage.cache.DirCache.lock`), which holds its progress record: a second
+  process or thread that wants the same shard joins it (reads the pieces written so far)
+  instead of downloading it again. Read-ahead (:func:`fetch_ahead`) never waits: a shard
+  another process is downloading is skipped. If that download fails, its readers read the
+  missing bytes by ranges and the next open starts another.
 - **Bounded.** The cache's byte limit holds (least recently used entries evicted, shards
   the plan is done with first: :func:`release`); a shard larger than the limit is not
   kept, and its reads stay ranged.
@@ -24,12 +31,22 @@ compiled read kernel then runs as on a local shard). The rules:
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
 
 from ...errors import StaleIndexError
+from ..bytesource import PreadSource
 from ..cache import DirCache
+from ..pieces import PieceReader, PieceWriter, attach
 from .fetch import fetch, stat
 from .options import STATS, RemoteOptions, cache_key
 from .transport import Pin
@@ -38,9 +55,12 @@ __all__ = [
     "PIECE",
     "STREAMS",
     "WHOLE",
+    "Copy",
+    "CopySource",
     "fetch_ahead",
     "forget_pins",
     "local_copy",
+    "open_copy",
     "release",
     "tar_key",
 ]
@@ -57,7 +77,7 @@ STREAMS = 4
 _pins: dict[tuple[int, str], Pin] = {}
 """(pid, URL) -> the version this process pinned (a read-ahead's stat, reused by the open)."""
 _lock = threading.Lock()
-_ahead: list[tuple[int, ThreadPoolExecutor, dict[str, Future[bool]]] | None] = [None]
+_ahead: list[tuple[int, ThreadPoolExecutor, dict[str, Future[bool | None]]] | None] = [None]
 
 
 def _after_fork_in_child() -> None:
@@ -105,77 +125,218 @@ def _open_entry(c: DirCache, key: str, size: int) -> int | None:
         return None
 
 
-def local_copy(
-    url: str, opts: RemoteOptions, ident: str, blocking: bool = True
-) -> tuple[int, int, Pin] | None:
-    """A descriptor of the whole tar ``url`` in the cache, downloading it first if needed.
+class Copy(NamedTuple):
+    """A local copy of a remote tar in the cache (:func:`open_copy`)."""
+
+    fd: int
+    """A read-only descriptor of it (the caller owns it)."""
+    size: int
+    """Its size in bytes."""
+    pin: Pin
+    """The version it holds."""
+    pieces: PieceReader | None
+    """``None``: complete (the entry); else the download being written, read as it goes."""
+
+
+def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
+    """The whole tar ``url`` in the cache: complete, or being downloaded (read as it arrives).
+
+    Starts the download if none is running on the machine (in this process's background
+    threads; one download per machine: the entry's lock) and joins it: the reads of the
+    returned copy wait for their pieces (:class:`CopySource`), not for the whole tar.
 
     Args:
         url: The tar.
         opts: Transport options (:meth:`RemoteOptions.whole_cache` is the directory).
         ident: The index's fingerprint of the tar (part of the entry's key).
-        blocking: Wait for another process's download of it. ``False`` returns ``None`` if
-            one is running. Defaults to ``True``.
 
     Returns:
-        ``(fd, size, pin)``: a read-only descriptor of the local copy (the caller owns it),
-        its size in bytes and the version it holds; ``None`` if the tar does not fit the
-        cache (larger than its limit, or the disk is full) or, not blocking, another
-        process is downloading it.
+        The copy, or ``None`` if the tar does not fit the cache (larger than its limit, or
+        the disk is full).
 
     Raises:
         FileNotFoundError: The tar does not exist.
-        StaleIndexError: The object changed while it was downloaded (names the URL).
-        RemoteError: As :func:`~.fetch.fetch`.
+        StaleIndexError: The object changed before its download could start or while it
+            ran in this process (names the URL).
+        RemoteError: As :func:`~.fetch.fetch`, from a download this process ran.
     """
     pin = _pin(url, opts)
     c = opts.whole_cache()
     key = tar_key(url, pin.size, ident, pin)
     fd = _open_entry(c, key, pin.size)
     if fd is not None:
-        return fd, pin.size, pin
+        return Copy(fd, pin.size, pin, None)
     if pin.size > c.limit:
         return None
+    fut = _submit(url, opts, ident, demand=True)
+    delay = 0.0005
+    while True:
+        got = attach(c, key, WHOLE, pin.size)
+        if got is not None:
+            return Copy(got[0], pin.size, pin, got[1])
+        fd = _open_entry(c, key, pin.size)
+        if fd is not None:
+            return Copy(fd, pin.size, pin, None)
+        if fut.done():
+            ok = fut.result()  # the download's error, if it failed here
+            fd = _open_entry(c, key, pin.size)
+            if fd is not None:
+                return Copy(fd, pin.size, pin, None)
+            if ok is False:
+                return None
+            fut = _submit(url, opts, ident, demand=True)  # another's download ended: ours
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+
+
+def local_copy(url: str, opts: RemoteOptions, ident: str) -> tuple[int, int, Pin] | None:
+    """:func:`open_copy`, complete: waits for the whole download.
+
+    Returns:
+        ``(fd, size, pin)`` of the entry, or ``None`` as :func:`open_copy`.
+
+    Raises:
+        As :func:`open_copy`.
+    """
+    while True:
+        cp = open_copy(url, opts, ident)
+        if cp is None or cp.pieces is None:
+            return None if cp is None else (cp.fd, cp.size, cp.pin)
+        ok = cp.pieces.wait(0, cp.size)
+        cp.pieces.close()
+        if ok:
+            return cp.fd, cp.size, cp.pin
+        os.close(cp.fd)
+        err = _failure(url)
+        if err is not None:  # it ran here: its error (a replaced object stays an error)
+            raise err
+        # it ran in another process and failed there: start or join the next one
+
+
+def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool | None:
+    """Download ``url`` (pinned) into the cache under its entry's lock.
+
+    Each piece's body is written in place as it arrives, its grains flagged
+    (:class:`~tarindex.storage.pieces.PieceWriter`).
+
+    Returns:
+        ``True``: the entry is there; ``False``: it does not fit the cache; ``None``: not
+        ``blocking`` and another thread or process holds the lock (it downloads).
+    """
+    pin = _pin(url, opts)
+    c = opts.whole_cache()
+    key = tar_key(url, pin.size, ident, pin)
     lk = c.lock(key, WHOLE, blocking)
     if lk is None:
         return None
     try:
-        fd = _open_entry(c, key, pin.size)  # another process finished it while we waited
-        if fd is None:
-            try:
-                if not _download(url, pin, opts, c, key):
-                    return None
-            except StaleIndexError:
-                with _lock:
-                    _pins.pop((os.getpid(), url), None)
-                raise
-            fd = _open_entry(c, key, pin.size)
-            if fd is None:
-                return None
-    finally:
-        c.unlock(lk)
-    return fd, pin.size, pin
-
-
-def _download(url: str, pin: Pin, opts: RemoteOptions, c: DirCache, key: str) -> bool:
-    """Download ``url`` (pinned) into a temp file of ``c``, then insert it as the entry."""
-    tmp = c.temp_path()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
+        if c.local_file(key, WHOLE, pin.size) is not None:
+            return True  # another process finished it while we waited
+        try:
+            w = PieceWriter(c, lk, pin.size)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                return False
+            raise
         try:
             pieces = [(a, min(a + PIECE, pin.size)) for a in range(0, pin.size, PIECE)]
-            for g in range(0, len(pieces), STREAMS):
-                group = pieces[g : g + STREAMS]
-                got = fetch([(url, a, b) for a, b in group], opts, [pin] * len(group))
-                for (a, _), data in zip(group, got, strict=True):
-                    os.pwrite(fd, data, a)
-        finally:
-            os.close(fd)
-        STATS.shards += 1
-        return c.put_file(key, WHOLE, tmp)
-    except BaseException:
-        c.discard_path(tmp)
-        raise
+            fetch(
+                [(url, a, b) for a, b in pieces],
+                replace(opts, concurrency=STREAMS),
+                [pin] * len(pieces),
+                sinks=[w.sink(a, b) for a, b in pieces],
+            )
+            STATS.shards += 1
+            return w.commit(key, WHOLE)
+        except BaseException as e:
+            w.abort()
+            if isinstance(e, StaleIndexError):
+                with _lock:
+                    _pins.pop((os.getpid(), url), None)
+            raise
+    finally:
+        c.unlock(lk)
+
+
+class CopySource:
+    """The byte source of a local copy of a remote tar, read while it downloads.
+
+    A read waits for the pieces it needs (:meth:`PieceReader.wait`); if the download fails
+    before writing them, they are read with ``fallback`` (the remote source's pinned ranged
+    reads). Complete copies read with ``os.pread`` alone.
+
+    Args:
+        url: The tar's URL (messages).
+        fd: The copy's descriptor (owned from now on).
+        size: Its size in bytes.
+        pieces: The download's progress (``None``: complete).
+        fallback: Reads ranges ``[(start, end)]`` from the server (pinned).
+    """
+
+    zero_copy = False
+
+    def __init__(
+        self,
+        url: str,
+        fd: int,
+        size: int,
+        pieces: PieceReader | None,
+        fallback: Callable[[list[tuple[int, int]]], list[bytes]],
+    ) -> None:
+        self.path = url
+        self.size = size
+        self.pread = PreadSource(url, fd, size)
+        self.pieces = pieces
+        self.joined = pieces is not None
+        """Whether the copy was being downloaded when it was opened."""
+        self.fallback = fallback
+
+    @property
+    def complete(self) -> bool:
+        """Whether every byte of the copy is written (reads no longer wait)."""
+        p = self.pieces
+        return p is None or p.complete
+
+    @property
+    def settled(self) -> bool:
+        """Whether the copy is complete and is the cache's entry (a reopen maps it)."""
+        p = self.pieces
+        return p is None or p.settled
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``, once written (see the class docs)."""
+        p = self.pieces
+        if p is not None and not p.wait(offset, offset + size):
+            return self.fallback([(offset, offset + size)])[0]
+        return self.pread.read(offset, size)
+
+    def read_ranges(
+        self, starts: NDArray[np.int64], ends: NDArray[np.int64]
+    ) -> tuple[bytes, NDArray[np.int64]]:
+        """Read the half-open ranges, as :class:`~tarindex.storage.bytesource.ByteSource`."""
+        p = self.pieces
+        if p is not None and not p.complete:
+            st, en = starts.tolist(), ends.tolist()
+            lost = [i for i in range(len(st)) if not p.wait(st[i], en[i])]
+            if lost:  # the download failed before these: from the server
+                got = dict(zip(lost, self.fallback([(st[i], en[i]) for i in lost]), strict=True))
+                parts = [
+                    got[i] if i in got else self.pread.read(st[i], en[i] - st[i])
+                    for i in range(len(st))
+                ]
+                bases = np.zeros(len(st), np.int64)
+                if len(st) > 1:
+                    np.cumsum(ends[:-1] - starts[:-1], out=bases[1:])
+                return b"".join(parts), bases
+        buf, bases = self.pread.read_ranges(starts, ends)
+        return bytes(buf), bases
+
+    def close(self) -> None:
+        """Close the copy's descriptor (after the reads in flight) and the progress record."""
+        self.pread.close()
+        p = self.pieces
+        if p is not None:
+            p.close()
 
 
 def release(url: str, opts: RemoteOptions, ident: str) -> None:
@@ -186,32 +347,49 @@ def release(url: str, opts: RemoteOptions, ident: str) -> None:
         opts.whole_cache().release(tar_key(url, pin.size, ident, pin), WHOLE)
 
 
-def fetch_ahead(url: str, opts: RemoteOptions, ident: str) -> Future[bool]:
+def fetch_ahead(url: str, opts: RemoteOptions, ident: str) -> Future[bool | None]:
     """Download the whole tar ``url`` into the cache in the background (read-ahead).
 
-    At most :attr:`RemoteOptions.shards_ahead` downloads run at once per process; a shard
-    already queued here is not queued again, one another process is downloading is skipped
-    (never waited for). The future says whether the entry is there; it holds the error of a
-    failed download (the read that needs the shard then tries again and raises).
+    A shard already queued or downloaded here is not queued again; one another thread or
+    process is downloading is skipped (never waited for). The future says whether the entry
+    is there (``None``: skipped); it holds the error of a failed download (the read that
+    needs the shard then tries again and raises).
+    """
+    return _submit(url, opts, ident, demand=False)
+
+
+def _failure(url: str) -> BaseException | None:
+    """The error of this process's last download of ``url``, if it failed."""
+    with _lock:
+        a = _ahead[0]
+        f = a[2].get(url) if a is not None and a[0] == os.getpid() else None
+    if f is None or not f.done():
+        return None
+    return f.exception()
+
+
+def _submit(url: str, opts: RemoteOptions, ident: str, demand: bool) -> Future[bool | None]:
+    """This process's download of ``url``: the running or finished one, else a new one.
+
+    ``demand`` (a read needs it): a new download waits for the lock (another process's
+    download then ends first; the entry is found, or this one takes over after a failure).
+    Read-ahead runs at most :attr:`RemoteOptions.shards_ahead` at once (the fetch policy
+    counts), demand ones as many as readers need, on threads of their own.
     """
     with _lock:
         a = _ahead[0]
         if a is None or a[0] != os.getpid():
-            ex = ThreadPoolExecutor(max(1, opts.shards_ahead), thread_name_prefix="tarindex-shard")
+            ex = ThreadPoolExecutor(
+                max(1, opts.shards_ahead) + 8, thread_name_prefix="tarindex-shard"
+            )
             a = _ahead[0] = (os.getpid(), ex, {})
         _, ex, futs = a
         f = futs.get(url)
         if f is not None and (not f.done() or (f.exception() is None and f.result())):
             return f
-
-        def run() -> bool:
-            got = local_copy(url, opts, ident, blocking=False)
-            if got is None:
-                return False
-            os.close(got[0])
-            return True
-
-        f = futs[url] = ex.submit(run)
+        if f is not None and not demand and f.exception() is None and f.result() is None:
+            return f  # read-ahead skipped it (another downloads it): not again
+        f = futs[url] = ex.submit(_download, url, opts, ident, demand)
         return f
 
 

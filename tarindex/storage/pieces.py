@@ -1,0 +1,350 @@
+"""A cache entry written in pieces by one writer while other threads and processes read it.
+
+A whole remote shard is downloaded into the cache (:mod:`tarindex.storage.remote.whole`) in
+concurrent ranged reads; a reader should not wait for the last byte before it reads the
+first. The rules (docs/REMOTE.md, "One download per machine"):
+
+- **One writer.** The writer holds the entry's lock (:meth:`DirCache.lock`, an ``flock``) for
+  the whole download, so there is one download per entry on the machine.
+- **A progress record in the lock file.** While it holds the lock, the writer keeps in the
+  lock file (``<root>/locks/<key>.<name>``) a :data:`HEAD` record (magic, the file's size, the
+  grain, the temp file's name in ``<root>/tmp/``) followed by one byte per :data:`GRAIN`
+  bytes of the file: ``1`` once every byte of that grain is written (``pwrite`` of the data
+  first, then of the flag, from one thread: another process that reads the flag ``1`` reads
+  the data after it from the same page cache). The temp file is preallocated
+  (``posix_fallocate``) to its full size, so a write never extends it.
+- **Readers** (:func:`attach`) open the temp file named by the record and read a range only
+  once every grain it touches is flagged (:meth:`PieceReader.wait`). When the download ends
+  the temp file is renamed to the entry (same inode: a reader's descriptor now reads the
+  entry) and the record is cleared; a reader that sees the record gone or replaced checks
+  that the entry is its file. A download that failed or whose process died (the ``flock``
+  is free, the record stale) is reported to the reader (``wait`` returns ``False``), which
+  then reads those bytes another way.
+- **No fsync.** The temp file and the record are never trusted after a crash: a temp file
+  becomes an entry only by the rename of a complete download, and the next cache open deletes
+  the temp files of dead writers (:class:`DirCache`). What was written is in the page cache
+  for every reader on the machine at once; durability is that of any cache entry.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import struct
+import threading
+import time
+
+from .cache import DirCache
+
+__all__ = ["GRAIN", "HEAD", "PieceReader", "PieceWriter", "attach"]
+
+GRAIN = 1 << 20
+"""Bytes per progress flag: a reader waits for at most this much more than it needs."""
+
+HEAD = struct.Struct("<8sQQ104s")
+"""The progress record's header (128 bytes): magic, file size, grain, temp file name."""
+
+_MAGIC = b"TIPIECE1"
+
+_POLL_S = (0.0005, 0.005)
+"""A waiting reader polls the flags first every 0.5 ms, backing off to 5 ms."""
+
+
+def _grains(size: int, grain: int) -> int:
+    return -(-size // grain) if size else 0
+
+
+class PieceWriter:
+    """The temp file of one download and its progress record (the lock holder's side).
+
+    Args:
+        cache: The cache the entry goes into.
+        lock_fd: The entry's lock, held (:meth:`DirCache.lock`); the record is written there.
+        size: The file's size in bytes.
+        grain: Bytes per flag. Defaults to :data:`GRAIN`.
+
+    Raises:
+        OSError: The temp file cannot be made or preallocated (``ENOSPC``: the disk is full).
+    """
+
+    def __init__(self, cache: DirCache, lock_fd: int, size: int, grain: int = GRAIN) -> None:
+        self.cache = cache
+        self.lock_fd = lock_fd
+        self.size = size
+        self.grain = grain
+        self.tmp = cache.temp_path()
+        self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        self._lock = threading.Lock()
+        self._done = bytearray(_grains(size, grain))
+        try:
+            if size:
+                try:
+                    os.posix_fallocate(self.fd, 0, size)
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                        raise
+                    os.ftruncate(self.fd, size)
+            name = os.path.basename(self.tmp).encode()
+            head = HEAD.pack(_MAGIC, size, grain, name)
+            os.ftruncate(lock_fd, 0)
+            os.pwrite(lock_fd, head + bytes(len(self._done)), 0)
+        except BaseException:
+            self._close()
+            cache.discard_path(self.tmp)
+            raise
+
+    def sink(self, start: int, end: int) -> RangeSink:
+        """The sink of the ranged read of bytes ``[start, end)`` (``start`` on a grain)."""
+        if start % self.grain:
+            raise ValueError(f"a piece starts on a grain ({self.grain} bytes), not at {start}")
+        return RangeSink(self, start, end)
+
+    def write(self, at: int, data: bytes) -> None:
+        """Write ``data`` at byte ``at`` of the file (no flag set)."""
+        mv = memoryview(data)
+        while mv:
+            n = os.pwrite(self.fd, mv, at)
+            mv, at = mv[n:], at + n
+
+    def mark(self, g0: int, g1: int) -> None:
+        """Flag grains ``g0 <= g < g1`` as written (their bytes are in the file)."""
+        if g1 <= g0:
+            return
+        with self._lock:
+            self._done[g0:g1] = b"\x01" * (g1 - g0)
+        os.pwrite(self.lock_fd, b"\x01" * (g1 - g0), HEAD.size + g0)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every grain is flagged."""
+        return all(self._done)
+
+    def commit(self, key: str, name: str) -> bool:
+        """Insert the complete file as entry ``(key, name)``, then clear the record.
+
+        Returns:
+            As :meth:`DirCache.put_file` (``False``: it does not fit the cache's limit).
+        """
+        self._close()
+        try:
+            return self.cache.put_file(key, name, self.tmp)
+        finally:
+            os.ftruncate(self.lock_fd, 0)
+
+    def abort(self) -> None:
+        """Clear the record and delete the temp file (a failed download; idempotent)."""
+        self._close()
+        try:
+            os.ftruncate(self.lock_fd, 0)
+        except OSError:
+            pass
+        self.cache.discard_path(self.tmp)
+
+    def _close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class RangeSink:
+    """Writes one ranged reply's body in place as it arrives and flags each grain it completes.
+
+    Called as ``sink(at, chunk)`` (a :data:`~tarindex.storage.remote.transport.Sink`):
+    ``at`` is the chunk's offset from the range's start, in order; a retry starts at 0 again.
+    """
+
+    def __init__(self, w: PieceWriter, start: int, end: int) -> None:
+        self.w = w
+        self.start = start
+        self.end = end
+
+    def __call__(self, at: int, chunk: bytes) -> None:
+        w = self.w
+        pos = self.start + at
+        w.write(pos, chunk)
+        top = pos + len(chunk)
+        # every byte from the range's start to ``top`` is written: the grains that end in
+        # (pos, top] are complete now
+        w.mark(pos // w.grain, top // w.grain if top < w.size else _grains(w.size, w.grain))
+
+
+class PieceReader:
+    """A reader's view of a download another thread or process writes (see module docs).
+
+    Args:
+        cache: The cache.
+        key: The entry's key.
+        name: The entry's name.
+        lock_path: The entry's lock file (holding the record).
+        fd: The temp file, opened read-only (the caller owns it).
+        size: The file's size in bytes.
+        grain: Bytes per flag.
+        tmp_name: The temp file's name the record gave.
+    """
+
+    def __init__(
+        self,
+        cache: DirCache,
+        key: str,
+        name: str,
+        lock_path: str,
+        fd: int,
+        size: int,
+        grain: int,
+        tmp_name: bytes,
+    ) -> None:
+        self.cache = cache
+        self.key = key
+        self.name = name
+        self.lock_path = lock_path
+        self.size = size
+        self.grain = grain
+        self.tmp_name = tmp_name
+        self.ino = os.fstat(fd).st_ino
+        self._seen = bytearray(_grains(size, grain))
+        self._left = len(self._seen)
+        self._lock = threading.Lock()
+        self._rec = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
+        self.complete = self._left == 0
+        """Every byte of the file is written (no more waiting, no more record reads)."""
+        self._entry = False
+        self.failed = False
+        """The download ended without this file becoming the entry (its writer failed)."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether the download is over and the file is the entry now (renamed, complete)."""
+        if not self.complete:
+            return False
+        if not self._entry:
+            self._entry = self._is_entry()
+        return self._entry
+
+    def close(self) -> None:
+        """Close the record's descriptor (idempotent)."""
+        fd, self._rec = self._rec, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def ready(self, start: int, end: int) -> bool:
+        """Whether bytes ``[start, end)`` are written (one ``pread`` of the flags if not known)."""
+        if self.complete or end <= start:
+            return True
+        g0, g1 = start // self.grain, _grains(end, self.grain)
+        if all(self._seen[g0:g1]):
+            return True
+        self._refresh()
+        return self.complete or all(self._seen[g0:g1])
+
+    def wait(self, start: int, end: int) -> bool:
+        """Wait until bytes ``[start, end)`` are written; ``False`` if they never will be.
+
+        ``False``: the download failed, or its process died, before writing them (the
+        caller reads them another way). Polls the flags (0.5 ms, backing off to 5 ms).
+        """
+        delay = _POLL_S[0]
+        while not self.ready(start, end):
+            if self.failed or not self._alive():
+                return self.ready(start, end)
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_S[1])
+        return True
+
+    def _refresh(self) -> None:
+        """Read the record's flags; a record gone or replaced means the download ended."""
+        fd = self._rec
+        if fd < 0:
+            return
+        n = len(self._seen)
+        data = os.pread(fd, HEAD.size + n, 0)
+        if len(data) == HEAD.size + n and _parse(data[: HEAD.size]) == (
+            self.size,
+            self.grain,
+            self.tmp_name,
+        ):
+            with self._lock:
+                flags = data[HEAD.size :]
+                self._seen = bytearray(a | b for a, b in zip(self._seen, flags, strict=True))
+                self._left = self._seen.count(0)
+                if not self._left:
+                    self.complete = True
+            return
+        self._ended()
+
+    def _is_entry(self) -> bool:
+        """Whether the entry is this download's file (renamed: same inode, full size)."""
+        try:
+            st = os.lstat(self.cache.path(self.key, self.name))
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_ino == self.ino and st.st_size == self.size
+
+    def _ended(self) -> None:
+        """The record is not this download's: complete if the entry is our file, else failed."""
+        if self._is_entry():
+            self.complete = self._entry = True
+            self._left = 0
+        else:
+            self.failed = True
+
+    def _alive(self) -> bool:
+        """Whether the writer still holds the entry's lock (else: ended, see :meth:`_ended`)."""
+        fd = self._rec
+        if fd < 0:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self._refresh()  # the last flags, or the rename seen
+        if not self.complete:
+            self._ended()
+        return False
+
+
+def _parse(head: bytes) -> tuple[int, int, bytes] | None:
+    try:
+        magic, size, grain, name = HEAD.unpack(head)
+    except struct.error:
+        return None
+    if magic != _MAGIC or grain <= 0:
+        return None
+    return size, grain, name.rstrip(b"\0")
+
+
+def attach(cache: DirCache, key: str, name: str, size: int) -> tuple[int, PieceReader] | None:
+    """Join the download of entry ``(key, name)`` that holds its lock now, if it has a record.
+
+    Returns:
+        ``(fd, reader)``: a read-only descriptor of the temp file being written (the caller
+        owns it; after the rename it is the entry's) and its :class:`PieceReader`; ``None``
+        if no download of ``size`` bytes is recorded (none running, or not started yet).
+    """
+    lp = cache.lock_path(key, name)
+    try:
+        rec = os.open(lp, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        head = os.pread(rec, HEAD.size, 0)
+    finally:
+        os.close(rec)
+    got = _parse(head) if len(head) == HEAD.size else None
+    if got is None or got[0] != size or b"/" in got[2] or not got[2]:
+        return None
+    tmp = os.path.join(cache.root, "tmp", got[2].decode("ascii", "replace"))
+    try:
+        fd = cache.open_entry(tmp)
+    except OSError:
+        return None
+    try:
+        return fd, PieceReader(cache, key, name, lp, fd, size, got[1], got[2])
+    except BaseException:
+        os.close(fd)
+        raise

@@ -1,0 +1,193 @@
+"""A whole shard read while it downloads (tarindex/storage/pieces.py, docs/REMOTE.md "One
+download per machine"): readers in other threads and processes read the grains already
+written, wait for the others, and learn when the writer failed or died (a real ``kill -9``);
+over a real HTTP server, a dataset reads a shard whose download another holder runs."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex.storage import remote
+from tarindex.storage.cache import DirCache
+from tarindex.storage.pieces import GRAIN, PieceWriter, attach
+from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import stat
+from tarindex.storage.remote.whole import WHOLE, tar_key
+
+from ..remote_server import RangeServer, serve
+
+KEY = "ab" * 32
+SIZE = 3 * GRAIN + 5
+
+
+def _data() -> bytes:
+    return np.random.default_rng(0).bytes(SIZE)
+
+
+def _writer(root: str, ready: mp.synchronize.Event) -> None:  # a child process
+    c = DirCache(root, 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    w.sink(0, GRAIN)(0, _data()[:GRAIN])
+    ready.set()
+    signal.pause()  # killed here, mid-download
+
+
+def test_a_reader_in_another_process_reads_written_grains_and_sees_the_writer_die(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path / "c")
+    DirCache(root, 1 << 30)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=_writer, args=(root, ready))
+    p.start()
+    try:
+        assert ready.wait(30)
+        c = DirCache(root, 1 << 30)
+        got = attach(c, KEY, "whole", SIZE)
+        assert got is not None
+        fd, rd = got
+        data = _data()
+        assert rd.ready(0, GRAIN) and not rd.ready(GRAIN - 1, GRAIN + 1)
+        assert os.pread(fd, GRAIN, 0) == data[:GRAIN]
+        assert attach(c, KEY, "whole", SIZE + 1) is None  # another size: not this download
+    finally:
+        assert p.pid is not None
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+    # the writer is dead: waiting for a grain it never wrote ends, and says so
+    assert rd.wait(GRAIN, 2 * GRAIN) is False
+    assert rd.failed and not rd.complete
+    assert rd.wait(0, GRAIN) is True  # what it wrote stays readable
+    rd.close()
+    os.close(fd)
+
+
+def test_a_reader_sees_every_grain_then_the_entry(tmp_path: Path) -> None:
+    c = DirCache(str(tmp_path / "c"), 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    fd, rd = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+    data = _data()
+    waited: list[bool] = []
+    t = threading.Thread(target=lambda: waited.append(rd.wait(2 * GRAIN, SIZE)))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive()  # the last grains are not written yet
+    for a in range(0, SIZE, GRAIN):  # in pieces of one grain, each body in 3 chunks
+        sink = w.sink(a, min(a + GRAIN, SIZE))
+        body = data[a : a + GRAIN]
+        for k in range(0, len(body), 400_000):
+            sink(k, body[k : k + 400_000])
+    t.join(10)
+    assert waited == [True]
+    assert w.commit(KEY, "whole")
+    c.unlock(lk)
+    assert rd.wait(0, SIZE) and rd.complete
+    # the reader's descriptor is the entry now (renamed, same inode)
+    assert os.fstat(fd).st_ino == os.stat(c.path(KEY, "whole")).st_ino
+    assert os.pread(fd, SIZE, 0) == data
+    assert attach(c, KEY, "whole", SIZE) is None  # the record is cleared
+    rd.close()
+    os.close(fd)
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Iterator[tuple[RangeServer, str]]:
+    """One shard of 64 samples x 64 KiB (~4 MiB: 5 grains) served over HTTP."""
+    remote.forget_process_state()
+    d = tmp_path / "srv"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    with tarindex.ShardWriter(str(d / "big-%06d.tar"), maxcount=64, mtime=0) as w:
+        for i in range(64):
+            w.write({"__key__": f"{i:04d}", "bin": rng.bytes(65536)})
+    with serve(str(d)) as srv:
+        yield srv, str(d / "big-000000.tar")
+    remote.forget_process_state()
+
+
+@pytest.mark.timeout(60)
+def test_a_dataset_reads_a_shard_while_another_holder_downloads_it(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    srv, path = big
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "c"), fetch="shard", shards_ahead=0)
+    url = f"{srv.url}/big-000000.tar"
+    local = tarindex.ShardReader(path)
+    t = local.index
+    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+    pin = stat(url, opts)
+    c = opts.whole_cache()
+    key = tar_key(url, pin.size, ident, pin)
+    lk = c.lock(key, WHOLE)  # another worker's download: its lock, its record, one grain
+    assert lk is not None
+    w = PieceWriter(c, lk, pin.size)
+    data = Path(path).read_bytes()
+    w.sink(0, GRAIN)(0, data[:GRAIN])
+    srv.reset()
+    ds = tarindex.TarDataset(url, remote=opts)
+    # sample 0 lies in the written grain: read now (the old code waited for the whole
+    # download, here forever), from the copy, not from the server
+    assert ds[0]["bin"] == local.sample(0)["bin"]
+    lo, hi = local.member_slice(0)
+    a = int(local.index.offset[lo:hi].min())
+    with srv.lock:
+        tar_gets = [(s, e) for m, p, s, e in srv.log if m == "GET" and p.endswith(".tar")]
+    assert not any(s <= a < e and e - s > 8192 for s, e in tar_gets)  # only the open checks
+    last = len(ds) - 1
+    got: list[bytes] = []
+    th = threading.Thread(target=lambda: got.append(ds[last]["bin"]))
+    th.start()
+    th.join(0.3)
+    assert th.is_alive()  # its grain is not written yet: it waits for it
+    w.sink(GRAIN, len(data))(0, data[GRAIN:])
+    th.join(30)
+    assert got == [local.sample(last)["bin"]]
+    assert w.commit(key, WHOLE)
+    c.unlock(lk)
+    with srv.lock:
+        sent = sum(e - s for m, p, s, e in srv.log if m == "GET" and p.endswith(".tar"))
+    assert sent < len(data) // 10  # the dataset downloaded nothing itself
+    # once complete, the next read reopens the shard from the entry, mapped
+    assert ds[1]["bin"] == local.sample(1)["bin"]
+    assert ds[2]["bin"] == local.sample(2)["bin"]
+    assert not isinstance(ds.shards.pool.reader(0).source, remote.RemoteSource)
+    local.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_download_that_fails_leaves_its_readers_correct(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    srv, path = big
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "c"), fetch="shard", shards_ahead=0)
+    url = f"{srv.url}/big-000000.tar"
+    local = tarindex.ShardReader(path)
+    t = local.index
+    pin = stat(url, opts)
+    c = opts.whole_cache()
+    key = tar_key(url, pin.size, f"{t.tar_size}:{t.head_crc}:{t.tail_crc}", pin)
+    lk = c.lock(key, WHOLE)
+    assert lk is not None
+    w = PieceWriter(c, lk, pin.size)
+    w.sink(0, GRAIN)(0, Path(path).read_bytes()[:GRAIN])
+    ds = tarindex.TarDataset(url, remote=opts)
+    assert ds[0]["bin"] == local.sample(0)["bin"]
+    w.abort()  # the other holder's download failed
+    c.unlock(lk)
+    for i in (len(ds) - 1, 5, len(ds) // 2):  # read by ranges, or from the next download
+        assert ds[i]["bin"] == local.sample(i)["bin"]
+    local.close()
