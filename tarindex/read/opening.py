@@ -92,7 +92,7 @@ class ShardOpener:
                 return
             if self._packed is not None:  # a decompressed copy (FORMAT.md §11)
                 raw = PreadSource(tar_path, fd, os.fstat(fd).st_size)
-                self._open_packed(self._packed, raw, None)
+                self._open_packed(self._packed, raw, None, use_mmap)
                 return
             try:
                 st = os.fstat(fd)
@@ -131,11 +131,11 @@ class ShardOpener:
                 pf = self._packed
                 if pf is not None:  # a decompressed copy (FORMAT.md §11)
                     if is_url(self.tar_path):
-                        self._open_packed(pf, None, opts)
+                        self._open_packed(pf, None, opts, True)
                     else:
                         fd = open_regular_file(local_path(self.tar_path))
                         raw = PreadSource(self.tar_path, fd, os.fstat(fd).st_size)
-                        self._open_packed(pf, raw, None)
+                        self._open_packed(pf, raw, None, True)
                     return
                 if is_url(self.tar_path):
                     t = self.index
@@ -235,7 +235,7 @@ class ShardOpener:
         self._check_fingerprint()
 
     def _open_packed(
-        self, pf: PackedFile, raw: ByteSource | None, opts: RemoteOptions | None
+        self, pf: PackedFile, raw: ByteSource | None, opts: RemoteOptions | None, use_mmap: bool
     ) -> None:
         """Serve the tar inside a zstd/xz/bzip2/lz4 file through its decompressed copy (§11).
 
@@ -243,8 +243,8 @@ class ShardOpener:
         ``compressed`` metadata first; then the copy in the tar cache
         (:func:`~tarindex.storage.tarcache.unpacked_copy`: made once per machine if missing,
         a remote file downloaded once for it, ``opts``) is mapped by the kernel and checked
-        against the index as any tar (FORMAT.md §3). Its mtime is not compared (the cache
-        touches an entry it serves).
+        against the index as any tar (FORMAT.md §3), or read with ``pread`` when not
+        ``use_mmap``. Its mtime is not compared (the cache touches an entry it serves).
         """
         want = (pf.size, pf.head_crc, pf.tail_crc)
 
@@ -259,7 +259,11 @@ class ShardOpener:
         fd, size = unpacked_copy(
             self.tar_path, pf.format, self.index.tar_size, opts, None if raw else check
         )
-        self._src = self._map_copy(fd, size)
+        if use_mmap:
+            self._src = self._map_copy(fd, size)
+        else:
+            self.tar_ident = (*checks.ident_of(os.fstat(fd))[:2], -1)
+            self._src = open_source(self.tar_path, fd, size, False)
         self.tar_size = size
         checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
         self._check_fingerprint()
