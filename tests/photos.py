@@ -42,7 +42,11 @@ def source_photos() -> tuple[NDArray[np.uint8], ...]:
 
 
 def photo_jpegs(
-    n: int, size: tuple[int, int] = (500, 375), quality: int = 90, seed: int = 0
+    n: int,
+    size: tuple[int, int] = (500, 375),
+    quality: int = 90,
+    seed: int = 0,
+    progressive: bool = False,
 ) -> list[bytes]:
     """``n`` distinct JPEGs of ``size`` (width, height), cut from the source photos.
 
@@ -51,6 +55,10 @@ def photo_jpegs(
         size: ``(width, height)`` of each. Defaults to ``(500, 375)``.
         quality: JPEG quality. Defaults to ``90``.
         seed: Seed of the crops. Defaults to ``0``.
+        progressive: Progressive JPEGs (libjpeg's ``jpeg_simple_progression``, through
+            Pillow's ``progressive=True``: 10 scans, spectral selection and successive
+            approximation, what cameras' "progressive" and most web images hold) instead
+            of baseline ones; the same pixels before the encoding. Defaults to ``False``.
     """
     photos = source_photos()
     rng = np.random.default_rng(seed)
@@ -66,6 +74,6 @@ def photo_jpegs(
         y = int(rng.integers(0, h - ch + 1))
         im = Image.fromarray(src[y : y + ch, x : x + cw]).resize(size, Image.Resampling.LANCZOS)
         buf = io.BytesIO()
-        im.save(buf, "JPEG", quality=quality)
+        im.save(buf, "JPEG", quality=quality, progressive=progressive)
         out.append(buf.getvalue())
     return out

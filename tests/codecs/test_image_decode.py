@@ -54,12 +54,36 @@ def photos() -> dict[tuple[int, int], list[bytes]]:
     return {size: photo_jpegs(40, size, quality=90, seed=1) for size in SIZES}
 
 
+@pytest.fixture(scope="module")
+def progressive() -> dict[tuple[int, int], list[bytes]]:
+    """The same photos as progressive JPEGs (10 scans each)."""
+    out = {size: photo_jpegs(40, size, quality=90, seed=1, progressive=True) for size in SIZES}
+    assert all(d.count(b"\xff\xda") == 10 for ds in out.values() for d in ds)
+    return out
+
+
 def _resizers() -> list[str]:
     return list(RESIZERS)
 
 
 # tarindex's resize follows Pillow 13's rule (its pass order); an older Pillow differs by 1 at most
 EXACT = 0 if int(PIL.__version__.split(".")[0]) >= 13 else 1
+
+
+def _within_tolerance(spec: ImageDecode, photos: list[bytes]) -> int:
+    """Assert the tolerance over ``photos``; return the largest pixel difference."""
+    worst = 0
+    mads = []
+    for i, data in enumerate(photos):
+        got = spec.decode("jpg", data, epoch=3, index=i)
+        assert got.shape == (3, 224, 224) and got.dtype == np.uint8 and got.flags.c_contiguous
+        diff = np.abs(got.astype(np.int16) - reference(spec, data, 3, i).astype(np.int16))
+        mads.append(float(diff.mean()))
+        worst = max(worst, int(diff.max()))
+        assert diff.mean() <= 2.5, (i, diff.mean())
+        assert diff.max() <= 40, (i, diff.max())
+    assert np.mean(mads) <= 1.0
+    return worst
 
 
 @pytest.mark.parametrize("resize", _resizers())
@@ -74,20 +98,25 @@ def test_within_tolerance_of_full_decode(
     resize: str,
 ) -> None:
     spec = ImageDecode(224, crop=crop, backend=backend, resize=resize)
-    worst = 0
-    mads = []
-    for i, data in enumerate(photos[size]):
-        got = spec.decode("jpg", data, epoch=3, index=i)
-        assert got.shape == (3, 224, 224) and got.dtype == np.uint8 and got.flags.c_contiguous
-        diff = np.abs(got.astype(np.int16) - reference(spec, data, 3, i).astype(np.int16))
-        mads.append(float(diff.mean()))
-        worst = max(worst, int(diff.max()))
-        assert diff.mean() <= 2.5, (i, diff.mean())
-        assert diff.max() <= 40, (i, diff.max())
-    assert np.mean(mads) <= 1.0
+    worst = _within_tolerance(spec, photos[size])
     if size == (500, 375):  # no box of a 375-pixel-high image is >= 2 x 224: full size
         # Pillow's resize is the reference's; tarindex's gives Pillow's pixels, bit for bit
         assert worst <= (0 if resize == "pil" else EXACT)
+
+
+@pytest.mark.parametrize("backend", AVAILABLE)
+@pytest.mark.parametrize("crop", ["random-resized", "center", None])
+@pytest.mark.parametrize("size", SIZES)
+def test_progressive_jpegs_within_tolerance_of_full_decode(
+    progressive: dict[tuple[int, int], list[bytes]],
+    size: tuple[int, int],
+    crop: str | None,
+    backend: str,
+) -> None:
+    """A progressive JPEG's region (every scan read, then only the box transformed) too."""
+    worst = _within_tolerance(ImageDecode(224, crop=crop, backend=backend), progressive[size])
+    if size == (500, 375):
+        assert worst <= EXACT
 
 
 def test_scaled_decode_is_used_for_large_photos(photos: dict[tuple[int, int], list[bytes]]) -> None:
@@ -112,14 +141,18 @@ def test_backends_agree(photos: dict[tuple[int, int], list[bytes]]) -> None:
                 assert np.abs(a.astype(np.int16) - b.astype(np.int16)).max() <= 2
 
 
+@pytest.mark.parametrize("kind", ["baseline", "progressive"])
 @pytest.mark.parametrize("backend", AVAILABLE)
 def test_region_decode_is_the_whole_decodes_pixels(
-    photos: dict[tuple[int, int], list[bytes]], backend: str
+    photos: dict[tuple[int, int], list[bytes]],
+    progressive: dict[tuple[int, int], list[bytes]],
+    backend: str,
+    kind: str,
 ) -> None:
     """A box decoded alone (libjpeg: crop_scanline, skip_scanlines) equals the whole decode's."""
     rng = np.random.default_rng(0)
     for size in SIZES:
-        for data in photos[size][:8]:
+        for data in (photos if kind == "baseline" else progressive)[size][:8]:
             for k in (1, 2, 4, 8):
                 whole = decode_scaled(data, size[0] // k, size[1] // k, 1 << 25, "pil")
                 h, w = whole.shape[:2]
@@ -132,7 +165,7 @@ def test_region_decode_is_the_whole_decodes_pixels(
     src = Image.open(io.BytesIO(photos[SIZES[0]][0]))
     for mode, sub in (("RGB", 0), ("RGB", 1), ("L", 2)):  # 4:4:4, 4:2:2, grayscale
         buf = io.BytesIO()
-        src.convert(mode).save(buf, "JPEG", quality=90, subsampling=sub)
+        src.convert(mode).save(buf, "JPEG", quality=90, subsampling=sub, progressive=kind != "baseline")
         for k in (1, 2):
             whole = decode_scaled(buf.getvalue(), 500 // k, 375 // k, 1 << 25, "pil")
             h, w = whole.shape[:2]
