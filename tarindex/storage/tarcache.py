@@ -126,7 +126,16 @@ def unpacked_copy(
             ``path`` cannot be read.
         RemoteError: A remote file cannot be fetched.
     """
-    cache = tar_cache()
+    try:
+        cache = tar_cache()
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"{path}: a {fmt}-compressed tar is read through a decompressed copy, but the tar "
+            f"cache {tar_cache_dir()} cannot be made ({e.strerror or e}); point "
+            f"TARINDEX_TAR_CACHE at a writable directory, or decompress the shard yourself "
+            f"(FORMAT.md §11)",
+        ) from None
     key = _key(path, fmt, opts)
     fd = _open(cache, key, size)
     if fd is not None:

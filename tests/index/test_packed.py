@@ -258,6 +258,26 @@ def test_a_copy_evicted_or_cut_in_the_cache_is_made_again(tmp_path: Path) -> Non
     assert len(_copies()) == 1
 
 
+def test_tar_cache_unusable_or_too_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tar cache that cannot be made, or is smaller than the copy: an OSError naming the
+    shard, the cache and the variable that fixes it; nothing is left half-written."""
+    path, want = _tar_c(tmp_path, "zstd", n=40)
+    tarindex.build_index(path, keep_copy=False)
+    (tmp_path / "afile").write_bytes(b"")
+    monkeypatch.setenv("TARINDEX_TAR_CACHE", str(tmp_path / "afile" / "cache"))
+    with pytest.raises(OSError, match=f"{path}: .*cannot be made.*TARINDEX_TAR_CACHE"):
+        tarindex.TarDataset(path)[0]
+    root = tmp_path / "small"
+    monkeypatch.setenv("TARINDEX_TAR_CACHE", str(root))
+    monkeypatch.setenv("TARINDEX_TAR_CACHE_BYTES", "1000")
+    with pytest.raises(OSError, match=f"{path}: .*{root}.*TARINDEX_TAR_CACHE_BYTES"):
+        tarindex.TarDataset(path)[0]
+    assert not _copies(str(root)) and not os.listdir(root / "tmp")
+    monkeypatch.setenv("TARINDEX_TAR_CACHE_BYTES", str(1 << 30))
+    s = tarindex.TarDataset(path)[0]
+    assert _as_dict(s) == want[s["__key__"]]
+
+
 def _open_one(path: str, log: str, barrier: object) -> None:
     """In a child: count decompressions (into ``log``), wait for the others, read a sample
     (its key appended to ``log + ".keys"``)."""
