@@ -425,7 +425,7 @@ def take(
     readers: dict[int, Any],
     paths: list[str],
 ) -> list[dict[str, Any]] | None:
-    """ShardSet.take(indices) as dicts, or ``None`` (take the Python path)."""
+    """SetTakes.take(indices) as dicts, or ``None`` (take the Python path)."""
     st, ns, p = _get_args(
         (starts, per, readers, paths),
         "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list)",

@@ -68,7 +68,7 @@ def prefetch(
 def prefetch_blocks(pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: Fields) -> int:
     """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order.
 
-    Returns how many of ``pieces`` were queued (see ``ShardSet.prefetch_blocks``).
+    Returns how many of ``pieces`` were queued (see ``SetTakes.prefetch_blocks``).
     """
     whole = pool.whole if pool.remote.fetch == "auto" else None
     if pool.remote.fetch == "shard":

@@ -10,15 +10,17 @@ Numbering, one contract for every operation:
 - A *position* ``i``, ``0 <= i < len(src)`` (negative counts from the end where a single
   index is taken), numbers the source's samples shard by shard in shard order, within a
   shard in the shard's sample order. :meth:`~SampleSource.sample`,
-  :meth:`~SampleSource.gather`, :meth:`~SampleSource.gather_packed`,
-  :meth:`~SampleSource.take`, :meth:`~SampleSource.prefetch` and
+  :meth:`~SampleSource.gather`, :meth:`~SampleSource.prefetch` and
   :meth:`~SampleSource.locate` take positions; the key lookups return them.
 - A *shard position* ``(s, j)``, ``0 <= j < counts[s]``, is position ``starts[s] + j``:
-  :meth:`~SampleSource.locate` returns it, and the block operations
-  (:meth:`~SampleSource.read_block`, :meth:`~SampleSource.read_samples`,
-  :meth:`~SampleSource.take_ready`, :meth:`~SampleSource.prefetch_blocks`) take rows
-  ``(s, j0, j1)`` of them, as the planner (:mod:`tarindex.plan.epoch`) deals them over
+  :meth:`~SampleSource.locate` returns it, and :meth:`~SampleSource.read_block` takes
+  rows ``(s, j0, j1)`` of them, as the planner (:mod:`tarindex.plan.epoch`) deals them over
   :attr:`~SampleSource.counts`.
+- The streaming executors read through :meth:`~SampleSource.takes`
+  (:class:`~tarindex.read.takes.Takes`), in the same numbering: its ``take`` and
+  ``gather_packed`` take positions, its ``read_samples``, ``take_ready`` and
+  ``prefetch_blocks`` rows of shard positions. Those reads are not on the source itself:
+  they are the executors' plumbing, not what a user reads with.
 - What comes out names the *source index* of each sample: ``__index__`` of a sample dict and
   ``Block.index`` are the sample's global index in the whole :class:`ShardSet` (for a
   ``ShardSet`` its position; for a view, the position in the set it views), and
@@ -28,7 +30,7 @@ Numbering, one contract for every operation:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from .block import Block, Sample
     from .fields import Fields
     from .shard import ShardReader
+    from .takes import Takes
 
 __all__ = ["SampleSource"]
 
@@ -75,11 +78,6 @@ class SampleSource(Protocol):
         """Number of shards (``len(paths)``)."""
         ...
 
-    @property
-    def open_bound(self) -> int:
-        """Open shards this process keeps at most."""
-        ...
-
     def __len__(self) -> int:
         """Number of samples (positions)."""
         ...
@@ -87,7 +85,8 @@ class SampleSource(Protocol):
     def locate(self, i: int) -> tuple[int, int]:
         """Map position ``i`` (negative counts from the end) to its shard position ``(s, j)``.
 
-        ``read_samples(s, j, j + 1)`` is then ``[sample(i)]``.
+        ``read_block(s, j, j + 1)`` (and ``takes().read_samples(s, j, j + 1)``) then holds
+        ``sample(i)``.
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
@@ -132,19 +131,6 @@ class SampleSource(Protocol):
         """
         ...
 
-    def gather_packed(
-        self,
-        indices: Sequence[int] | NDArray[np.integer[Any]],
-        fields: Fields,
-        int_fields: Collection[str],
-        alloc: Any,
-    ) -> tuple[Any, ...] | None:
-        """:meth:`gather` of positions ``indices`` packed in one compiled pass, or ``None``.
-
-        See :meth:`ShardSet.gather_packed` for the layout.
-        """
-        ...
-
     def prefetch(
         self,
         indices: Sequence[int] | NDArray[np.integer[Any]],
@@ -153,29 +139,6 @@ class SampleSource(Protocol):
         wait: bool = True,
     ) -> None:
         """Fetch the members of positions ``indices`` ahead (remote shards; else nothing)."""
-        ...
-
-    def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
-        """Queue blocks ``(s, j0, j1)`` of shard positions for read-ahead; how many queued."""
-        ...
-
-    def drop_prefetched(self) -> None:
-        """Drop what open remote shards fetched ahead and did not read yet."""
-        ...
-
-    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
-        """Prepare blocks ``(s, j0, j1)`` for :meth:`take`: the bytes they span, or ``None``.
-
-        ``None``: read the blocks with :meth:`read_samples` instead.
-        """
-        ...
-
-    def take(self, indices: list[int]) -> list[Sample]:
-        """Samples at positions ``indices``, in order (a streaming window's).
-
-        Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`sample`.
-        """
         ...
 
     def read_block(
@@ -193,17 +156,6 @@ class SampleSource(Protocol):
         Raises:
             SampleIndexError: If the range is outside ``[0, counts[s]]``.
             FormatError, StaleIndexError, TruncatedError: As :meth:`ShardSet.read_block`.
-        """
-        ...
-
-    def read_samples(
-        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
-    ) -> list[Sample]:
-        """Shard positions ``j0 <= j < j1`` of shard ``s`` as sample dicts.
-
-        Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
-                :meth:`read_block`.
         """
         ...
 
@@ -225,6 +177,13 @@ class SampleSource(Protocol):
 
         Raises:
             AmbiguousKeyError: As :meth:`index_of`.
+        """
+        ...
+
+    def takes(self) -> Takes:
+        """The reads the streaming executors need, in this source's numbering.
+
+        See :class:`~tarindex.read.takes.Takes`: not for users; cheap; one per iteration.
         """
         ...
 

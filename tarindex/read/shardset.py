@@ -2,16 +2,17 @@
 
 Global index ``i`` -> ``(shard, j)`` by :mod:`tarindex.read.spanner` from the per-shard
 counts in the index headers (or a manifest); readers from a per-process
-:class:`~tarindex.read.pool.ReaderPool`; one sample (``ds[i]``) and a streaming block through
-the compiled loops where they apply (:mod:`tarindex.read.kernel`), else the reader's own
-path; batches in :mod:`tarindex.read.batch`, key lookups in :mod:`tarindex.read.keys`,
-read-ahead in :mod:`tarindex.read.prefetch`.
+:class:`~tarindex.read.pool.ReaderPool`; one sample (``ds[i]``) through the compiled loops
+where they apply (:mod:`tarindex.read.kernel`), else the reader's own path; batches in
+:mod:`tarindex.read.batch`, key lookups in :mod:`tarindex.read.keys`, read-ahead in
+:mod:`tarindex.read.prefetch`; what only the streaming executors read through (takes,
+blocks as dicts, packed batches) in :mod:`tarindex.read.takes` (:meth:`ShardSet.takes`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,6 @@ from ..format.index import read_header
 from ..format.keys import lookup_key
 from ..format.keytable import KeyTable
 from ..format.spec import HEADER, INDEX_SUFFIX
-from ..storage.bytesource import MmapSource, cold_cache
 from ..storage.remote import RemoteOptions, RemoteSource, is_url, load_indexes
 from . import batch, kernel, prefetch
 from . import keys as keylookup
@@ -35,7 +35,8 @@ from .paths import index_for, read_sample_count
 from .pool import ReaderPool
 from .shard import ShardReader
 from .sources import Source, expand_shards
-from .spanner import check_index, check_indices, equal_count, locate
+from .spanner import check_index, equal_count, locate
+from .takes import SetTakes
 
 __all__ = ["ShardSet"]
 
@@ -211,37 +212,6 @@ class ShardSet:
         """This set's fetch policy (:class:`~tarindex.read.fetchpolicy.FetchPolicy`)."""
         return self._policy
 
-    def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
-        """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order (remote only).
-
-        Stops at the first block the per-process budget
-        (:attr:`tarindex.remote.RemoteOptions.readahead_bytes`) has no room for.
-
-        Returns:
-            How many of ``pieces`` were queued (all of them for local shards: nothing to do).
-        """
-        if not self.remote:
-            return len(pieces)
-        return prefetch.prefetch_blocks(self._pool, pieces, fields)
-
-    def plan_blocks(self, pieces: NDArray[np.int64]) -> None:
-        """Hand a streaming plan's blocks ``(shard, j0, j1)``, in read order, to the fetch policy.
-
-        It decides which shards are read whole and starts their downloads (remote only).
-        """
-        if self.remote:
-            self._policy.follow_blocks(pieces)
-
-    def passed_blocks(self, shards: Sequence[int]) -> None:
-        """The streaming plan has read its last block of ``shards`` (remote: released)."""
-        if self.remote:
-            self._policy.passed_blocks(shards)
-
-    def drop_prefetched(self) -> None:
-        """Drop the bytes fetched ahead and not read yet, in this process's open remote shards."""
-        if self.remote:
-            prefetch.drop_prefetched(self._pool)
-
     @property
     def pool(self) -> ReaderPool:
         """This process's open readers of these shards (:class:`~tarindex.read.pool.ReaderPool`)."""
@@ -254,11 +224,6 @@ class ShardSet:
     def n_shards(self) -> int:
         """Number of shards."""
         return len(self.paths)
-
-    @property
-    def open_bound(self) -> int:
-        """Open shards this process keeps at most (``max_open`` within the descriptor limit)."""
-        return self._pool.open_bound
 
     def locate(self, i: int) -> tuple[int, int]:
         """Map global sample index ``i`` (negative counts from the end) to ``(shard, j)``.
@@ -450,93 +415,6 @@ class ShardSet:
         b.index = b.samples + self._starts_list[s]
         return b
 
-    def read_samples(
-        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
-    ) -> list[Sample]:
-        """Samples ``j0 <= j < j1`` of shard ``s`` as dicts: ``read_block(...).to_samples()``.
-
-        The streaming read of a block. Over a mapping one compiled call builds the dicts from
-        the validated tables (``tarindex/read/_kernel.c``); otherwise (pread, remote, ``verify_data``,
-        no compiled loops, anything it hands back) the block is read and unpacked.
-
-        Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
-                :meth:`read_block`.
-        """
-        r, fields = self.reader(s), field_set(fields)  # "bin" is one field
-        tabs = r.hot.tables
-        if tabs is not None and 0 <= j0 < j1 <= r.n_samples:
-            a, b = r.ready(j0, j1)
-            want = None if fields is None else r.want_flags(fields)
-            r.check_tar()  # cut or changed since opened: its error (READING.md)
-            if prefetch and fields is None and b > a:  # projected: no left-out members' pages
-                r.source.prefetch(a, b)
-            got = tabs.samples(j0, j1, want, self.paths[s], self._starts_list[s] + j0)
-            if got is not None:
-                return got
-        return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
-
-    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
-        """Prepare blocks ``(shard, j0, j1)`` for :meth:`take`: open them and check their tables.
-
-        A streaming window then holds where its samples are, not their bytes, and copies each
-        out as it is yielded. An ``int`` (the bytes the blocks span in their tars, headers
-        included) when :meth:`take` reads these samples through the compiled loops from
-        mappings: every member (``fields`` ``None``), local mapped shards, no more of them than
-        may stay open. The blocks also get the ``MADV_WILLNEED`` hint while reads fault
-        (:func:`tarindex.bytesource.cold_cache`), since the window reads them in its shuffled
-        order. ``None``: read the blocks with :meth:`read_samples`.
-
-        Raises:
-            FormatError, StaleIndexError: As :meth:`read_block` (a corrupt chunk of tables).
-        """
-        if fields is not None or self.remote:
-            return None
-        shards = {int(p[0]) for p in pieces}
-        if len(shards) > self.open_bound:
-            return None
-        mapped: dict[int, tuple[ShardReader, MmapSource]] = {}
-        for s in shards:
-            r = self.reader(s)
-            src = r.source
-            if r.hot.tables is None or not isinstance(src, MmapSource):
-                return None
-            mapped[s] = (r, src)
-        hint = cold_cache()
-        span = 0
-        for s, j0, j1 in pieces:
-            r, src = mapped[s]
-            if not 0 <= j0 < j1 <= r.n_samples:
-                return None  # read_samples says what is wrong
-            a, b = r.ready(j0, j1)
-            span += b - a
-            if hint and b > a:
-                src.willneed(a, b)
-        return span
-
-    def take(self, indices: list[int]) -> list[Sample]:
-        """Global samples ``indices`` as :meth:`read_samples` gives them (a window's, in order).
-
-        One compiled call over mappings, after :meth:`take_ready`; otherwise each sample is
-        read with :meth:`read_samples`. Each tar's size is checked once per call, before its
-        first byte is copied, so a tar cut since (while the consumer held earlier samples)
-        raises :class:`TruncatedError`, not ``SIGBUS``.
-
-        Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As :meth:`sample`.
-        """
-        indices = check_indices(indices, self._starts_list[-1]).tolist()  # the one index rule
-        got = kernel.kernel.take(indices, self._starts_bytes, self._per, self._readers, self.paths)
-        if got is not None:
-            if self._pool.evicts:  # in order of first use, as the reads went
-                self._pool.touch(dict.fromkeys(self.locate(i)[0] for i in indices))
-            return got  # type: ignore[no-any-return]
-        out: list[Sample] = []
-        for i in indices:
-            s, j = self.locate(i)
-            out.extend(self.read_samples(s, j, j + 1))
-        return out
-
     def gather(
         self, indices: Sequence[int] | NDArray[np.integer[Any]], fields: Fields = None
     ) -> Block:
@@ -546,7 +424,7 @@ class ShardSet:
         of ``ds[i]``, without its dict): every sample's chunk of the tables passes the guards
         first, as in :meth:`ShardReader.read_block`. With mmap the block's buffers are the
         mappings; with ``pread`` each shard's selected members are read in runs. When the
-        batch spans more shards than may stay open (:attr:`open_bound`) the members' bytes
+        batch spans more shards than may stay open (``pool.open_bound``) the members' bytes
         are copied out at once, so descriptors stay within the bound.
 
         Args:
@@ -563,22 +441,14 @@ class ShardSet:
         """
         return batch.gather(self._pool, self.starts, self._per, indices, fields)
 
-    def gather_packed(
-        self,
-        indices: Sequence[int] | NDArray[np.integer[Any]],
-        fields: Fields,
-        int_fields: Collection[str],
-        alloc: Any,
-    ) -> tuple[Any, ...] | None:
-        """:meth:`gather` and the batch packing in one compiled pass, or ``None``.
+    def takes(self) -> SetTakes:
+        """The reads the streaming executors need (:class:`~tarindex.read.takes.Takes`).
 
-        See :func:`tarindex.read.batch.gather_packed` (the layout, when ``None`` comes back,
-        the arguments and the errors); ``indices`` are global sample indices, negative ones
-        counting from the end.
+        Not for users: a window's blocks made ready and copied out as they are yielded,
+        blocks as dicts, remote read-ahead, a batch read and packed in one pass
+        (docs/ARCHITECTURE.md, "One streaming window"). Cheap; one per iteration, not pickled.
         """
-        return batch.gather_packed(
-            self._pool, self.starts, self._per, indices, fields, int_fields, alloc
-        )
+        return SetTakes(self, self._pool, self._per, self._starts_list, self._starts_bytes)
 
     def close(self) -> None:
         """Close every open reader of this process (any thread, any time).

@@ -11,7 +11,7 @@ lists.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from .sample_source import SampleSource
 from .shard import ShardReader
 from .shardset import ShardSet
 from .spanner import check_index, check_indices
+from .takes import SubsetTakes
 
 __all__ = ["ShardSubset", "shard_of_index"]
 
@@ -35,13 +36,15 @@ class ShardSubset:
     repeats), so the view keeps the base's shard order and, within a shard, its sample order.
     Numbering (the contract of :mod:`tarindex.read.sample_source`, the same for every method):
 
-    - positions ``0 <= i < len(view)``: :meth:`sample`, :meth:`gather`, :meth:`gather_packed`,
-      :meth:`take`, :meth:`prefetch`, :meth:`locate` take them, the key lookups return them;
+    - positions ``0 <= i < len(view)``: :meth:`sample`, :meth:`gather`, :meth:`prefetch`,
+      :meth:`locate` (and the executors' ``take``, ``gather_packed`` of :meth:`takes`) take
+      them, the key lookups return them;
     - shard positions ``(s, j)``, ``0 <= j < counts[s]``, are position ``starts[s] + j``
       (``counts``, ``starts``: the view's); :meth:`locate` returns them and the block reads
-      (:meth:`read_block`, :meth:`read_samples`, :meth:`prefetch_blocks`,
-      :meth:`take_ready`) take rows ``(s, j0, j1)`` of them, so the streaming planner plans
-      over the view's counts and its exactly-once and equal-count rules hold for the view;
+      (:meth:`read_block`, :meth:`positions`, and the executors' ``read_samples``,
+      ``prefetch_blocks``, ``take_ready``) take rows ``(s, j0, j1)`` of them, so the
+      streaming planner plans over the view's counts and its exactly-once and equal-count
+      rules hold for the view;
     - a sample's ``__index__`` and ``Block.index`` are its index in ``base`` (stable across
       splits, joinable; :meth:`base_index` maps a position to it), and ``Block.samples``
       the shard's own sample numbers, as the shard's reader (:meth:`reader`, the base's)
@@ -49,8 +52,8 @@ class ShardSubset:
 
     Every read goes to the base's readers through the base's public methods (one kernel:
     :meth:`ShardReader.gather` for a run of the view's samples, which reads only those
-    members). Shard ``s`` of the view is shard ``s`` of the base (``paths``, ``remote``,
-    ``open_bound`` are the base's); a shard may hold no sample of the view.
+    members). Shard ``s`` of the view is shard ``s`` of the base (``paths``, ``remote`` are
+    the base's); a shard may hold no sample of the view.
 
     Args:
         base: The whole dataset, or a view of it (its view: a view of the same base).
@@ -98,11 +101,6 @@ class ShardSubset:
         """Number of shards (the base's, also those holding no sample of the view)."""
         return self.base.n_shards
 
-    @property
-    def open_bound(self) -> int:
-        """The base's bound on open shards."""
-        return self.base.open_bound
-
     def __len__(self) -> int:
         return len(self.indices)
 
@@ -130,7 +128,8 @@ class ShardSubset:
     def locate(self, i: int) -> tuple[int, int]:
         """Map position ``i`` to its shard position ``(s, j)``: ``j`` counts the view's samples.
 
-        ``read_samples(s, j, j + 1)`` is ``[sample(i)]``; ``s`` is also the base's shard.
+        ``read_block(s, j, j + 1)`` holds ``sample(i)``, as does the executors'
+        ``takes().read_samples(s, j, j + 1)``; ``s`` is also the base's shard.
 
         Raises:
             SampleIndexError: If ``i`` is out of range.
@@ -140,8 +139,14 @@ class ShardSubset:
         s = bisect.bisect_right(self._starts_list, i) - 1
         return s, i - self._starts_list[s]
 
-    def _to_base(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
-        """The base's indices of positions ``indices`` (negative count from the end)."""
+    def base_indices(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
+        """``int64 (len(indices),)``: the base's global index of each of positions ``indices``.
+
+        Negative positions count from the end.
+
+        Raises:
+            SampleIndexError, TypeError: If a position is out of range or not an integer.
+        """
         out: NDArray[np.int64] = self.indices[check_indices(indices, len(self.indices))]
         return out
 
@@ -173,29 +178,7 @@ class ShardSubset:
             SampleIndexError, TypeError: If a position is out of range or not an integer.
             FormatError, StaleIndexError: As :meth:`ShardSet.gather`.
         """
-        return self.base.gather(self._to_base(indices), fields)
-
-    def gather_packed(
-        self,
-        indices: Sequence[int] | NDArray[np.integer[Any]],
-        fields: Fields,
-        int_fields: Collection[str],
-        alloc: Any,
-    ) -> tuple[Any, ...] | None:
-        """:meth:`ShardSet.gather_packed` of positions ``indices`` (``index``: the base's).
-
-        Raises:
-            SampleIndexError, TypeError: As :meth:`gather`.
-        """
-        return self.base.gather_packed(self._to_base(indices), fields, int_fields, alloc)
-
-    def take(self, indices: list[int]) -> list[Sample]:
-        """:meth:`ShardSet.take` of positions ``indices`` (``__index__``: the base's).
-
-        Raises:
-            SampleIndexError: If a position is outside the view.
-        """
-        return self.base.take(self._to_base(indices).tolist())
+        return self.base.gather(self.base_indices(indices), fields)
 
     def prefetch(
         self,
@@ -217,8 +200,13 @@ class ShardSubset:
         self.base.prefetch(self.indices[idx], fields, wait=wait, reach=self.counts)
 
     # -- blocks of shard positions -------------------------------------------------------------
-    def _shard_rows(self, s: int, j0: int, j1: int) -> NDArray[np.int64]:
-        """Positions of shard positions ``j0 <= j < j1`` of shard ``s`` (checked)."""
+    def positions(self, s: int, j0: int, j1: int) -> NDArray[np.int64]:
+        """``int64 (j1 - j0,)``: the positions of shard positions ``j0 <= j < j1`` of shard ``s``.
+
+        Raises:
+            SampleIndexError: If ``s`` is not a shard or the range is outside
+                ``[0, counts[s]]`` (names the shard).
+        """
         if not 0 <= s < len(self.counts):
             raise SampleIndexError(f"shard {s} out of range for {len(self.counts)} shards")
         c = int(self.counts[s])
@@ -247,41 +235,11 @@ class ShardSubset:
             SampleIndexError: If the range is outside the view's shard ``s``.
             FormatError, StaleIndexError, TruncatedError: As :meth:`ShardSet.read_block`.
         """
-        local = self.local[self._shard_rows(s, j0, j1)]
+        local = self.local[self.positions(s, j0, j1)]
         b = self.base.reader(s).gather(local, fields, data=data)
         b.paths = [self.paths[s]]
         b.index = local + self.base.starts[s]
         return b
-
-    def read_samples(
-        self, s: int, j0: int, j1: int, fields: Fields = None, *, prefetch: bool = False
-    ) -> list[Sample]:
-        """Shard positions ``j0 <= j < j1`` of shard ``s``: ``read_block(...).to_samples()``.
-
-        Raises:
-            SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
-                :meth:`read_block`.
-        """
-        return self.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
-
-    def take_ready(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int | None:
-        """``None``: a view's windows read their blocks (:meth:`read_samples`)."""
-        return None
-
-    def prefetch_blocks(self, pieces: Sequence[Sequence[int]], fields: Fields = None) -> int:
-        """Queue the view's blocks ``(s, j0, j1)`` for read-ahead (remote only): all of them.
-
-        Raises:
-            SampleIndexError: If a block is outside the view (remote shards).
-        """
-        if self.remote and len(pieces):
-            rows = [self._shard_rows(int(s), int(j0), int(j1)) for s, j0, j1 in pieces]
-            self.prefetch(np.concatenate(rows), fields, wait=False)
-        return len(pieces)
-
-    def drop_prefetched(self) -> None:
-        """Drop what the base's open remote shards fetched ahead and did not read yet."""
-        self.base.drop_prefetched()
 
     # -- keys ----------------------------------------------------------------------------------
     def indices_of(self, key: str) -> list[int]:
@@ -323,6 +281,13 @@ class ShardSubset:
             f"key {key!r} is in {len(hits)} samples of the subset: {places}; keys are unique "
             f"only within a shard: use indices_of(key) for every one"
         )
+
+    def takes(self) -> SubsetTakes:
+        """The reads the streaming executors need, in the view's numbering.
+
+        See :meth:`ShardSet.takes` and :class:`~tarindex.read.takes.SubsetTakes`.
+        """
+        return SubsetTakes(self)
 
     def close(self) -> None:
         """Close the base's readers."""

@@ -2,9 +2,10 @@
 
 Given a :class:`~tarindex.plan.shuffle.WorkerPlan` (which blocks, in which order, mixed in
 which windows), :class:`Executor` reads each planned block as one sequential byte range
-(:meth:`~tarindex.read.ShardSet.read_samples` / ``read_block``), or over local mapped
-shards copies a window's samples out of the mappings a few at a time as they are yielded
-(:meth:`~tarindex.read.ShardSet.take_ready` / ``take``); remote shards read ahead
+(``read_samples`` / ``read_block``), or over local mapped shards copies a window's samples
+out of the mappings a few at a time as they are yielded (``take_ready`` / ``take``), through
+the source's executor-facing reads (:meth:`~tarindex.read.ShardSet.takes`,
+:class:`~tarindex.read.takes.Takes`); remote shards read ahead
 (:class:`~tarindex.stream.readahead.ReadAhead`); ``on_error="skip"`` warns and marks a block
 that cannot be read. Batched output packs each batch's samples straight from the block reads
 (:func:`~tarindex.stream.pack.pack_blocks`). No epoch, rank or resume state lives here: the
@@ -25,12 +26,13 @@ from ..plan.blocks import blocks_to_indices, slice_blocks
 from ..plan.epoch import WorkerPlan
 from ..read import Block, Sample
 from ..read.sample_source import SampleSource
+from ..read.takes import Takes
 from .pack import Alloc, Packed, pack_blocks
 from .readahead import ReadAhead
 
 __all__ = ["Executor", "TAKE", "TAKE_BYTES"]
 
-# A shuffle window's samples are copied out (ShardSet.take) a few at a time as they are yielded:
+# A shuffle window's samples are copied out (Takes.take) a few at a time as they are yielded:
 # at most TAKE of them, and about TAKE_BYTES of them. A consumer frees each sample before the
 # next, so a take's bytes are freed in one run. Runs of several MB went back to the system
 # (glibc trims the top of its heap) and faulted in again at the next take: 1024 samples of
@@ -86,14 +88,15 @@ class Executor:
         end = p.n_samples if stop is None else min(int(stop), p.n_samples)
         if start >= end:
             return
-        ra = ReadAhead.over(self.shards, self.fields, p.segments)
+        t = self.shards.takes()
+        ra = ReadAhead.over(self.shards, t, self.fields, p.segments)
         try:
             if not (p.shuffle and p.buffer_size > 1):
                 pieces = slice_blocks(p.segments, start, end).tolist()
                 if ra is not None:
                     ra.add(pieces)
                 for piece in pieces:
-                    got = self._read_samples(piece, False, ra)
+                    got = self._read_samples(t, piece, False, ra)
                     got.reverse()
                     yield map(got.pop, repeat(-1, len(got)))
                 return
@@ -111,13 +114,13 @@ class Executor:
                         ra.add(nxt[0].tolist())
                 lo = start - k * w if start > k * w else 0
                 plist = pieces.tolist()
-                span = self.shards.take_ready(plist, self.fields) if lean else None
+                span = t.take_ready(plist, self.fields) if lean else None
                 if span is not None:
-                    yield from self._taken(pieces, perm, lo, end - k * w, span)
+                    yield from self._taken(t, pieces, perm, lo, end - k * w, span)
                     continue
                 buf: list[Sample | None] = []
                 for piece in plist:  # each block is unpacked (and freed) at once
-                    buf.extend(self._read_samples(piece, True, ra))
+                    buf.extend(self._read_samples(t, piece, True, ra))
                 hi = min(end - k * w, len(buf))
                 if perm is None:
                     rev = buf[lo:hi][::-1]
@@ -130,13 +133,13 @@ class Executor:
                 ra.close()
 
     def _taken(
-        self, pieces: NDArray[np.int64], perm: NDArray[np.int64] | None, lo: int, hi: int,
-        span: int,
+        self, t: Takes, pieces: NDArray[np.int64], perm: NDArray[np.int64] | None, lo: int,
+        hi: int, span: int,
     ) -> Iterator[Iterator[Sample | None]]:
         """A window's positions ``[lo, hi)`` in its order, copied out a few at a time.
 
         The window holds the global indices of its samples (8 bytes each) instead of their
-        bytes (``ShardSet.take_ready`` has opened and checked its blocks, ``span`` bytes of
+        bytes (``Takes.take_ready`` has opened and checked its blocks, ``span`` bytes of
         tar): each sample is made just before it is yielded, so it is still in the cache when
         the consumer drops it, and a window of large samples costs no memory. A take is
         ``TAKE`` samples or ``TAKE_BYTES`` of them, whichever is fewer (one at least).
@@ -146,7 +149,7 @@ class Executor:
         step = max(1, min(TAKE, TAKE_BYTES * len(idx) // max(span, 1)))
         # each take checks its tars' sizes: the consumer runs between takes, and a tar cut
         # then would be read through its mapping by an unchecked take (SIGBUS)
-        take = self.shards.take
+        take = t.take
         for c in range(0, len(order), step):
             got = take(order[c : c + step])
             got.reverse()
@@ -154,12 +157,12 @@ class Executor:
 
     # -- block reads --------------------------------------------------------------------------
     def _read1(
-        self, piece: list[int], prefetch: bool, ra: ReadAhead | None = None, *,
+        self, t: Takes, piece: list[int], prefetch: bool, ra: ReadAhead | None = None, *,
         samples: bool = False,
     ) -> Any:
         """Kernel read of a planned piece ``(shard, j0, j1)``; ``None`` if skipped.
 
-        A :class:`Block`, or with ``samples`` its sample dicts (``ShardSet.read_samples``).
+        A :class:`Block`, or with ``samples`` its sample dicts (``Takes.read_samples``).
         ``ra`` (remote shards): the plan's next blocks are queued for read-ahead first.
         """
         s, j0, j1 = piece
@@ -167,7 +170,7 @@ class Executor:
             if ra is not None:
                 ra.pump()
             if samples:
-                return self.shards.read_samples(s, j0, j1, self.fields, prefetch=prefetch)
+                return t.read_samples(s, j0, j1, self.fields, prefetch=prefetch)
             return self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
         except Exception as e:
             if self.on_error != "skip":
@@ -180,24 +183,24 @@ class Executor:
             return None
 
     def _read_samples(
-        self, piece: list[int], prefetch: bool, ra: ReadAhead | None = None
+        self, t: Takes, piece: list[int], prefetch: bool, ra: ReadAhead | None = None
     ) -> list[Sample | None]:
         """The piece's samples, or one ``None`` per sample if it was skipped."""
-        got = self._read1(piece, prefetch, ra, samples=True)
+        got = self._read1(t, piece, prefetch, ra, samples=True)
         return [None] * (piece[2] - piece[1]) if got is None else cast("list[Sample | None]", got)
 
     def _read_window(
-        self, pieces: NDArray[np.int64], prefetch: bool, ra: ReadAhead | None = None
+        self, t: Takes, pieces: NDArray[np.int64], prefetch: bool, ra: ReadAhead | None = None
     ) -> list[Block | None]:
         """Kernel reads of a window's pieces, held until packed.
 
         Detached when they span more shards than may stay open, so descriptors stay within
         the bound.
         """
-        detach = len(np.unique(pieces[:, 0])) > self.shards.open_bound
+        detach = len(np.unique(pieces[:, 0])) > t.open_bound
         out: list[Block | None] = []
         for piece in pieces.tolist():
-            b = self._read1(piece, prefetch, ra)
+            b = self._read1(t, piece, prefetch, ra)
             out.append(b.detach() if detach and b is not None else b)
         return out
 
@@ -231,10 +234,11 @@ class Executor:
         mixing = p.shuffle and p.buffer_size > 1
         w = p.buffer_size if mixing else batch_size  # a window: mixed together (or one batch)
         wins: dict[int, _Window] = {}
-        ra = ReadAhead.over(self.shards, self.fields, p.segments)
+        t = self.shards.takes()
+        ra = ReadAhead.over(self.shards, t, self.fields, p.segments)
         try:
             yield from self._batches(
-                p, start, batch_size, mixing, w, wins, ra, int_fields, alloc, passed
+                t, p, start, batch_size, mixing, w, wins, ra, int_fields, alloc, passed
             )
         finally:
             if ra is not None:
@@ -242,6 +246,7 @@ class Executor:
 
     def _batches(
         self,
+        t: Takes,
         p: WorkerPlan,
         start: int,
         bsz: int,
@@ -260,7 +265,7 @@ class Executor:
             for k in range(pos // w, (end - 1) // w + 1):
                 got = wins.get(k)
                 if got is None:
-                    got = wins[k] = self._window(p, k, w, mixing, ra)
+                    got = wins[k] = self._window(t, p, k, w, mixing, ra)
                 whole, at, perm = got
                 a, b = max(pos, k * w) - k * w, min(end, (k + 1) * w) - k * w
                 sel = at[perm[a:b]] if perm is not None else at[a:b]
@@ -277,6 +282,7 @@ class Executor:
 
     def _window(
         self,
+        t: Takes,
         p: WorkerPlan,
         k: int,
         w: int,
@@ -294,7 +300,7 @@ class Executor:
             return slice_blocks(p.segments, k * w, min((k + 1) * w, p.n_samples)), None
 
         pieces, perm = ra.window(k, pieces_of, k < (p.n_samples - 1) // w) if ra else pieces_of(k)
-        blocks = self._read_window(pieces, mixing, ra)
+        blocks = self._read_window(t, pieces, mixing, ra)
         lens = (pieces[:, 2] - pieces[:, 1]).tolist()
         at = np.full(sum(lens), -1, np.int64)
         pos = done = 0

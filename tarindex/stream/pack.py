@@ -196,7 +196,7 @@ def fetch_packed(
 ) -> Packed:
     """Read samples ``indices`` of ``shards`` straight into one batch.
 
-    One :meth:`~tarindex.read.ShardSet.gather_packed` (the kernel's batch read and
+    One :meth:`~tarindex.read.takes.Takes.gather_packed` (the kernel's batch read and
     packing in one compiled pass) or, where that hands back,
     :meth:`~tarindex.read.ShardSet.gather` then :func:`pack_blocks`: no per-sample dict
     and no per-member ``bytes`` object is made.
@@ -216,8 +216,8 @@ def fetch_packed(
         SampleIndexError: If an index is out of range.
         FormatError: If an index table is corrupt, or an integer field is not a decimal integer.
     """
-    got = shards.gather_packed(indices, fields, int_fields, alloc)
-    if got is None:  # the Python path (see ShardSet.gather_packed), same batch
+    got = shards.takes().gather_packed(indices, fields, int_fields, alloc)
+    if got is None:  # the Python path (see read.batch.gather_packed), same batch
         return pack_blocks([(shards.gather(indices, fields), None)], None, int_fields, alloc)
     data, keys, byte_fields, int_names, offsets, present, ints, index, paths = got
     return Packed(

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..read.sample_source import SampleSource
+from ..read.takes import Takes
 
 __all__ = ["ReadAhead"]
 
@@ -23,13 +24,14 @@ __all__ = ["ReadAhead"]
 class ReadAhead:
     """The plan's blocks not read yet, queued to the shards' read-ahead (remote shards only).
 
-    :meth:`pump` (before each block read) hands the queue's head to
-    :meth:`~tarindex.read.ShardSet.prefetch_blocks` until the per-process budget
+    :meth:`pump` (before each block read) hands the queue's head to the source's
+    :meth:`~tarindex.read.takes.Takes.prefetch_blocks` until the per-process budget
     (``RemoteOptions.readahead_bytes``) is full; what was fetched ahead and not read is dropped
     by :meth:`close` (the iteration ended or was abandoned).
 
     Args:
-        shards: The shards the blocks are read from.
+        takes: The executor-facing reads of the shards the blocks are read from
+            (``shards.takes()``).
         fields: Extensions the reads ask for (``None``: all).
         plan: This worker's planned blocks ``int64 (m, 3)`` in read order, for the fetch
             policy. Defaults to ``None``.
@@ -40,32 +42,31 @@ class ReadAhead:
 
     def __init__(
         self,
-        shards: SampleSource,
+        takes: Takes,
         fields: Sequence[str] | None,
         plan: NDArray[np.int64] | None = None,
     ) -> None:
-        self.shards = shards
+        self.takes = takes
         self.fields = fields
         self.queue: deque[list[int]] = deque()
         self._windows: dict[int, tuple[NDArray[np.int64], Any]] = {}
         self._added = self._done = 0
         self._last: dict[int, int] = {}  # shard -> index of its last block in the plan
-        plan_blocks = getattr(shards, "plan_blocks", None)
-        self._passed = getattr(shards, "passed_blocks", None)
-        if plan is not None and len(plan) and plan_blocks is not None:
+        if plan is not None and len(plan):
             for k, s in enumerate(plan[:, 0].tolist()):
                 self._last[s] = k
-            plan_blocks(plan)
+            takes.plan_blocks(plan)
 
     @classmethod
     def over(
         cls,
         shards: SampleSource,
+        takes: Takes,
         fields: Sequence[str] | None,
         plan: NDArray[np.int64] | None = None,
     ) -> ReadAhead | None:
-        """A read-ahead for ``shards``, or ``None`` if none is remote."""
-        return cls(shards, fields, plan) if shards.remote else None
+        """A read-ahead through ``takes`` (``shards.takes()``), or ``None`` if no shard is remote."""
+        return cls(takes, fields, plan) if shards.remote else None
 
     def add(self, pieces: list[list[int]]) -> None:
         """Append blocks ``(shard, j0, j1)``, in the order they will be read.
@@ -81,8 +82,8 @@ class ReadAhead:
             passed = [s for s, k in self._last.items() if k < done]
             for s in passed:
                 del self._last[s]
-            if passed and self._passed is not None:
-                self._passed(passed)
+            if passed:
+                self.takes.passed_blocks(passed)
 
     def window(
         self,
@@ -105,10 +106,10 @@ class ReadAhead:
         if not q:
             return
         head = [q[i] for i in range(min(len(q), self.DEPTH))]
-        for _ in range(self.shards.prefetch_blocks(head, self.fields)):
+        for _ in range(self.takes.prefetch_blocks(head, self.fields)):
             q.popleft()
 
     def close(self) -> None:
         """Drop what was fetched ahead and not read (frees the budget)."""
         self.queue.clear()
-        self.shards.drop_prefetched()
+        self.takes.drop_prefetched()

@@ -95,7 +95,7 @@ ds = tarindex.TarDataset(ss)
 assert ds[3]["txt"] == b"sample 3"
 sys.stdout.write("opened\\n"); sys.stdout.flush()
 sys.stdin.readline()  # the tar is changed now
-for read in (lambda: ds[3], lambda: ds.__getitems__([1, 3]), lambda: ss.read_samples(0, 0, 8)):
+for read in (lambda: ds[3], lambda: ds.__getitems__([1, 3]), lambda: ss.takes().read_samples(0, 0, 8)):
     try:
         read()
     except StaleIndexError as e:

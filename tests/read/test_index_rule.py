@@ -49,8 +49,8 @@ def _paths(shards: list[str]) -> dict[str, Callable[[Any], object]]:
         "locate": lambda i: ss.locate(i),
         "gather": lambda i: ss.gather([0, i]),
         "gather ndarray": lambda i: ss.gather(np.asarray([i])),
-        "gather_packed": lambda i: ss.gather_packed([i, 0], None, ("cls",), alloc),
-        "take": lambda i: ss.take([0, i]),
+        "gather_packed": lambda i: ss.takes().gather_packed([i, 0], None, ("cls",), alloc),
+        "take": lambda i: ss.takes().take([0, i]),
         "__getitems__": lambda i: ds.__getitems__([0, i]),
         "batched": lambda i: dsb.__getitems__([i]),
         "subset=": lambda i: TarDataset(shards, subset=[1, i]),
@@ -94,7 +94,7 @@ def test_good_indices_agree(make_shards: MakeShards, kernel_mode: str) -> None:
         want = keys[int(i)]
         assert ss.sample(i)["__key__"] == want  # type: ignore[arg-type]
         assert ss.gather([i]).to_samples()[0]["__key__"] == want  # type: ignore[list-item]
-        assert ss.take([i])[0]["__key__"] == want  # type: ignore[list-item]
+        assert ss.takes().take([i])[0]["__key__"] == want  # type: ignore[list-item]
 
     class Four:
         def __index__(self) -> int:
@@ -132,7 +132,7 @@ def test_a_batch_of_batches_is_not_flattened(make_shards: MakeShards) -> None:
     dsb = TarDataset(shards, batched=True)
     paths: list[Callable[[Any], object]] = [
         ss.gather,
-        ss.take,
+        ss.takes().take,
         dsb.__getitems__,
         lambda x: TarDataset(shards, subset=x),
     ]

@@ -247,7 +247,7 @@ _LOW_LIMIT = textwrap.dedent(
         n = len(ds)
         for i in np.random.default_rng(0).permutation(n).tolist():
             assert ds[i]["cls"] == str(i).encode(), i
-        print("bound", ds.shards.open_bound, "fds", len(os.listdir("/proc/self/fd")))
+        print("bound", ds.shards.takes().open_bound, "fds", len(os.listdir("/proc/self/fd")))
         loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, collate_fn=labels)
         assert sorted(c for batch in loader for c in batch) == list(range(n)), "loader"
         it = tarindex.TarIterableDataset(src, shuffle=True, seed=0, block_size=3)
@@ -408,7 +408,7 @@ def mm_of(f: Any) -> mmap.mmap:
 )
 def test_a_shuffle_window_holds_where_its_samples_are_not_their_bytes(tmp_path: Path) -> None:
     """A window of 1024 samples of 20 KB would hold 20 MB of sample bytes; taken out as they
-    are yielded (``ShardSet.take``), about 256 KB of them exist at a time."""
+    are yielded (``Takes.take``), about 256 KB of them exist at a time."""
     import tracemalloc
 
     with tarindex.ShardWriter(str(tmp_path / "w-%06d.tar"), maxcount=1024, mtime=0) as w:
@@ -446,7 +446,7 @@ def test_a_kernel_read_keeps_the_pools_lru_order(
         r0, r1 = ds.reader(0), ds.reader(1)  # opens shards 0, 1
         ds.sample(0), ds.sample(4)  # checks their chunks; shard 0 the least recently used
         assert r0.hot.tables is not None  # mapped: the kernel reads it
-        again = ds.sample(1) if read == "get" else ds.take([1, 2])[0]  # a kernel hit on shard 0
+        again = ds.sample(1) if read == "get" else ds.takes().take([1, 2])[0]  # a kernel hit on shard 0
         assert again["__shard__"] == paths[0]
         ds.sample(8)  # opens shard 2: the least recently used (shard 1) is let go of
         assert sorted(ds.pool.readers) == [0, 2], read

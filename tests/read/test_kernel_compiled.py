@@ -249,7 +249,7 @@ def test_streaming_batches_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_streaming_samples_agree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shuffle: bool, fields: Any
 ) -> None:
-    """Per-sample streaming (``ShardSet.read_samples``), also of a split view, both ways."""
+    """Per-sample streaming (``Takes.read_samples``), also of a split view, both ways."""
     paths = _odd_shards(tmp_path)
 
     def read() -> list[Any]:
@@ -376,7 +376,7 @@ def test_a_reader_closed_while_a_batch_is_packed_stays_readable(make_shards: Mak
         t = torch.empty(nbytes, dtype=torch.uint8)
         return t, t.numpy()
 
-    got = ss.gather_packed(list(range(80)), None, ("cls",), alloc)
+    got = ss.takes().gather_packed(list(range(80)), None, ("cls",), alloc)
     assert got is not None
     assert bytes(got[0].numpy()) == bytes(want.data.numpy())
     assert got[1] == want.keys

@@ -61,7 +61,7 @@ def test_a_shardset_keeps_and_pickles_its_options(tmp_path: Path) -> None:
     opts = OpenOptions(max_open=2, use_mmap=False, verify_data=True, index_dir=idx)  # type: ignore[arg-type]
     assert opts.index_dir == str(idx)  # a path-like is kept as its str
     ss = tarindex.ShardSet(w.paths, options=opts)
-    assert ss.options is opts and ss.max_open == 2 and ss.open_bound <= 2
+    assert ss.options is opts and ss.max_open == 2 and ss.takes().open_bound <= 2
     assert [ss.sample(i)["cls"] for i in (0, 13, 24)] == [b"0", b"13", b"24"]
     back = pickle.loads(pickle.dumps(ss))
     assert back.options == opts and back.sample(24)["__key__"] == "0024"

@@ -102,7 +102,7 @@ def test_subset_view_map_style(tmp_path: Path) -> None:
     val = ShardSubset(ss, parts["val"])
     # a sample source of its own over the base's shards (tests/test_subset.py: its contract)
     assert isinstance(val, SampleSource) and not isinstance(val, tarindex.ShardSet)
-    assert val.paths == ss.paths and val.open_bound == ss.open_bound
+    assert val.paths == ss.paths and val.takes().open_bound == ss.takes().open_bound
     assert len(val) == len(parts["val"]) and int(val.counts.sum()) == len(val)
     for i in (0, 7, -1):
         smp = val.sample(i)
@@ -212,16 +212,16 @@ def test_subset_streaming_through_workers_and_resume(tmp_path: Path) -> None:
 
 
 def test_subset_take_reads_the_view_samples(tmp_path: Path) -> None:
-    """Once wrong samples: the inherited ShardSet.take located a view index in the base's
-    numbering and read it back in the view's (view sample 0 came back as base sample 5, the
-    others as SampleIndexError)."""
+    """Once wrong samples: the inherited ShardSet.take (now ``takes().take``) located a view
+    index in the base's numbering and read it back in the view's (view sample 0 came back as
+    base sample 5, the others as SampleIndexError)."""
     paths = write(tmp_path, range(200), 60)
     ss = tarindex.ShardSet(paths)
     idx = [1, 5, 9, 61, 62, 130, 199]
     val = ShardSubset(ss, idx)
     order = [0, 3, -1, 2, 2, 6, 1, 4, 5]
-    got = val.take(order)
+    got = val.takes().take(order)
     assert [s["__index__"] for s in got] == [idx[i] for i in order]
     assert [s["cls"] for s in got] == [ss.sample(idx[i])["cls"] for i in order]
     with pytest.raises(SampleIndexError):
-        val.take([7])
+        val.takes().take([7])

@@ -131,7 +131,7 @@ def test_subset_drops_what_the_base_fetched_ahead(served: tuple[RangeServer, lis
     for drop, fetched in ((False, 0), (True, 1)):
         sub.prefetch(range(20), wait=True)  # into the base's readers' read-ahead stores
         if drop:
-            sub.drop_prefetched()  # what a streaming iterator's close() calls
+            sub.takes().drop_prefetched()  # what a streaming iterator's close() calls
         srv.reset()
         sub.gather(range(20))
         assert (srv.bytes_for(".tar") > 0) == fetched  # read again only once dropped
