@@ -10,7 +10,6 @@ lists.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from .fields import Fields
 from .sample_source import SampleSource
 from .shard import ShardReader
 from .shardset import ShardSet
-from .spanner import check_index, check_indices
+from .spanner import check_index, check_indices, locate, shards_of
 from .takes import SubsetTakes
 
 __all__ = ["ShardSubset", "shard_of_index"]
@@ -75,7 +74,7 @@ class ShardSubset:
         """The whole dataset the view's samples come from."""
         self.indices: NDArray[np.int64] = idx
         """``int64 (len(view),)``: the base's global index of each position, ascending."""
-        sid = np.searchsorted(base.starts, idx, side="right") - 1
+        sid = shards_of(base.starts, 0, idx)
         self.local: NDArray[np.int64] = idx - base.starts[sid]
         """``int64 (len(view),)``: each position's sample number in its shard (the reader's)."""
         self.counts: NDArray[np.int64] = np.bincount(sid, minlength=base.n_shards).astype(np.int64)
@@ -135,9 +134,7 @@ class ShardSubset:
             SampleIndexError: If ``i`` is out of range.
             TypeError: If ``i`` is not an integer.
         """
-        i = self._position(i)
-        s = bisect.bisect_right(self._starts_list, i) - 1
-        return s, i - self._starts_list[s]
+        return locate(self._starts_list, 0, i)  # the one index -> (shard, j) rule
 
     def base_indices(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> NDArray[np.int64]:
         """``int64 (len(indices),)``: the base's global index of each of positions ``indices``.
