@@ -51,6 +51,7 @@ __all__ = [
     "ZSTD_SKIPPABLE_MAGIC",
     "ZSTD_SKIPPABLE_MASK",
     "BLOCK",
+    "TAR_RECORD_BYTES",
     "USTAR_MAX_SIZE",
     "TAR_NAME",
     "TAR_MODE",
@@ -93,6 +94,7 @@ __all__ = [
     "GNUTYPE_SPARSE",
     "GNUTYPE_VOLHDR",
     "REGULAR_TYPES",
+    "NO_DATA_TYPES",
 ]
 
 # --- sidecar index (FORMAT.md §2) -------------------------------------------------------------
@@ -148,6 +150,7 @@ ZSTD_SKIPPABLE_MASK = 0xFFFFFFF0  # free; its 4-byte LE size follows, then that 
 # names the typeflags the same way; here each is the int value of the byte, as
 # ``block[TAR_TYPEFLAG]`` gives it (``bytes((REGTYPE,))`` for the byte string).
 BLOCK = 512  # every tar header and every member's padded data is a multiple of 512 bytes
+TAR_RECORD_BYTES = 20 * BLOCK  # GNU tar and tarfile pad an archive to 10240-byte records
 USTAR_MAX_SIZE = 8**11 - 1  # 11 octal digits in the ustar size field; larger sizes need pax
 
 # Fields of the 512-byte header block, as slices (ustar "Interchange Format" table). One-byte
@@ -197,3 +200,6 @@ GNUTYPE_VOLHDR = 0x56  # 'V' GNU volume label
 # typeflags whose data is a regular file's bytes: the members tarindex indexes (POSIX: a
 # reader treats '7' and the pre-POSIX NUL as '0')
 REGULAR_TYPES = frozenset((REGTYPE, AREGTYPE, CONTTYPE))
+# typeflags whose size field counts no data: no data blocks follow the header (POSIX ustar
+# "typeflag": symbolic link, character and block device, directory, FIFO)
+NO_DATA_TYPES = frozenset((SYMTYPE, CHRTYPE, BLKTYPE, DIRTYPE, FIFOTYPE))

@@ -41,17 +41,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .spec import (
-    BLKTYPE,
     BLOCK,
     CHKSUM_BLANK,
-    CHRTYPE,
-    DIRTYPE,
-    FIFOTYPE,
     GNUTYPE_LONGLINK,
     GNUTYPE_LONGNAME,
+    NO_DATA_TYPES,
     REGTYPE,
     SOLARIS_XHDTYPE,
-    SYMTYPE,
     TAR_CHKSUM,
     TAR_DEVMAJOR,
     TAR_DEVMINOR,
@@ -147,9 +143,6 @@ def header_name(block: bytes) -> bytes:
     return name
 
 
-_NO_DATA = frozenset((SYMTYPE, CHRTYPE, BLKTYPE, DIRTYPE, FIFOTYPE))  # as the scanner's
-
-
 def name_after(records: bytes) -> bytes:
     """The name of the member whose header is the last block of ``records``.
 
@@ -178,7 +171,7 @@ def name_after(records: bytes) -> bytes:
             gpax.update(parse_pax(data))
         elif tf != GNUTYPE_LONGLINK:  # a member the index skips: its records are spent
             pax, longname = {}, None
-        pos += BLOCK + (0 if tf in _NO_DATA else padded(size))
+        pos += BLOCK + (0 if tf in NO_DATA_TYPES else padded(size))
     if pos != last:
         raise ValueError(f"records end at byte {pos}, not at the header at byte {last}")
     path = pax.get(b"path") or gpax.get(b"path")

@@ -62,6 +62,7 @@ from ..format.spec import (
     GNUTYPE_SPARSE,
     GNUTYPE_VOLHDR,
     LNKTYPE,
+    NO_DATA_TYPES,
     REGTYPE,
     REGULAR_TYPES,
     SOLARIS_XHDTYPE,
@@ -113,8 +114,6 @@ _KIND = {
     GNUTYPE_NAMES: "GNU old long-name record",
 }
 _FIX = ": re-copy or re-create the tar"
-# symlink, chr, blk, dir, fifo: no data blocks follow (POSIX ustar "typeflag")
-_NO_DATA = frozenset((SYMTYPE, CHRTYPE, BLKTYPE, DIRTYPE, FIFOTYPE))
 _PAX_TYPES = frozenset((XHDTYPE, SOLARIS_XHDTYPE, XGLTYPE))  # pax 'size' never applies to these
 _MAX_SIZE_DIGITS = 18  # a pax size of 19+ significant digits is >= 10**18 bytes: refused
 # Header offsets the fast paths index directly (relative to the header's first byte): the
@@ -513,7 +512,7 @@ class _Walk:
                 )
             )
         data = pos + BLOCK
-        if tf in _NO_DATA:
+        if tf in NO_DATA_TYPES:
             has_data = False
         elif tf == AREGTYPE and self._name(block, pax).endswith(b"/"):
             has_data = False  # v7 directory: its size field is not the length of any data

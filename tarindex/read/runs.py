@@ -10,14 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..format.spec import BLOCK
-from ..storage.bytesource import Buffer, ByteSource
+from ..storage.bytesource import COALESCE_GAP, Buffer, ByteSource
 
-__all__ = ["read_runs", "COALESCE_GAP"]
-
-COALESCE_GAP = 4 * BLOCK
-"""Largest gap in bytes (headers, pax records, padding) a ``pread`` of two members spans."""
-
+__all__ = ["read_runs"]
 
 def read_runs(
     src: ByteSource,

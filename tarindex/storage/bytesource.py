@@ -39,10 +39,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import ClosedError, FormatError, TruncatedError
+from ..format.spec import BLOCK
 
 __all__ = [
     "Buffer",
     "ByteSource",
+    "COALESCE_GAP",
     "MmapSource",
     "PreadSource",
     "open_source",
@@ -53,6 +55,13 @@ __all__ = [
 
 Buffer = bytes | mmap.mmap
 """What :meth:`ByteSource.read_ranges` returns: a buffer whose slices are ``bytes``."""
+
+COALESCE_GAP = 4 * BLOCK
+"""Largest gap in bytes (tar headers, pax records, padding) one read of two ranges spans.
+
+The one value for every source that reads copies: a ``pread`` run of neighbouring members
+(:func:`tarindex.read.runs.read_runs`) and a remote request (:mod:`tarindex.storage.remote.fetch`).
+"""
 
 
 class ByteSource(Protocol):

@@ -34,7 +34,7 @@ from ..plan.epoch import worker_shares
 from ..read import Block, OpenOptions, ShardSet
 from ..read.fields import Fields, check_fields
 from ..storage.remote import RemoteOptions
-from .pack import pack_blocks
+from .pack import INT_FIELDS, pack_blocks
 
 __all__ = [
     "BLOCK_ROWS",
@@ -53,8 +53,6 @@ __all__ = [
 
 BLOCK_ROWS = 1024
 """Default samples per Arrow table a read task yields."""
-INT_FIELDS: tuple[str, ...] = ("cls",)
-"""Default extensions read as ``int64`` columns (decimal text, as the writers store labels)."""
 KEY = "__key__"
 """The key column (``string``)."""
 INDEX = "__index__"

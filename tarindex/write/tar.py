@@ -26,6 +26,7 @@ from ..format.spec import (
     BLOCK,
     MAX_ZSTD_DICT_BYTES,
     SHARD_ID_BYTES,
+    TAR_RECORD_BYTES,
     USTAR_MAX_SIZE,
     ZSTD_DICT_MEMBER,
     ZSTD_DICT_META,
@@ -36,7 +37,6 @@ from ..storage.indexfile import fsync_dir, index_path_for, temp_path_for, write_
 
 __all__ = [
     "GZIP_SUFFIXES",
-    "RECORD",
     "SHARD_ID_COMMENT",
     "TarShardWriter",
     "check_mtime",
@@ -46,8 +46,6 @@ __all__ = [
 
 _ZEROS = bytes(BLOCK)  # a member's zero padding is a slice of it
 
-RECORD = 20 * BLOCK
-"""GNU tar and Python tarfile pad archives to 10240-byte records; so does this writer."""
 
 
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
@@ -255,7 +253,7 @@ class TarShardWriter:
         try:
             end = self.pos
             stop = end + 2 * BLOCK
-            self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, RECORD) - stop))
+            self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, TAR_RECORD_BYTES) - stop))
             if self.gzip:
                 self._f.close()  # the gzip trailer; the file itself stays open
             self._raw.flush()
@@ -348,4 +346,4 @@ def padded_to(n: int, multiple: int) -> int:
 
 def finished_size(pos: int) -> int:
     """Size in bytes of a tar whose members end at ``pos`` once its end blocks are written."""
-    return padded_to(pos + 2 * BLOCK, RECORD)
+    return padded_to(pos + 2 * BLOCK, TAR_RECORD_BYTES)

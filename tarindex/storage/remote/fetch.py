@@ -17,7 +17,8 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 
 from ...errors import RangeNotSupportedError, RemoteError, StaleIndexError
-from .options import COALESCE_GAP, DEFAULT, STATS, RemoteOptions, protocol_of
+from ..bytesource import COALESCE_GAP
+from .options import DEFAULT, STATS, RemoteOptions, protocol_of
 from .transport import (
     Pin,
     Sink,

@@ -16,7 +16,6 @@ from ...format.url import url_scheme
 from ..cache import DirCache
 
 __all__ = [
-    "COALESCE_GAP",
     "DEFAULT",
     "FETCH_POLICIES",
     "MANIFEST_MAX_BYTES",
@@ -27,9 +26,6 @@ __all__ = [
     "protocol_of",
     "stats",
 ]
-
-COALESCE_GAP = 2048
-"""Largest gap in bytes between two ranges that one request spans (tar headers, padding)."""
 
 MANIFEST_MAX_BYTES = 256 << 20
 """Largest remote manifest read, in bytes (a reader limit, docs/REMOTE.md "Bounds")."""
