@@ -11,6 +11,8 @@
 - :mod:`~tarindex.read.pool`: the LRU of open readers, the descriptor bound, fork safety.
 - :mod:`~tarindex.read.batch`, :mod:`~tarindex.read.keys`, :mod:`~tarindex.read.prefetch`:
   batches across shards, key lookup, remote read-ahead.
+- :mod:`~tarindex.read.takes`: :class:`~tarindex.read.takes.Takes`, what only the streaming
+  executors read through (``ShardSet.takes()``); not on the user-facing objects.
 """
 
 from .block import Block, Sample, copy_members, crc_mismatches, data_error
