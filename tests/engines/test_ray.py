@@ -192,6 +192,60 @@ def test_write_empty_blocks_and_a_retried_task(cluster: None, tmp_path: Path) ->
     assert prune(str(out), str(out / "data.json")) == []
 
 
+def test_a_write_task_killed_mid_write_is_superseded(cluster: None, tmp_path: Path) -> None:
+    """A write task's worker is killed (``kill -9``) after two of its shards are closed and
+    while a third is being written; Ray runs the task again. The manifest lists only the
+    retry's shards, every row once, byte for byte, and prune lists and deletes exactly the
+    killed attempt's files (its closed shards, their indexes, the cut temp file)."""
+    import signal
+    import threading
+    import time
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def to_sample(j: int, row: dict[str, Any]) -> dict[str, Any]:
+        i = int(row["id"])
+        if i == 1250 and not (marks / "killed").exists():  # 250 rows in: 2 shards closed
+            (marks / "pid").write_text(str(os.getpid()))
+            time.sleep(300)  # until the test kills this worker
+        return {"__key__": f"{i:06d}", "bin": payload(i), "cls": i % 10}
+
+    def killer() -> None:
+        deadline = time.monotonic() + 240
+        while not (marks / "pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if (marks / "pid").exists():
+            (marks / "killed").write_text("x")
+            os.kill(int((marks / "pid").read_text()), signal.SIGKILL)
+
+    out = tmp_path / "out"
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    t = tarindex.ray.write(ray.data.range(3000, override_num_blocks=3), str(out), maxcount=100,
+                           to_sample=to_sample, durable=False, ray_remote_args={"max_retries": 2})
+    th.join(5)
+    assert (marks / "killed").exists()
+    assert t.n_samples == 3000
+    committed = {os.path.basename(os.path.dirname(p)) for p in t.paths}
+    dirs = {p.name for p in out.glob("attempt-*")}
+    left = dirs - committed
+    assert len(committed) == 3 and len(left) == 1  # the killed attempt's directory
+    (dead,) = left
+    assert dead.startswith("attempt-00001-")  # the task that was killed
+    dead_files = sorted(str(p) for p in (out / dead).iterdir())
+    assert sum(f.endswith(".tar") for f in dead_files) >= 2  # it had closed two shards
+    ss = tarindex.ShardSet(str(out / "data.json"))
+    keys = [ss.sample(j)["__key__"] for j in range(len(ss))]
+    assert sorted(keys) == [f"{i:06d}" for i in range(3000)]  # every row exactly once
+    assert all(ss.sample(j)["bin"] == payload(int(k)) for j, k in enumerate(keys))
+    listed = prune(str(out), str(out / "data.json"), dry_run=True)
+    assert listed == dead_files  # the leftovers are the killed attempt's files, all of them
+    assert prune(str(out), str(out / "data.json")) == dead_files
+    assert not (out / dead).exists() and {p.name for p in out.glob("attempt-*")} == committed
+    assert len(tarindex.ShardSet(str(out / "data.json"))) == 3000
+
+
 def test_a_write_that_fails_writes_no_manifest(cluster: None, tmp_path: Path) -> None:
     def bad(j: int, row: dict[str, Any]) -> Any:
         if int(row["id"]) == 150:
