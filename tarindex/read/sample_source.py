@@ -30,7 +30,7 @@ Numbering, one contract for every operation:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -42,7 +42,10 @@ if TYPE_CHECKING:
     from .shard import ShardReader
     from .takes import Takes
 
-__all__ = ["SampleSource"]
+__all__ = ["ITER_BLOCK", "SampleSource", "in_order"]
+
+ITER_BLOCK = 1024
+"""Samples of one shard that iterating a source reads in one call (:func:`in_order`)."""
 
 
 @runtime_checkable
@@ -80,6 +83,10 @@ class SampleSource(Protocol):
 
     def __len__(self) -> int:
         """Number of samples (positions)."""
+        ...
+
+    def __iter__(self) -> Iterator[Sample]:
+        """Every sample in position order, as :meth:`sample` gives it (:func:`in_order`)."""
         ...
 
     def locate(self, i: int) -> tuple[int, int]:
@@ -190,3 +197,21 @@ class SampleSource(Protocol):
     def close(self) -> None:
         """Close the open readers of this process."""
         ...
+
+
+def in_order(src: SampleSource) -> Iterator[Sample]:
+    """Every sample of ``src`` in position order: ``src.sample(0)``, ``src.sample(1)``, ...
+
+    Read shard by shard, :data:`ITER_BLOCK` samples per call of the executors'
+    ``read_samples`` (one sequential read, or one compiled pass over a mapping), so a pass
+    over the whole source costs what streaming it without a shuffle does, not one ``ds[i]``
+    per sample. What ``iter(ShardSet)`` and ``iter(ShardSubset)`` do.
+
+    Raises:
+        FormatError, StaleIndexError, TruncatedError: As :meth:`SampleSource.read_block`, when
+            the block holding the failing sample is reached.
+    """
+    t = src.takes()
+    for s, c in enumerate(src.counts.tolist()):
+        for j0 in range(0, c, ITER_BLOCK):
+            yield from t.read_samples(s, j0, min(j0 + ITER_BLOCK, c))

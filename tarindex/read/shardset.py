@@ -12,7 +12,7 @@ blocks as dicts, packed batches) in :mod:`tarindex.read.takes` (:meth:`ShardSet.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from .fields import Fields, field_set
 from .options import OpenOptions
 from .paths import index_for, read_sample_count
 from .pool import ReaderPool
+from .sample_source import in_order
 from .shard import ShardReader
 from .sources import Source, expand_shards
 from .spanner import check_index, equal_count, locate
@@ -219,6 +220,13 @@ class ShardSet:
 
     def __len__(self) -> int:
         return self._starts_list[-1]
+
+    def __iter__(self) -> Iterator[Sample]:
+        """Every sample in global order, as :meth:`sample` gives it, a block at a time.
+
+        See :func:`tarindex.read.sample_source.in_order` (1024 samples of a shard per read).
+        """
+        return in_order(self)
 
     @property
     def n_shards(self) -> int:

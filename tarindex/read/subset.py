@@ -10,7 +10,7 @@ lists.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from ..errors import AmbiguousKeyError, KeyNotFoundError, SampleIndexError
 from .block import Block, Sample
 from .fields import Fields
-from .sample_source import SampleSource
+from .sample_source import SampleSource, in_order
 from .shard import ShardReader
 from .shardset import ShardSet
 from .spanner import check_index, check_indices, locate, shards_of
@@ -102,6 +102,14 @@ class ShardSubset:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def __iter__(self) -> Iterator[Sample]:
+        """The view's samples in position order, as :meth:`sample` gives them, a block at a time.
+
+        See :func:`tarindex.read.sample_source.in_order`; each block reads only the view's
+        members (:meth:`read_block`).
+        """
+        return in_order(self)
 
     def reader(self, s: int) -> ShardReader:
         """The base's reader of shard ``s`` (its sample numbers are the shard's own).

@@ -73,6 +73,7 @@ def check_contract(src: SampleSource, whole: tarindex.ShardSet, index: NDArray[n
         assert [items(x) for x in t.read_samples(s, j, j + 1)] == [want]
         assert src.reader(s) is whole.reader(s)
         assert items(src.sample(i, {"cls"})) == items(whole.sample(int(index[i]), {"cls"}))
+    assert [items(x) for x in src] == [items(src.sample(i)) for i in range(n)]  # iter(src)
     pos = [n // 2, 0, n - 1, n // 2, -min(2, n)]
     assert [items(x) for x in t.take(pos)] == [items(src.sample(i)) for i in pos]
     blk = src.gather(pos)
