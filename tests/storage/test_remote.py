@@ -137,6 +137,30 @@ def test_subset_drops_what_the_base_fetched_ahead(served: tuple[RangeServer, lis
         assert (srv.bytes_for(".tar") > 0) == fetched  # read again only once dropped
 
 
+def test_a_remote_subset_streams_its_samples_read_ahead(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    """A view's executor reads (``ShardSubset.takes()``) over remote shards: its blocks are
+    queued for read-ahead in the view's numbering (``prefetch_blocks``), and the stream is
+    exactly the view's samples, each read once (no SampleIndexError from a base's number)."""
+    pytest.importorskip("torch")
+    srv, paths = served
+    _fresh()
+    idx = [1, 5, 9, 39, 40, 41, 70, 75, 119]
+    local = tarindex.ShardSet(paths)
+    sub = tarindex.read.subset.ShardSubset(tarindex.ShardSet(f"{srv.url}/{PAT}"), idx)
+    t = sub.takes()
+    pieces = [[s, 0, int(c)] for s, c in enumerate(sub.counts.tolist()) if c]
+    assert t.prefetch_blocks(pieces) == len(pieces)
+    with pytest.raises(tarindex.errors.SampleIndexError):
+        t.prefetch_blocks([[0, 0, int(sub.counts[0]) + 1]])
+    t.drop_prefetched()
+    it = tarindex.TarIterableDataset(sub, shuffle=True, seed=3, block_size=2)
+    got = sorted((s["__index__"], s["bin"]) for s in it)
+    assert got == [(i, local.sample(i)["bin"]) for i in idx]
+    assert [s["__index__"] for s in sub] == idx  # iter(view): in order
+
+
 def test_streaming_reads_each_shard_once(served: tuple[RangeServer, list[str]]) -> None:
     pytest.importorskip("torch")
     srv, paths = served
