@@ -32,11 +32,18 @@ from numpy.typing import NDArray
 from ..format.index import decode_index, read_header
 from ..format.packed import PACKED_META
 from ..format.spec import HEADER
-from ..storage.remote import RemoteSource, fetch_ahead, is_url, load_indexes, release
+from ..storage.remote import (
+    RemoteSource,
+    fetch_ahead,
+    is_url,
+    load_indexes,
+    pin_ahead,
+    release,
+)
 from .pool import ReaderPool
 from .spanner import shards_of
 
-__all__ = ["ADAPT", "ADAPT_MIN", "WHOLE_SHARE", "FetchPolicy", "machine_share"]
+__all__ = ["ADAPT", "ADAPT_MIN", "PIN_AHEAD", "WHOLE_SHARE", "FetchPolicy", "machine_share"]
 
 ADAPT = 1 / 16
 """Without a plan (``"auto"``): a shard is fetched whole once this process has read this
@@ -44,6 +51,9 @@ fraction of its samples by ranges (and at least :data:`ADAPT_MIN` of them)."""
 
 ADAPT_MIN = 64
 """Without a plan: samples of a shard read by ranges before it may be fetched whole."""
+
+PIN_AHEAD = 64
+"""Shards whose versions the whole-shard read-ahead learns ahead of their downloads, at most."""
 
 WHOLE_SHARE = 0.5
 """With a plan (``"auto"``): a shard the machine will read at least this fraction of is
@@ -165,8 +175,13 @@ class FetchPolicy:
             sid = shards_of(self.starts, self.per, order)
             last = np.full(len(self.counts), -1, np.int64)
             last[sid] = np.arange(len(sid), dtype=np.int64)  # last write wins: last need
-            self._plan = plan = {"where": where, "sid": sid, "last": last,
-                                 "pos": int(pos.min()), "decided": False}
+            self._plan = plan = {
+                "where": where,
+                "sid": sid,
+                "last": last,
+                "pos": int(pos.min()),
+                "decided": False,
+            }
             return plan
         return None
 
@@ -197,8 +212,9 @@ class FetchPolicy:
                 for s in done.tolist():
                     self._release(s)
                 sid_rest = plan["sid"][pos:]
-                self._ahead = [s for s in _first_need(sid_rest) if s in self.pool.whole
-                               or mode == "shard"]
+                self._ahead = [
+                    s for s in _first_need(sid_rest) if s in self.pool.whole or mode == "shard"
+                ]
                 self._pump()
             return
         if mode == "shard":
@@ -236,12 +252,15 @@ class FetchPolicy:
 
     def _decide(self, plan: dict[str, Any]) -> None:
         if self.mode == "shard":
-            self._ahead = _first_need(plan["sid"][plan["pos"]:])
+            self._ahead = _first_need(plan["sid"][plan["pos"] :])
             return
         share = np.bincount(plan["sid"], minlength=len(self.counts)) / np.maximum(self.counts, 1)
         share = share * machine_share()
-        whole = [s for s in _first_need(plan["sid"]) if share[s] >= WHOLE_SHARE
-                 and is_url(self.pool.paths[s])]
+        whole = [
+            s
+            for s in _first_need(plan["sid"])
+            if share[s] >= WHOLE_SHARE and is_url(self.pool.paths[s])
+        ]
         if whole and self._fits(whole, plan):
             for s in whole:
                 self.pool.set_whole(s)
@@ -306,8 +325,17 @@ class FetchPolicy:
         return s not in self._compressed
 
     def _pump(self) -> None:
-        """Keep :attr:`RemoteOptions.shards_ahead` downloads of the next shards running."""
+        """Keep :attr:`RemoteOptions.shards_ahead` downloads of the next shards running.
+
+        The versions of the next :data:`PIN_AHEAD` shards are learnt meanwhile (one size
+        query each, in the background), so a read that needs one before its download
+        starts here (a shuffled plan needs many shards at once) joins or starts it without
+        a round trip of its own.
+        """
         opts = self.pool.remote
+        for s in self._ahead[:PIN_AHEAD]:
+            if s not in self._futs:
+                pin_ahead(self.pool.paths[s], self.pool.opts_for(s))
         room = opts.shards_ahead - sum(1 for f in self._futs.values() if not f.done())
         for s in self._ahead:
             if room <= 0:

@@ -149,11 +149,19 @@ class ShardOpener:
                         # complete: mapped (cache entries are replaced whole, never cut)
                         self._src = self._map_copy(copy.fd, copy.size)
                     elif copy is not None:
-                        # being downloaded: reads wait for their pieces; the checks below
-                        # read the server (pinned), not the pieces still to come
-                        whole = RemoteSource(self.tar_path, copy.size, opts, ident, copy.pin)
+                        # being downloaded: reads wait for their pieces; the open-time checks
+                        # read the server (not the pieces still to come), in a round started
+                        # now and awaited by the first read
+                        self.tar_size = copy.size
+                        starts, ends = checks.open_ranges(t, t.tar_size)
+                        rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
+                        whole = RemoteSource(
+                            self.tar_path, copy.size, opts, ident, copy.pin,
+                            (rs, self._deferred_checks),
+                        )
+                        self._src, self._remote_opts = whole, opts
                         whole.read_copy(copy.fd, copy.pieces)
-                        self._src = whole
+                        return
                     elif gz is None and not opts.download_whole and learns_versions(self.tar_path):
                         # no request now: the checks go with the first read (docs/REMOTE.md)
                         self.tar_size = t.tar_size

@@ -245,6 +245,10 @@ class ShardSet:
     def reader(self, s: int) -> ShardReader:
         """Return the open reader of shard ``s``, opening it (and closing the LRU one) if needed.
 
+        Its open-time checks (FORMAT.md §3) have run, or, for a remote shard read from a
+        copy still being downloaded, are running since its open: its first read waits for
+        them (docs/REMOTE.md, "Fetch policy").
+
         Raises:
             StaleIndexError: If the shard's index changed since this ShardSet was made, or
                 no longer matches its tar.
@@ -254,7 +258,7 @@ class ShardSet:
         """
         r = self._pool.reader(s)
         src = r.source
-        if isinstance(src, RemoteSource) and not src.checked:
+        if isinstance(src, RemoteSource) and not src.checked and src.fetches:
             src.check_now()  # opened without a request: its open-time checks, now
         return r
 

@@ -191,3 +191,33 @@ def test_a_download_that_fails_leaves_its_readers_correct(
     for i in (len(ds) - 1, 5, len(ds) // 2):  # read by ranges, or from the next download
         assert ds[i]["bin"] == local.sample(i)["bin"]
     local.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_shard_changed_since_its_index_is_refused_while_it_downloads(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    srv, path = big
+    local = tarindex.ShardReader(path)
+    t = local.index  # the index beside the tar describes it as it is now
+    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+    local.close()
+    data = bytearray(Path(path).read_bytes())
+    data[100] ^= 0xFF  # inside the first 4 KiB: the index's fingerprint no longer matches
+    Path(path + ".new").write_bytes(bytes(data))
+    os.replace(path + ".new", path)
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "c"), fetch="shard", shards_ahead=0)
+    url = f"{srv.url}/big-000000.tar"
+    pin = stat(url, opts)
+    c = opts.whole_cache()
+    key = tar_key(url, pin.size, ident, pin)
+    lk = c.lock(key, WHOLE)
+    assert lk is not None
+    w = PieceWriter(c, lk, pin.size)
+    w.sink(0, GRAIN)(0, bytes(data[:GRAIN]))  # sample 0's grain is there, of the new tar
+    ds = tarindex.TarDataset(url, remote=opts)
+    # the open-time checks run in the background from the open; no byte before they pass
+    with pytest.raises(tarindex.StaleIndexError, match=r"big-000000\.tar"):
+        ds[0]
+    w.abort()
+    c.unlock(lk)

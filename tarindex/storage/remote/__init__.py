@@ -34,7 +34,7 @@ from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import Pin, filesystem, learns_versions
-from .whole import fetch_ahead, local_copy, open_copy, release
+from .whole import fetch_ahead, local_copy, open_copy, pin_ahead, release
 
 __all__ = [
     "DEFAULT",
@@ -57,6 +57,7 @@ __all__ = [
     "local_copy",
     "local_path",
     "open_copy",
+    "pin_ahead",
     "prefetch_many",
     "read_whole",
     "release",

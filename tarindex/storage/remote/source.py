@@ -324,9 +324,11 @@ class RemoteSource:
             fd: Its descriptor (owned from now on).
             pieces: The progress of its download, when it is still being written (reads
                 wait for their pieces; bytes a failed download never wrote are read from
-                the server); ``None``: complete.
+                the server); ``None``: complete. A :meth:`deferred` source's open-time
+                checks start now, in the background; no byte is read before they pass.
         """
-        self._local = CopySource(self.path, fd, self.size, pieces, self.fetch_fresh)
+        gate = None if self.checked else self.check_now  # run now, awaited by the first read
+        self._local = CopySource(self.path, fd, self.size, pieces, self.fetch_fresh, gate)
 
     @property
     def copy_finished(self) -> bool:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -61,9 +61,12 @@ __all__ = [
     "forget_pins",
     "local_copy",
     "open_copy",
+    "pin_ahead",
     "release",
     "tar_key",
 ]
+
+T = TypeVar("T")
 
 WHOLE = "whole"
 """The entry name of a whole shard in the cache."""
@@ -75,15 +78,18 @@ STREAMS = 4
 """Ranged reads in flight per whole-shard download."""
 
 _pins: dict[tuple[int, str], Pin] = {}
+_pinning: dict[tuple[int, str], Future[Pin]] = {}
 """(pid, URL) -> the version this process pinned (a read-ahead's stat, reused by the open)."""
 _lock = threading.Lock()
 _ahead: list[tuple[int, ThreadPoolExecutor, dict[str, Future[bool | None]]] | None] = [None]
+_gates: list[tuple[int, ThreadPoolExecutor] | None] = [None]
 
 
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _ahead[0] = None  # the parent's threads do not exist here
+    _gates[0] = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -102,17 +108,47 @@ def forget_pins() -> None:
     """Forget the versions this process pinned (the next open stats each tar again)."""
     with _lock:
         _pins.clear()
+        _pinning.clear()
 
 
 def _pin(url: str, opts: RemoteOptions) -> Pin:
     k = (os.getpid(), url)
     with _lock:
         p = _pins.get(k)
+        f = _pinning.get(k)
+    if p is None and f is not None:  # learnt ahead (pin_ahead): its answer, or its error
+        try:
+            p = f.result()
+        finally:
+            with _lock:
+                if _pinning.get(k) is f:
+                    del _pinning[k]
     if p is None:
         p = stat(url, opts)
         with _lock:
             _pins[k] = p
     return p
+
+
+def pin_ahead(url: str, opts: RemoteOptions) -> None:
+    """Learn the version of ``url`` in the background (a plan needs the shard soon).
+
+    The open that needs it then sends no size query of its own (it waits for this one).
+    """
+    k = (os.getpid(), url)
+    with _lock:
+        if k in _pins or k in _pinning:
+            return
+
+    def learn() -> Pin:
+        p = stat(url, opts)
+        with _lock:
+            _pins.setdefault(k, p)
+        return p
+
+    f = _background(learn)
+    with _lock:
+        _pinning.setdefault(k, f)
 
 
 def _open_entry(c: DirCache, key: str, size: int) -> int | None:
@@ -271,6 +307,9 @@ class CopySource:
         size: Its size in bytes.
         pieces: The download's progress (``None``: complete).
         fallback: Reads ranges ``[(start, end)]`` from the server (pinned).
+        gate: Checks that must pass before any byte is handed out (the open-time checks),
+            started now in a background thread; the first read waits for them and raises
+            their error. Defaults to ``None``.
     """
 
     zero_copy = False
@@ -282,8 +321,10 @@ class CopySource:
         size: int,
         pieces: PieceReader | None,
         fallback: Callable[[list[tuple[int, int]]], list[bytes]],
+        gate: Callable[[], None] | None = None,
     ) -> None:
         self.path = url
+        self._gate = _background(gate) if gate is not None else None
         self.size = size
         self.pread = PreadSource(url, fd, size)
         self.pieces = pieces
@@ -307,8 +348,17 @@ class CopySource:
         """``size`` bytes at ``offset``, once written (see the class docs)."""
         p = self.pieces
         if p is not None and not p.wait(offset, offset + size):
+            self._passed()
             return self.fallback([(offset, offset + size)])[0]
+        self._passed()
         return self.pread.read(offset, size)
+
+    def _passed(self) -> None:
+        """Wait for the gate (the open-time checks); raise their error, every time."""
+        g = self._gate
+        if g is not None:
+            g.result()
+            self._gate = None
 
     def read_ranges(
         self, starts: NDArray[np.int64], ends: NDArray[np.int64]
@@ -318,6 +368,7 @@ class CopySource:
         if p is not None and not p.complete:
             st, en = starts.tolist(), ends.tolist()
             lost = [i for i in range(len(st)) if not p.wait(st[i], en[i])]
+            self._passed()
             if lost:  # the download failed before these: from the server
                 got = dict(zip(lost, self.fallback([(st[i], en[i]) for i in lost]), strict=True))
                 parts = [
@@ -328,6 +379,7 @@ class CopySource:
                 if len(st) > 1:
                     np.cumsum(ends[:-1] - starts[:-1], out=bases[1:])
                 return b"".join(parts), bases
+        self._passed()
         buf, bases = self.pread.read_ranges(starts, ends)
         return bytes(buf), bases
 
@@ -368,6 +420,32 @@ def _failure(url: str) -> BaseException | None:
     return f.exception()
 
 
+def _executor(opts: RemoteOptions | None = None) -> ThreadPoolExecutor:
+    """This process's download threads (made on first use, again after a fork)."""
+    with _lock:
+        a = _ahead[0]
+        if a is None or a[0] != os.getpid():
+            n = max(1, opts.shards_ahead if opts is not None else 4) + 8
+            a = _ahead[0] = (
+                os.getpid(),
+                ThreadPoolExecutor(n, thread_name_prefix="tarindex-shard"),
+                {},
+            )
+        return a[1]
+
+
+def _background(fn: Callable[[], T]) -> Future[T]:
+    """Run ``fn`` on this process's check threads (never queued behind downloads)."""
+    with _lock:
+        g = _gates[0]
+        if g is None or g[0] != os.getpid():
+            g = _gates[0] = (
+                os.getpid(),
+                ThreadPoolExecutor(8, thread_name_prefix="tarindex-check"),
+            )
+    return g[1].submit(fn)
+
+
 def _submit(url: str, opts: RemoteOptions, ident: str, demand: bool) -> Future[bool | None]:
     """This process's download of ``url``: the running or finished one, else a new one.
 
@@ -376,13 +454,10 @@ def _submit(url: str, opts: RemoteOptions, ident: str, demand: bool) -> Future[b
     Read-ahead runs at most :attr:`RemoteOptions.shards_ahead` at once (the fetch policy
     counts), demand ones as many as readers need, on threads of their own.
     """
+    _executor(opts)
     with _lock:
         a = _ahead[0]
-        if a is None or a[0] != os.getpid():
-            ex = ThreadPoolExecutor(
-                max(1, opts.shards_ahead) + 8, thread_name_prefix="tarindex-shard"
-            )
-            a = _ahead[0] = (os.getpid(), ex, {})
+        assert a is not None
         _, ex, futs = a
         f = futs.get(url)
         if f is not None and (not f.done() or (f.exception() is None and f.result())):
