@@ -320,6 +320,7 @@ def _build_one(
                     checksums=checksums,
                     gzip_spacing=gzip_spacing,
                     tmp_dir=out,
+                    keep_copy=tmp == path,  # a temp download's copy (§11) would be keyed by it
                 )
             res = IndexResult(
                 path, "built", index_path, tables.n_samples, f"{tables.n_samples} samples"
