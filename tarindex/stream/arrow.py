@@ -358,11 +358,18 @@ def samples_of(
     ``__`` (``__index__`` of a table :func:`read_range` made) are not members. With
     ``to_sample``, each row as a dict of its columns instead (``to_sample`` converts it).
     """
-    for b in batches:
-        for row in b.to_pylist():
-            if to_sample is not None:
-                yield row
-                continue
-            s = {"__key__": row.pop(key, None)}
-            s.update((c, v) for c, v in row.items() if v is not None and not c.startswith("__"))
+    for b in batches:  # column by column: one Python object per value, no Arrow row dict
+        names = list(b.schema.names)
+        cols = [b.column(i).to_pylist() for i in range(len(names))]
+        if to_sample is not None:
+            yield from (dict(zip(names, vals, strict=True)) for vals in zip(*cols, strict=True))
+            continue
+        keys = cols[names.index(key)] if key in names else [None] * b.num_rows
+        members = [(n, c) for n, c in zip(names, cols, strict=True) if n != key and not n.startswith("__")]
+        for r, k in enumerate(keys):
+            s = {"__key__": k}
+            for n, c in members:
+                v = c[r]
+                if v is not None:
+                    s[n] = v
             yield s
