@@ -113,3 +113,21 @@ def test_import_tarindex_leaves_the_remote_stack_to_first_use() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == []
+
+
+def test_a_shuffled_stream_over_whole_shards_asks_each_version_once(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    srv, paths = served
+    remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
+    srv.reset()
+    # the plan reads every shard wholly: each is read from a whole copy (fetch="auto"), and
+    # the first window reads a block of every shard: their opens run together
+    it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=0, block_size=8)
+    local = {s["__key__"]: s["bin"] for s in tarindex.TarIterableDataset(paths, shuffle=False)}
+    first = next(iter(it))
+    assert first["bin"] == local[first["__key__"]]
+    log = _log(srv)
+    heads = [p for m, p, *_ in log if m == "HEAD"]
+    assert heads and len(heads) == len(set(heads)), heads  # one size query per tar at most
+    assert sum(p.endswith(".tidx") for _, p, *_ in log) == len(paths)
