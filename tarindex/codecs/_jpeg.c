@@ -13,10 +13,10 @@
  * column `xoffset` <= x0 (libjpeg-turbo widens a crop to its iMCU columns). Only the rows
  * down to y1 are read (the entropy decoding stops there), rows above y0 are skipped without
  * their IDCT (jpeg_skip_scanlines), columns outside the widened crop are not transformed
- * (jpeg_crop_scanline). The GIL is released for the whole decode. Errors (a corrupt stream,
- * a colour space libjpeg cannot give as RGB, an out buffer too small) raise ValueError with
- * libjpeg's message; warnings (a truncated scan, ...) are not errors, as Pillow and
- * simplejpeg (strict=False) treat them.
+ * (jpeg_crop_scanline). The GIL is released for the whole decode (and for stream_fault's
+ * walk). Errors (a corrupt stream, a colour space libjpeg cannot give as RGB, an out buffer too
+ * small) raise ValueError with libjpeg's message; warnings (a truncated scan, ...) are not
+ * errors, as Pillow and simplejpeg (strict=False) treat them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -97,6 +97,7 @@ static PyObject *stream_fault(PyObject *self, PyObject *arg)
     unsigned m = 0;
     if (n < 2 || b[0] != 0xFF || b[1] != 0xD8)
         goto done; /* not a JPEG: the decoder says so */
+    Py_BEGIN_ALLOW_THREADS /* the walk reads only the held buffer */
     for (;;) {
         const unsigned char *p = i < n ? memchr(b + i, 0xFF, (size_t)(n - i)) : NULL;
         if (p == NULL || (j = p - b) + 1 >= n) {
@@ -133,6 +134,7 @@ static PyObject *stream_fault(PyObject *self, PyObject *arg)
         }
         scan = scan || m == 0xDA;
     }
+    Py_END_ALLOW_THREADS
 done:
     PyBuffer_Release(&buf);
     if (kind == 0)
