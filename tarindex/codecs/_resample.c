@@ -108,46 +108,81 @@ static inline uint8_t clip8(int32_t v)
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-/* v[r] = clip8(HALF + sum over the n taps of p[r q + 4 x + c] * k[x]) for c < 4, r < 2, packed
- * in a uint32 (c = 0 in the low byte): two rows' pixels, 4 bytes each, under the same weights;
- * a tap is one 4-lane multiply-add a row (GCC's vector extension; a plain loop elsewhere) */
-#if defined(__GNUC__) && !defined(__clang__)
+/* Three-channel rows, two at a time: widen2 lays pixel x of rows s0 and s1 out as 8 int32 at
+ * wide[8x] (R, G, B and the next pixel's R of s0, then the same of s1; the last pixel's fourth
+ * lane 0); taps8 then sums a pixel's taps for both rows as one 8-lane multiply-add a tap and
+ * gives v[r] = clip8(HALF + sum over the n taps of wide[8 x + 4 r + c] * k[x]) for c < 4,
+ * packed in a uint32 (c = 0 in the low byte). GCC's vector extension; plain loops elsewhere (and
+ * with -DTARINDEX_PLAIN_C, how the tests build that path). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(TARINDEX_PLAIN_C)
 typedef uint8_t v16u __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
-static inline __attribute__((always_inline)) v4i clip4(v4i acc)
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) v4i spread4(const uint8_t *p)
 {
+    const v16u zero = {0}, spread = {0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16};
+    uint32_t u;
+    memcpy(&u, p, 4);
+    v4i t = {(int32_t)u, 0, 0, 0};
+    return (v4i)__builtin_shuffle((v16u)t, zero, spread); /* 4 bytes -> 4 int32 */
+}
+
+static inline __attribute__((always_inline)) void widen2(const uint8_t *s0, const uint8_t *s1,
+                                                          int w, int32_t *wide)
+{
+    for (int x = 0; x < w - 1; x++) {
+        v4i a = spread4(s0 + 3 * x), b = spread4(s1 + 3 * x);
+        memcpy(wide + 8 * x, &a, sizeof a);
+        memcpy(wide + 8 * x + 4, &b, sizeof b);
+    }
+    for (int c = 0; c < 4; c++) { /* the row's (and src's) last pixel: 3 bytes */
+        wide[8 * (w - 1) + c] = c < 3 ? s0[3 * (w - 1) + c] : 0;
+        wide[8 * (w - 1) + 4 + c] = c < 3 ? s1[3 * (w - 1) + c] : 0;
+    }
+}
+
+static inline __attribute__((always_inline)) uint32_t pack4(v4i acc)
+{
+    const v16u zero = {0}, pack = {0, 4, 8, 12, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
     acc >>= BITS;
     acc &= ~(acc < 0);
     v4i big = acc > 255;
-    return (acc & ~big) | (big & 255);
+    acc = (acc & ~big) | (big & 255);
+    return (uint32_t)((v4i)__builtin_shuffle((v16u)acc, zero, pack))[0];
 }
 
-/* the same for two rows at once (p and p + q), sharing the taps' weights */
-static inline __attribute__((always_inline)) void taps4x2(const uint8_t *p, Py_ssize_t q,
-                                                           const int32_t *k, int n, uint32_t *v)
+static inline __attribute__((always_inline)) void taps8(const int32_t *p, const int32_t *k, int n,
+                                                         uint32_t *v)
 {
-    const v16u zero = {0}, spread = {0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16};
-    const v16u pack = {0, 4, 8, 12, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16};
-    v4i a0 = {HALF, HALF, HALF, HALF}, a1 = a0;
+    v8i acc = {HALF, HALF, HALF, HALF, HALF, HALF, HALF, HALF};
     for (int x = 0; x < n; x++) {
-        uint32_t u0, u1;
-        memcpy(&u0, p + 4 * x, 4);
-        memcpy(&u1, p + q + 4 * x, 4);
-        v4i t0 = {(int32_t)u0, 0, 0, 0}, t1 = {(int32_t)u1, 0, 0, 0};
-        a0 += (v4i)__builtin_shuffle((v16u)t0, zero, spread) * k[x]; /* bytes -> 4 int32 */
-        a1 += (v4i)__builtin_shuffle((v16u)t1, zero, spread) * k[x];
+        v8i t;
+        memcpy(&t, p + 8 * x, sizeof t);
+        acc += t * k[x];
     }
-    v[0] = (uint32_t)((v4i)__builtin_shuffle((v16u)clip4(a0), zero, pack))[0];
-    v[1] = (uint32_t)((v4i)__builtin_shuffle((v16u)clip4(a1), zero, pack))[0];
+    v4i lo = {acc[0], acc[1], acc[2], acc[3]}, hi = {acc[4], acc[5], acc[6], acc[7]};
+    v[0] = pack4(lo);
+    v[1] = pack4(hi);
 }
 #else
-static inline void taps4x2(const uint8_t *p, Py_ssize_t q, const int32_t *k, int n, uint32_t *v)
+static inline void widen2(const uint8_t *s0, const uint8_t *s1, int w, int32_t *wide)
+{
+    for (int x = 0; x < w; x++)
+        for (int c = 0; c < 4; c++) {
+            int last = x == w - 1 && c == 3;
+            wide[8 * x + c] = last ? 0 : s0[3 * x + c];
+            wide[8 * x + 4 + c] = last ? 0 : s1[3 * x + c];
+        }
+}
+
+static inline void taps8(const int32_t *p, const int32_t *k, int n, uint32_t *v)
 {
     for (int r = 0; r < 2; r++) {
         int32_t a[4] = {HALF, HALF, HALF, HALF};
         for (int x = 0; x < n; x++)
-            for (int ch = 0; ch < 4; ch++)
-                a[ch] += p[r * q + 4 * x + ch] * k[x];
+            for (int c = 0; c < 4; c++)
+                a[c] += p[8 * x + 4 * r + c] * k[x];
         v[r] = (uint32_t)clip8(a[0]) | (uint32_t)clip8(a[1]) << 8 |
                (uint32_t)clip8(a[2]) << 16 | (uint32_t)clip8(a[3]) << 24;
     }
@@ -175,32 +210,24 @@ static inline void rows_block(const uint8_t *p, Py_ssize_t rs, const int32_t *k,
 
 /* The horizontal pass: `rows` rows of `src` (row stride `rs`, `w` pixels each, contiguous) ->
  * rows of out_w pixels at `dst` (strides ds[0] row, ds[1] pixel, ds[2] channel). For 3 channels
- * rows go two at a time, each first copied into `wide` as 4 bytes a pixel (2 x w x 4 bytes,
- * 4-aligned; the fourth byte is the next pixel's first, never used), so a tap is one 4-lane
- * multiply-add a row; other channel counts go tap by tap. `padded`: dst is ours, and a pixel
- * but a row's last may be stored as 4 bytes (the fourth is the next pixel's, stored next). */
+ * rows go two at a time, widened into `wide` (w x 8 int32), a tap one 8-lane multiply-add for
+ * both; other channel counts go tap by tap. `padded`: dst is ours, and a pixel but a row's
+ * last may be stored as 4 bytes (the fourth is the next pixel's, stored next). */
 CLONES static void hpass(const uint8_t *src, Py_ssize_t rs, int rows, int w, int nc,
                          const Coeffs *c, int out_w, uint8_t *dst, const Py_ssize_t *ds,
-                         uint8_t *wide, int padded)
+                         int32_t *wide, int padded)
 {
     Py_ssize_t d0 = ds[0], d1 = ds[1], d2 = ds[2];
     int packed = padded && d1 == 3 && d2 == 1; /* 4-byte stores: contiguous rows of ours */
-    Py_ssize_t q = 4 * (Py_ssize_t)w; /* wide holds two rows */
     for (int r = 0; r < rows; r++) {
         const uint8_t *s = src + (Py_ssize_t)r * rs;
         uint8_t *d = dst + (Py_ssize_t)r * d0;
         if (nc == 3) { /* rows r and r + 1 (r again when it is the last) */
-            const uint8_t *s1 = r + 1 < rows ? s + rs : s;
-            for (int x = 0; x < w - 1; x++) {
-                memcpy(wide + 4 * x, s + 3 * x, 4);
-                memcpy(wide + q + 4 * x, s1 + 3 * x, 4);
-            }
-            memcpy(wide + 4 * (w - 1), s + 3 * (w - 1), 3); /* the row's (and src's) end */
-            memcpy(wide + q + 4 * (w - 1), s1 + 3 * (w - 1), 3);
+            widen2(s, r + 1 < rows ? s + rs : s, w, wide);
             for (int xo = 0; xo < out_w; xo++) {
                 uint32_t v[2];
-                taps4x2(wide + 4 * (size_t)c->lo[xo], q, c->k + (size_t)xo * (size_t)c->ksize,
-                        c->n[xo], v);
+                taps8(wide + 8 * (size_t)c->lo[xo], c->k + (size_t)xo * (size_t)c->ksize, c->n[xo],
+                      v);
                 for (int i = 0; i < 2 && r + i < rows; i++) {
                     uint8_t *o = d + (Py_ssize_t)i * d0 + (Py_ssize_t)xo * d1;
                     if (packed && xo + 1 < out_w) { /* the fourth byte: the next pixel's */
@@ -294,7 +321,7 @@ static int two_pass(const uint8_t *src, Py_ssize_t rs, int h, int w, int nc, con
     Coeffs ch = {0, NULL, NULL, NULL}, cv = {0, NULL, NULL, NULL};
     uint8_t *tmp = NULL;
     int32_t *acc = NULL;
-    uint8_t *wide = calloc((size_t)w, 8);
+    int32_t *wide = calloc((size_t)w * 8, sizeof(int32_t));
     int ok = 0;
     if (wide == NULL || !coeffs_make(h, f[1], f[3], oh, &cv) || !coeffs_make(w, f[0], f[2], ow, &ch))
         goto done;
