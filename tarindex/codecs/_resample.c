@@ -323,7 +323,8 @@ static int two_pass(const uint8_t *src, Py_ssize_t rs, int h, int w, int nc, con
     int32_t *acc = NULL;
     int32_t *wide = calloc((size_t)w * 8, sizeof(int32_t));
     int ok = 0;
-    if (wide == NULL || !coeffs_make(h, f[1], f[3], oh, &cv) || !coeffs_make(w, f[0], f[2], ow, &ch))
+    if (wide == NULL || !coeffs_make(h, f[1], f[3], oh, &cv) ||
+        !coeffs_make(w, f[0], f[2], ow, &ch))
         goto done;
     if (oh < h && h - oh > 2 * (w - ow)) {
         int first = ch.lo[0], last = ch.lo[ow - 1] + ch.n[ow - 1], width = last - first;

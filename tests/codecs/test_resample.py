@@ -8,11 +8,15 @@ output strides (a CHW slot, flipped), and refuse the same bad arguments with the
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -143,3 +147,28 @@ def test_which_loops_run_is_introspectable() -> None:
         assert resample_kernel() == "compiled"
     else:
         assert resample_kernel().startswith("python (")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_the_plain_c_path_matches_the_twin(tmp_path: Path) -> None:
+    """The loops other compilers build (no vector extension), built here with -DTARINDEX_PLAIN_C."""
+    src = Path(resample.__file__).with_name("_resample.c")
+    inc = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(inc, "Python.h")):
+        pytest.skip(f"no Python.h in {inc}")
+    so = tmp_path / f"_resample{sysconfig.get_config_var('EXT_SUFFIX')}"
+    cmd = ["cc", "-shared", "-fPIC", "-O2", "-fwrapv", "-ffp-contract=off", "-DTARINDEX_PLAIN_C"]
+    subprocess.run([*cmd, f"-I{inc}", str(src), "-o", str(so)], check=True)
+    spec = importlib.util.spec_from_file_location("_resample", so)
+    assert spec is not None and spec.loader is not None
+    plain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plain)
+    rng = np.random.default_rng(3)
+    for src_img, box, oh, ow in _cases(4, 80):
+        nc = int(rng.integers(1, 5))
+        img = np.ascontiguousarray(np.repeat(src_img[:, :, :1], nc, axis=2))
+        img[..., nc - 1] = rng.integers(0, 256, img.shape[:2])
+        got, want = np.empty((oh, ow, nc), np.uint8), np.empty((oh, ow, nc), np.uint8)
+        plain.resample(img, *box, got)
+        _resample_py.resample(img, *box, want)
+        np.testing.assert_array_equal(got, want)
