@@ -117,7 +117,7 @@ class ShardSet:
             self.remote_options,
         )
         self.max_open = self._pool.max_open
-        """Open shards asked for at most (:attr:`open_bound`: within the descriptor limit)."""
+        """Open shards asked for at most (``pool.open_bound``: within the descriptor limit)."""
         self._readers: OrderedDict[int, ShardReader] = self._pool.readers
         self._policy = FetchPolicy(self._pool, self.starts, self._per)
 
