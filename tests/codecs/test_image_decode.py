@@ -313,6 +313,12 @@ def test_backend_choice_is_introspectable() -> None:
     env = {**os.environ, "TARINDEX_JPEG_BACKEND": "pil"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "pil (TARINDEX_JPEG_BACKEND=pil)", out.stderr
+    resize = "from tarindex.codecs.image import resize_backend; print(resize_backend())"
+    out = subprocess.run([sys.executable, "-c", resize], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "tarindex", out.stderr
+    env2 = {**env, "TARINDEX_RESIZE": "pil"}
+    out = subprocess.run([sys.executable, "-c", resize], env=env2, capture_output=True, text=True)
+    assert out.stdout.strip() == "pil", out.stderr
     env["TARINDEX_JPEG_BACKEND"] = "turbo"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.startswith("pil (TARINDEX_JPEG_BACKEND='turbo' is not one of")
