@@ -83,6 +83,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # ~2.5 min alone; a JVM master, 2 workers and a driver on 2 cores
 def test_speculative_copies_commit_once_and_the_loser_is_pruned(
     cluster: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
