@@ -100,7 +100,8 @@ def draws(seed: int, epoch: int, index: int) -> list[float]:
     state = np.random.SeedSequence([s0, s1, e0, e1, _TAG_IMAGE, i0, i1]).generate_state(
         _N_DRAWS, np.uint64
     )
-    return [(int(w) >> 11) * _U53 for w in state]
+    out: list[float] = ((state >> np.uint64(11)) * _U53).tolist()  # exact: < 2**53 each
+    return out
 
 
 def crop_box(

@@ -201,6 +201,11 @@ def test_crop_box_follows_random_resized_crop() -> None:
 
 def test_draws_are_a_pure_function_of_seed_epoch_index() -> None:
     assert draws(0, 1, 2) == draws(0, 1, 2)
+    for s, e, i in [(0, 0, 0), (7, 3, 12345), (2**64 - 1, 2**40, 2**63)]:  # the words' top 53 bits
+        words = np.random.SeedSequence(
+            [s & 0xFFFFFFFF, s >> 32, e & 0xFFFFFFFF, e >> 32, 0x494D47, i & 0xFFFFFFFF, i >> 32]
+        ).generate_state(42, np.uint64)
+        assert draws(s, e, i) == [(int(w) >> 11) / 2**53 for w in words]
     assert len({tuple(draws(s, e, i)) for s, e, i in [(0, 1, 2), (1, 0, 2), (0, 2, 1)]}) == 3
     assert draws(0, 0, 2**32) != draws(0, 1, 0)  # words do not collide
     with pytest.raises(ValueError, match="epoch"):
