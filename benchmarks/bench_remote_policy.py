@@ -11,9 +11,12 @@ one ranged request that warms the connection pool.
 Rows (per server and latency):
 
 * ``limit``: the server's sequential limit, every shard in one GET, all at once (fsspec);
+* ``ceiling``: the ``DataLoader`` (``BlockSampler``) and ``stream`` rows over the local tars
+  (no network): what this machine's processes do with the bytes once they are here;
 * ``DataLoader``: one shuffled epoch, 2 workers, batch 64 (``tarindex.BlockSampler``, which
   hands its plan to the dataset; ``shuffle=True`` with no plan; wids'
-  ``ShardListDataset`` with ``DistributedChunkedSampler``, its documented sampler);
+  ``ShardListDataset`` with ``DistributedChunkedSampler``, its documented sampler; every
+  row's batches reach the main process with their samples' bytes);
 * ``ds[i] epoch``: every sample once in a random order, one process (tarindex with the
   order handed by ``ds.shards.follow(perm)``, and without; wids);
 * ``sparse 1%``: 1% of the samples at random, one process: bytes fetched / bytes asked
@@ -133,9 +136,11 @@ elif kind.startswith("wids"):
         out["samples"] = 1
     elif kind == "wids-dl":
         sampler = wids.DistributedChunkedSampler(ds, chunksize=1000, shuffle=True)
+        # the batch's samples go to the main process, as tarindex's batches do (a collate
+        # returning len(b) would leave every byte in the workers)
         loader = torch.utils.data.DataLoader(ds, batch_size=64, sampler=sampler, num_workers=2,
-            collate_fn=lambda b: len(b), multiprocessing_context="fork")
-        out["samples"] = sum(loader)
+            collate_fn=lambda b: b, multiprocessing_context="fork")
+        out["samples"] = sum(len(b) for b in loader)
     else:
         perm = np.random.default_rng(0).permutation(len(ds))
         for i in perm.tolist():
@@ -215,6 +220,8 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
 
 ROWS = [
     ("limit", "server limit: every shard in one GET, all at once"),
+    ("local-dl-block", "ceiling: that DataLoader over the local tars"),
+    ("local-stream", "ceiling: that streaming epoch over the local tars"),
     ("dl-block", "DataLoader 2w b64: tarindex + BlockSampler (plan)"),
     ("dl-shuffle", "DataLoader 2w b64: tarindex shuffle=True (no plan)"),
     ("wids-dl", "DataLoader 2w b64: wids + DistributedChunkedSampler"),
@@ -270,7 +277,7 @@ def main() -> None:
                 _, so, urls = s3
             limit_rate = 0.0
             for key, label in ROWS:
-                if key.startswith(("wids", "wds")) and kind_srv != "http":
+                if key.startswith(("wids", "wds", "local-")) and kind_srv != "http":
                     continue
                 if a.rows and key not in a.rows and key != "limit":
                     continue
@@ -279,7 +286,9 @@ def main() -> None:
                     cache = os.path.join(tmp, f"cache-{len(results)}")
                     if http is not None:
                         http.stats(reset=True)
-                    got = child({"urls": urls, "kind": key, "so": so, "cache": cache,
+                    local = key.startswith("local-")  # the same row, no network
+                    got = child({"urls": paths if local else urls,
+                                 "kind": key.removeprefix("local-"), "so": so, "cache": cache,
                                  "n": a.samples, "counts": counts,
                                  "reset": f"{http.url}/__reset" if http is not None else None})
                     shutil.rmtree(cache, ignore_errors=True)
