@@ -340,6 +340,7 @@ def _assemble(
     if mid is not None:
         for b, k, got, recorded in crc_mismatches(blk, mid, crcs):
             slot = int(src[k])
+            r = tables[slots[slot]][0] if slots[slot] in tables else pool.reader(slots[slot])
             raise data_error(
                 paths[slot],
                 pool.index_paths[slots[slot]],  # beside the tar, or in index_dir
@@ -348,6 +349,7 @@ def _assemble(
                 int(tar_off[k]),
                 got,
                 recorded,
+                r.copy_path,  # a compressed shard's decompressed copy, else None
             )
     return blk
 

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from ..errors import ChecksumError
 from ..storage.bytesource import Buffer
+from ..storage.tarcache import copy_fix, drop_copy
 from . import kernel
 
 __all__ = [
@@ -206,9 +207,26 @@ def crc_mismatches(
 
 
 def data_error(
-    tar_path: str, index_path: str, key: str, ext: str, off: int, got: int, want: int
+    tar_path: str,
+    index_path: str,
+    key: str,
+    ext: str,
+    off: int,
+    got: int,
+    want: int,
+    copy: str | None = None,
 ) -> ChecksumError:
-    """The ``ChecksumError`` for one member whose bytes differ from its recorded crc32."""
+    """The ``ChecksumError`` for one member whose bytes differ from its recorded crc32.
+
+    ``copy``: the decompressed copy the bytes came from (a zstd/xz/bzip2/lz4 shard, FORMAT.md
+    §11); it is deleted from the tar cache, so the shard's next open decompresses it again.
+    """
+    if copy is not None:
+        drop_copy(copy)
+        return ChecksumError(
+            f"{tar_path}: decompressed byte {off}: member {key}.{ext} has crc32 0x{got:08x}, "
+            f"its index {index_path} recorded 0x{want:08x}; {copy_fix(tar_path, copy)}"
+        )
     return ChecksumError(
         f"{tar_path}: byte {off}: member {key}.{ext} has crc32 0x{got:08x}, its index "
         f"{index_path} recorded 0x{want:08x}: the bytes changed since it was indexed "

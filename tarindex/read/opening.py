@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 from typing import Any
 
 from ..errors import FormatError, StaleIndexError, TruncatedError
@@ -33,7 +34,7 @@ from ..storage.remote import (
     local_path,
     open_copy,
 )
-from ..storage.tarcache import unpacked_copy
+from ..storage.tarcache import copy_fix, drop_copy, unpacked_copy
 from . import checks
 from .mapped import MappedSource
 from .paths import open_regular_file, read_local_index
@@ -58,6 +59,9 @@ class ShardOpener:
     _checks: dict[tuple[int, int], bytes] | None
     _packed: PackedFile | None = None
     """A zstd/xz/bzip2/lz4 shard's compressed file (FORMAT.md §11), else ``None``."""
+    copy_path: str | None = None
+    """The decompressed copy in the tar cache that a zstd/xz/bzip2/lz4 shard is read from
+    (FORMAT.md §11), else ``None``."""
     _remote_opts: RemoteOptions
 
     def close(self) -> None:
@@ -264,17 +268,38 @@ class ShardOpener:
                 check(raw)
             finally:
                 raw.close()
-        fd, size = unpacked_copy(
-            self.tar_path, pf.format, self.index.tar_size, opts, None if raw else check
-        )
-        if use_mmap:
-            self._src = self._map_copy(fd, size)
-        else:
-            self.tar_ident = (*checks.ident_of(os.fstat(fd))[:2], -1)
-            self._src = open_source(self.tar_path, fd, size, False)
-        self.tar_size = size
-        checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
-        self._check_fingerprint()
+        for attempt in (0, 1):
+            fd, size, copy = unpacked_copy(
+                self.tar_path, pf.format, self.index.tar_size, opts, None if raw else check
+            )
+            self.copy_path = copy
+            if use_mmap:
+                self._src = self._map_copy(fd, size)
+            else:
+                self.tar_ident = (*checks.ident_of(os.fstat(fd))[:2], -1)
+                self._src = open_source(self.tar_path, fd, size, False)
+            self.tar_size = size
+            try:
+                checks.check_size(self.index, self.tar_size, self.tar_path, self.index_path)
+                self._check_fingerprint()
+                return
+            except StaleIndexError as e:
+                # the compressed file matched the index: its copy is damaged or not its own
+                self._src.close()
+                self._src = self._mapped = None
+                drop_copy(copy)
+                if attempt:
+                    raise StaleIndexError(
+                        f"{e} [read from the decompressed copy {copy}, made again from "
+                        f"{self.tar_path} after the same check failed: the compressed file "
+                        f"changed since it was indexed]"
+                    ) from None
+                warnings.warn(
+                    f"{self.tar_path}: its decompressed copy {copy} in the tar cache differs from "
+                    f"its index ({e}); deleted and made again",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def _check_opened(self) -> None:
         """The open-time checks after the fingerprint (:func:`checks.check_opened`), now.
@@ -289,6 +314,12 @@ class ShardOpener:
                 self.index, self.tar_size, self._read_check, self._guard, self.tar_path,
                 self.index_path,
             )
+        except StaleIndexError as e:
+            self.close()
+            if self.copy_path is None:
+                raise
+            drop_copy(self.copy_path)
+            raise StaleIndexError(f"{e} [{copy_fix(self.tar_path, self.copy_path)}]") from None
         except BaseException:
             self.close()
             raise
@@ -340,9 +371,10 @@ class ShardOpener:
             buf, self.index_path, full_check=full_check, check_crc=check_crc
         )
         self._packed = packed_of(self.index.meta, self.index_path)
-        if self.index.gzip is not None:
+        if self.index.gzip is not None or self._packed is not None:
             # a compressed shard's members are always checked against their crc32s: bytes
-            # changed inside the compressed stream may inflate without an error (FORMAT.md §10)
+            # changed inside the compressed stream may inflate without an error (FORMAT.md §10),
+            # a decompressed copy in the cache may be damaged or swapped after it was made (§11)
             self.verify_data = True
         if self.verify_data and self.index.member_crc is None:
             raise FormatError(

@@ -143,7 +143,7 @@ class ShardReader(ShardOpener):
         # index read into memory (remote) keeps a bytes copy of its key blob instead
         keys: bytes | mmap.mmap = self._imm if self._imm is not None else bytes(t.key_blob)
         kbase = t.sections["key_blob"][0] if self._imm is not None else 0
-        scalar = self._mm is not None and not verify_data
+        scalar = self._mm is not None and not self.verify_data  # (forced for compressed shards)
         # the kernel's one-sample and batch loops over the same validated tables (and the
         # mapping they read), or None: pread, remote, verify_data
         tables = None
@@ -506,7 +506,8 @@ class ShardReader(ShardOpener):
             )
 
     def _data_error(self, key: str, ext: str, off: int, got: int, want: int) -> ChecksumError:
-        return data_error(self.tar_path, self.index_path, key, ext, off, got, want)
+        p, i, c = self.tar_path, self.index_path, self.copy_path
+        return data_error(p, i, key, ext, off, got, want, c)
 
     def sample(self, j: int, fields: Fields = None) -> Sample:
         """Return sample ``j`` as ``{"__key__": str, ext: bytes, ...}`` (no ``__shard__``/``__index__``).

@@ -33,7 +33,15 @@ from .remote.fetch import stat as remote_stat
 from .remote.options import cache_key
 from .unpack import unpack_checked
 
-__all__ = ["tar_cache", "tar_cache_dir", "tar_cache_limit", "unpacked_copy", "unpacking"]
+__all__ = [
+    "copy_fix",
+    "drop_copy",
+    "tar_cache",
+    "tar_cache_dir",
+    "tar_cache_limit",
+    "unpacked_copy",
+    "unpacking",
+]
 
 _NAME = "tar"
 _DEFAULT_LIMIT = 64 << 30
@@ -97,14 +105,37 @@ def _too_big(path: str, cache: DirCache) -> OSError:
     )
 
 
+def drop_copy(copy: str) -> None:
+    """Delete the decompressed copy ``copy`` (a path :func:`unpacked_copy` returned).
+
+    A link there is removed, never followed; a reader that has the copy open keeps reading
+    the old file (it lives until its last descriptor closes); the next open of its shard
+    decompresses it again. Missing: nothing.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(copy)))
+    try:
+        DirCache(root, tar_cache_limit()).discard_path(copy)
+    except (OSError, ValueError):
+        pass
+
+
+def copy_fix(path: str, copy: str) -> str:
+    """The fix for a decompressed copy ``copy`` of ``path`` found to differ from its index."""
+    return (
+        f"its decompressed copy {copy} in the tar cache was read and is now deleted (by hand: "
+        f"rm {copy}); opening the shard again decompresses {path} anew, and if the error "
+        f"repeats the compressed file changed since it was indexed: tarindex index --force {path}"
+    )
+
+
 def unpacked_copy(
     path: str,
     fmt: str,
     size: int,
     opts: RemoteOptions | None = None,
     check: Callable[[ByteSource], None] | None = None,
-) -> tuple[int, int]:
-    """A read-only descriptor of the decompressed copy of ``path``, made if missing; and its size.
+) -> tuple[int, int, str]:
+    """A read-only descriptor of the decompressed copy of ``path``, made if missing; its size and path.
 
     Args:
         path: The compressed tar: a local path, or a URL when ``opts`` is given.
@@ -117,7 +148,8 @@ def unpacked_copy(
             index's fingerprint check); raises to refuse them.
 
     Returns:
-        ``(fd, size)``: a descriptor the caller owns and closes, and the copy's size.
+        ``(fd, size, copy)``: a descriptor the caller owns and closes, the copy's size, and its
+        path (for messages and :func:`drop_copy`).
 
     Raises:
         TruncatedError, ChecksumError, FormatError: Invalid compressed data (as
@@ -137,14 +169,15 @@ def unpacked_copy(
             f"(FORMAT.md §11)",
         ) from None
     key = _key(path, fmt, opts)
+    copy = cache.path(key, _NAME)
     fd = _open(cache, key, size)
     if fd is not None:
-        return fd, size
+        return fd, size, copy
     lk = cache.lock(key, _NAME)
     try:
         fd = _open(cache, key, size)  # made by another process while this one waited
         if fd is not None:
-            return fd, size
+            return fd, size, copy
         tmp = cache.temp_path()
         try:
             with _compressed(path, cache, opts) as src:
@@ -159,7 +192,7 @@ def unpacked_copy(
         fd = _open(cache, key, None)
         if fd is None:  # evicted at once: a cache too small for two copies
             raise _too_big(path, cache)
-        return fd, os.fstat(fd).st_size
+        return fd, os.fstat(fd).st_size, copy
     finally:
         if lk is not None:  # (a blocking lock is always taken)
             cache.unlock(lk)

@@ -1,0 +1,136 @@
+"""A hostile user of zstd/xz/bzip2 shards and their decompressed copies (FORMAT.md §11).
+
+The copy in the tar cache is a file anyone with the user's rights can edit, cut, swap or
+replace by a link. Whatever is done to it, a read returns the indexed bytes or raises an
+error naming the shard, the copy, the byte and the fix; never other bytes. Shards are made by
+GNU tar and the compressors themselves; CI runs this file in both kernel modes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex.errors import ChecksumError, StaleIndexError
+from tarindex.format.index import IndexTables
+from tests.index.test_packed import _as_dict, _copies, _tar_c
+
+
+def _flip(path: str, at: int) -> None:
+    """Flip one bit of byte ``at`` of ``path``, in place (same size, same inode)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def _middle_member(t: IndexTables) -> int:
+    """A member of more than 1000 bytes away from the first and last 4 KiB and the headers
+    the open-time checks re-read: only a read of it can see a change to its bytes."""
+    off, size = np.asarray(t.offset), np.asarray(t.size)
+    ok = (size > 1000) & (off > 8192) & (off + size < t.tar_size - 8192)
+    ks = np.nonzero(ok)[0]
+    return int(ks[len(ks) // 3])
+
+
+@pytest.mark.parametrize("how", ["ds[i]", "pread", "stream", "gather"])
+def test_a_copy_changed_in_place_never_serves_wrong_bytes(tmp_path: Path, how: str) -> None:
+    """One bit flipped inside a member of the copy (same size, fingerprint intact): every
+    read path raises ChecksumError naming the shard, the decompressed byte, the copy, how to
+    drop it and the re-index command, and drops it; the next open decompresses it again.
+    Before: the flipped byte was served (a compressed shard's members were not checked)."""
+    path, want = _tar_c(tmp_path, "zstd", n=200)
+    t = tarindex.build_index(path)
+    (copy,) = _copies()
+    k = _middle_member(t)
+    off = int(np.asarray(t.offset)[k])
+    _flip(copy, off + 7)
+    opts = tarindex.OpenOptions(use_mmap=how != "pread")
+    with pytest.raises(ChecksumError) as ei:
+        if how == "stream":
+            for _ in tarindex.TarIterableDataset(path, shuffle=False, options=opts):
+                pass
+        elif how == "gather":
+            ss = tarindex.ShardSet([path], options=opts)
+            ss.gather(list(range(len(ss))))
+        else:
+            ds = tarindex.TarDataset(path, options=opts)
+            for i in range(len(ds)):
+                ds[i]
+    msg = str(ei.value)
+    assert f"{path}: decompressed byte {off}: member " in msg, msg
+    assert copy in msg and f"rm {copy}" in msg and f"tarindex index --force {path}" in msg, msg
+    assert not os.path.exists(copy)  # dropped: the next open makes it again
+    ds = tarindex.TarDataset(path)
+    for i in range(len(ds)):
+        s = ds[i]
+        assert _as_dict(s) == want[s["__key__"]]
+
+
+def test_a_copy_changed_in_its_first_bytes_is_made_again(tmp_path: Path) -> None:
+    """The copy's first 4 KiB changed (the fingerprint sees it, the compressed file matches
+    the index): the copy is dropped and made again, with a warning naming it; the samples are
+    right. Before: StaleIndexError telling to rebuild an index that was fine, every open."""
+    path, want = _tar_c(tmp_path, "xz", n=60)
+    tarindex.build_index(path)
+    (copy,) = _copies()
+    _flip(copy, 100)
+    with pytest.warns(RuntimeWarning, match=f"{path}: its decompressed copy {copy} .*made again"):
+        ds = tarindex.TarDataset(path)
+        s = ds[3]
+    assert _as_dict(s) == want[s["__key__"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
+
+
+def test_a_copy_with_a_rewritten_header_is_dropped(tmp_path: Path) -> None:
+    """A member header the open-time checks re-read, changed in the copy: StaleIndexError
+    naming the copy and how to drop it (it is dropped), not only ``index --force``; the next
+    open is right."""
+    path, want = _tar_c(tmp_path, "bzip2", n=100)
+    t = tarindex.build_index(path)
+    (copy,) = _copies()
+    m = t.n_members
+    k = (m - 1) * 2 // 4  # the median header, re-read at every open (FORMAT.md §3)
+    _flip(copy, int(np.asarray(t.offset)[k]) - 512 + 3)  # its name field
+    with pytest.raises(StaleIndexError) as ei:
+        tarindex.TarDataset(path)[0]
+    msg = str(ei.value)
+    assert path in msg and copy in msg and f"rm {copy}" in msg, msg
+    assert not os.path.exists(copy)
+    ds = tarindex.TarDataset(path)
+    assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
+
+
+def test_a_copy_swapped_for_another_or_a_link(tmp_path: Path) -> None:
+    """The copy replaced by another shard's copy of the same size, or by a link to the right
+    bytes elsewhere: never read as this shard's (the link is not followed, the other copy
+    fails the checks and is made again); the samples are this shard's."""
+    a, want = _tar_c(tmp_path / "a", "zstd", n=80, seed=1)
+    b, _ = _tar_c(tmp_path / "b", "zstd", n=80, seed=2)
+    tarindex.build_index(a)
+    tarindex.build_index(b)
+    mine = subprocess.run(["zstd", "-dc", a], capture_output=True, check=True).stdout
+    ca, cb = sorted(_copies(), key=lambda p: Path(p).read_bytes() != mine)
+    other = Path(cb).read_bytes()
+    assert Path(ca).read_bytes() == mine != other
+    # another copy, cut or padded to this one's size: fails the fingerprint, made again
+    Path(ca).write_bytes(other[: len(mine)].ljust(len(mine), b"\0"))
+    with pytest.warns(RuntimeWarning, match="made again"):
+        ds = tarindex.TarDataset(a)
+        assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
+    # a link to a file holding the right bytes: not followed (removed, made again)
+    (tmp_path / "elsewhere.tar").write_bytes(mine)
+    os.unlink(ca)
+    os.symlink(tmp_path / "elsewhere.tar", ca)
+    ds = tarindex.TarDataset(a)
+    assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
+    assert not os.path.islink(ca) and Path(ca).read_bytes() == mine
