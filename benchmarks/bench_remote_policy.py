@@ -54,7 +54,7 @@ sys.path.insert(0, ROOT)
 import tarindex  # noqa: E402
 
 CHILD = r"""
-import json, os, sys, time, urllib.request
+import dataclasses, json, os, sys, time, urllib.request
 sys.path.insert(0, sys.argv[1])
 cfg = json.loads(sys.argv[2])
 import numpy as np, torch, tarindex
@@ -117,6 +117,8 @@ elif kind == "first":
     ds[0]
     out["samples"] = 1
 elif kind.startswith("first-stream"):  # -ordered: no shuffle, as webdataset's row
+    if "-range" in kind:  # ranged reads, no whole shards
+        opts = dataclasses.replace(opts, fetch="range")
     it = iter(tarindex.TarIterableDataset(urls, remote=opts, seed=0,
                                           shuffle=not kind.endswith("-ordered")))
     out["open_ms"] = (time.perf_counter() - t0) * 1e3
@@ -233,6 +235,8 @@ ROWS = [
     ("first", "time to first sample: TarDataset(url)[0]"),
     ("first-stream", "time to first sample: next(iter(TarIterableDataset(url)))"),
     ("first-stream-ordered", "time to first sample: same, shuffle=False"),
+    ("first-stream-range", "time to first sample: same, shuffled, fetch='range'"),
+    ("first-stream-range-ordered", "time to first sample: same, shuffle=False, fetch='range'"),
     ("wds-first", "time to first sample: webdataset next(iter(WebDataset(url)))"),
     ("wids-first", "time to first sample: wids ShardListDataset(spec)[0]"),
 ]
