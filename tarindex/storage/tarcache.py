@@ -24,6 +24,8 @@ import errno
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
+from typing import IO
 
 from .bytesource import ByteSource, PreadSource, open_regular
 from .cache import DirCache
@@ -105,6 +107,22 @@ def _too_big(path: str, cache: DirCache) -> OSError:
     )
 
 
+class _Bounded:
+    """A file that refuses to grow past ``limit`` bytes (the tar cache's).
+
+    So a decompression bomb fills neither the disk nor the cache before it is refused.
+    """
+
+    def __init__(self, f: IO[bytes], limit: int, error: Callable[[], OSError]) -> None:
+        self.f, self.left, self.error = f, limit, error
+
+    def write(self, data: bytes) -> int:
+        self.left -= len(data)
+        if self.left < 0:
+            raise self.error()
+        return self.f.write(data)
+
+
 def drop_copy(copy: str) -> None:
     """Delete the decompressed copy ``copy`` (a path :func:`unpacked_copy` returned).
 
@@ -179,12 +197,13 @@ def unpacked_copy(
         if fd is not None:
             return fd, size, copy
         tmp = cache.temp_path()
+        too_big = partial(_too_big, path, cache)
         try:
             with _compressed(path, cache, opts) as src:
                 if check is not None:
                     check(src)
                 with open(tmp, "wb") as out:
-                    unpack_checked(src, out, fmt)
+                    unpack_checked(src, _Bounded(out, cache.limit, too_big), fmt)  # type: ignore[arg-type]
             if not cache.put_file(key, _NAME, tmp):
                 raise _too_big(path, cache)
         finally:
@@ -268,8 +287,10 @@ def unpacking(
     fd = open_regular(path, f"a {fmt}-compressed tar")
     src = PreadSource(path, fd, os.fstat(fd).st_size)
     try:
-        with open(tmp, "wb") as out:
-            unpack_checked(src, out, fmt, on_read)
+        with open(tmp, "wb") as f:
+            # read later only from a copy in the cache: a tar larger than it is refused early
+            out = f if cache is None else _Bounded(f, cache.limit, partial(_too_big, path, cache))
+            unpack_checked(src, out, fmt, on_read)  # type: ignore[arg-type]
         yield tmp, src
         if keep and cache is not None:
             cache.put_file(_key(path, fmt, None), _NAME, tmp)  # best effort: False if too big

@@ -28,8 +28,16 @@ UNPACK_FORMATS = ("gzip", "zstd", "xz", "bzip2", "lz4")
 
 _READ = 4 << 20
 """Compressed bytes read from the source at a time."""
-_FEED = 64 << 10
-"""Compressed bytes given to the decompressor at a time (bounds the memory one call fills)."""
+_FEED = {"gzip": 64 << 10, "zstd": 4 << 10, "xz": 64 << 10, "bzip2": 64 << 10, "lz4": 64 << 10}
+"""Compressed bytes given to the decompressor at a time. With :data:`_OUT`, this bounds the
+memory one call fills, whatever the data (a decompression bomb): deflate expands at most 1032
+times (64 MiB per 64 KiB); zstd at most 32768 times (a 4-byte RLE block per 128 KiB: 128 MiB
+per 4 KiB), and zstandard's ``decompressobj`` takes no output limit."""
+_OUT = 32 << 20
+"""Most bytes one call of an xz, bzip2 or lz4 decompressor returns (their ``max_length``:
+bzip2 and lzma have no useful bound on their expansion)."""
+_LIMITED = ("xz", "bzip2", "lz4")
+"""The decompressors given ``max_length`` (they have ``needs_input``)."""
 
 
 def codec_missing(fmt: str) -> str:
@@ -90,6 +98,18 @@ def _starts_stream(fmt: str, head: bytes) -> bool:
     return fmt in ("zstd", "lz4") and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50
 
 
+def _call(d: Any, chunk: bytes, fmt: str, path: str, at: int, total: int) -> bytes:
+    """One bounded call of the decompressor ``d`` on ``chunk``; its errors named (offset ``at``)."""
+    try:
+        return d.decompress(chunk, _OUT) if fmt in _LIMITED else d.decompress(chunk)  # type: ignore[no-any-return]
+    except Exception as e:  # zlib.error, LZMAError, OSError (bz2), ZstdError, lz4
+        cls = ChecksumError if _is_checksum(e) else FormatError
+        raise cls(
+            f"{path}: compressed bytes from {at}: invalid {fmt} data ({type(e).__name__}: {e}) "
+            f"after {total} decompressed bytes; the file is corrupt: re-copy or re-create it"
+        ) from None
+
+
 def unpack_checked(
     src: ByteSource,
     out: IO[bytes],
@@ -114,6 +134,7 @@ def unpack_checked(
         ImportError: ``fmt`` is lz4 and the lz4 package is not installed.
     """
     what = _WHAT[fmt]
+    feed = _FEED[fmt]
     d = _decompressor(fmt)
     started = padding = False  # d has been fed a byte; only zeros may follow
     pos = total = 0
@@ -121,8 +142,8 @@ def unpack_checked(
         block = src.read(pos, min(_READ, src.size - pos))
         if on_read is not None:
             on_read(len(block))
-        for k in range(0, len(block), _FEED):
-            chunk = block[k : k + _FEED]
+        for k in range(0, len(block), feed):
+            chunk = block[k : k + feed]
             end = pos + k + len(chunk)  # compressed offset just past chunk
             while chunk:
                 at = end - len(chunk)  # compressed offset of chunk[0]
@@ -142,17 +163,13 @@ def unpack_checked(
                         f"no {fmt} {what}; not read: re-create the file (or cut it at byte {at})"
                     )
                 started = True
-                try:
-                    data = d.decompress(chunk)
-                except Exception as e:  # zlib.error, LZMAError, OSError (bz2), ZstdError, lz4
-                    cls = ChecksumError if _is_checksum(e) else FormatError
-                    raise cls(
-                        f"{src.path}: compressed bytes from {at}: invalid {fmt} data "
-                        f"({type(e).__name__}: {e}) after {total} decompressed bytes; the file is "
-                        f"corrupt: re-copy or re-create it"
-                    ) from None
-                out.write(data)
-                total += len(data)
+                data = _call(d, chunk, fmt, src.path, at, total)
+                while True:  # an xz/bzip2/lz4 call returns at most _OUT bytes: drain it
+                    out.write(data)
+                    total += len(data)
+                    if fmt not in _LIMITED or d.eof or d.needs_input:
+                        break
+                    data = _call(d, b"", fmt, src.path, at, total)
                 if d.eof:
                     chunk = d.unused_data
                     d = _decompressor(fmt)

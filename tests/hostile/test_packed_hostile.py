@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 import tarindex
 from tarindex.errors import ChecksumError, StaleIndexError
 from tarindex.format.index import IndexTables
+from tarindex.storage.tarcache import tar_cache_dir
 from tests.index.test_packed import _as_dict, _copies, _tar_c
 
 
@@ -134,3 +136,43 @@ def test_a_copy_swapped_for_another_or_a_link(tmp_path: Path) -> None:
     ds = tarindex.TarDataset(a)
     assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
     assert not os.path.islink(ca) and Path(ca).read_bytes() == mine
+
+
+_BOMB = """
+import resource, signal, sys, tracemalloc
+import tarindex
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit, write() fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (128 << 20, 128 << 20))
+tracemalloc.start()
+try:
+    tarindex.build_index(sys.argv[1])
+except OSError as e:
+    print("peak", tracemalloc.get_traced_memory()[1])
+    print(e)
+"""
+
+
+def test_a_decompression_bomb_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 20 KB .tar.zst holding 512 MiB of zeros, with a 64 MiB tar cache, in a process that
+    may write no file past 128 MiB: refused with the OSError naming the shard, the cache and
+    TARINDEX_TAR_CACHE_BYTES, no call holding more than 128 MiB (zstd fed 4 KiB at a time).
+    Before: the whole tar was written out first (EFBIG here, or the disk filled), and one
+    decompress call held 512 MiB."""
+    if subprocess.run(["which", "zstd"], capture_output=True).returncode:
+        pytest.skip("zstd is not installed")
+    d = tmp_path / "d"
+    d.mkdir()
+    with open(d / "zeros.bin", "wb") as f:
+        f.truncate(512 << 20)
+    path = str(tmp_path / "bomb.tar.zst")
+    subprocess.run(["tar", "--zstd", "-cf", path, "-C", str(d), "zeros.bin"], check=True)
+    assert os.path.getsize(path) < 100_000
+    monkeypatch.setenv("TARINDEX_TAR_CACHE_BYTES", str(64 << 20))
+    out = subprocess.run(
+        [sys.executable, "-c", _BOMB, path], capture_output=True, text=True, check=True
+    ).stdout
+    peak, msg = out.split("\n", 1)
+    assert f"{path}: its decompressed copy could not be stored" in msg, out
+    assert "TARINDEX_TAR_CACHE_BYTES" in msg, msg
+    assert int(peak.split()[1]) < 200 << 20, peak
+    assert not os.listdir(tar_cache_dir() + "/tmp")
