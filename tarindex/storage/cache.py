@@ -8,7 +8,9 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
   ``<root>/tmp/`` (same filesystem): a reader sees the whole file or nothing. A reader also
   checks an entry's length against what it expects and drops a file that differs.
 - A process killed mid-write leaves only ``tmp/<pid>.<random>`` files, never read as entries;
-  the next eviction pass deletes those whose process is gone.
+  the next eviction pass deletes those whose process is gone, or older than 10 minutes,
+  unless a live process holds them (:meth:`DirCache.hold_temp`: a decompressed copy being
+  made or indexed for longer than that is never deleted under its writer).
 - The byte limit is kept on disk, not in a process's memory: ``<root>/usage`` holds the bytes
   of all entries, read and rewritten under an exclusive ``flock`` of ``<root>/lock`` by every
   insert. When an insert would pass the limit, the directory is scanned and the least
@@ -179,6 +181,21 @@ class DirCache:
         """A fresh temp file name in the cache's ``tmp/`` (for :meth:`put_file`)."""
         self._real_dir(os.path.join(self.root, "tmp"))
         return os.path.join(self.root, "tmp", f"{os.getpid()}.{secrets.token_hex(6)}")
+
+    def hold_temp(self, p: str) -> int:
+        """Hold the temp file ``p`` (from :meth:`temp_path`; created if missing) until closed.
+
+        The hold is a shared ``flock`` on the returned descriptor; close it when done.
+
+        The cache's clean-up never deletes a held temp file, however old (a copy being
+        decompressed or scanned for longer than the grace time); the kernel drops the hold
+        when its process dies, so a killed writer's file is deleted as before.
+        """
+        import fcntl
+
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
 
     def lock(self, key: str, name: str, blocking: bool = True) -> int | None:
         """Take the exclusive lock of entry ``(key, name)``: one writer per entry, machine-wide.
@@ -360,8 +377,28 @@ class DirCache:
                     out.append((st.st_mtime, st.st_size, f.path))
         return out
 
+    @staticmethod
+    def _held(p: str) -> bool:
+        """Whether the temp file ``p`` is held by :meth:`hold_temp` in a live process."""
+        import fcntl
+
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def _clean_tmp(self) -> None:
-        """Delete temp files whose writer is gone (killed mid-write) or that are very old."""
+        """Delete temp files whose writer is gone (killed mid-write) or that are very old.
+
+        A file held by :meth:`hold_temp` is never deleted.
+        """
         now = time.time()
         try:
             it = list(os.scandir(os.path.join(self.root, "tmp")))
@@ -373,7 +410,9 @@ class DirCache:
                 st = e.stat(follow_symlinks=False)
             except (ValueError, OSError):
                 continue
-            if not _pid_alive(pid) or now - st.st_mtime > _TMP_GRACE_S:
+            if (not _pid_alive(pid) or now - st.st_mtime > _TMP_GRACE_S) and not self._held(
+                e.path
+            ):
                 self._drop(e.path)
 
     def _evict(self, room: int, keep: str) -> int:

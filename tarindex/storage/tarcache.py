@@ -197,6 +197,7 @@ def unpacked_copy(
         if fd is not None:
             return fd, size, copy
         tmp = cache.temp_path()
+        held = cache.hold_temp(tmp)  # never cleaned up while this process works on it
         too_big = partial(_too_big, path, cache)
         try:
             with _compressed(path, cache, opts) as src:
@@ -208,6 +209,7 @@ def unpacked_copy(
                 raise _too_big(path, cache)
         finally:
             cache.discard_path(tmp)
+            os.close(held)
         fd = _open(cache, key, None)
         if fd is None:  # evicted at once: a cache too small for two copies
             raise _too_big(path, cache)
@@ -242,6 +244,7 @@ def _compressed(path: str, cache: DirCache, opts: RemoteOptions | None) -> Itera
             src.close()
         return
     tmp = cache.temp_path()
+    held = cache.hold_temp(tmp)
     try:
         download(path, tmp, opts)
         fd = os.open(tmp, os.O_RDONLY)
@@ -252,6 +255,7 @@ def _compressed(path: str, cache: DirCache, opts: RemoteOptions | None) -> Itera
             src.close()
     finally:
         cache.discard_path(tmp)
+        os.close(held)
 
 
 @contextmanager
@@ -279,8 +283,10 @@ def unpacking(
         cache: DirCache | None = tar_cache()
     except (OSError, ValueError):
         cache = None
+    held = -1
     if cache is not None:
         tmp = cache.temp_path()
+        held = cache.hold_temp(tmp)  # never cleaned up while indexed here, however long
     else:
         tfd, tmp = tempfile.mkstemp(prefix=".tarindex-unpack-", suffix=".tar", dir=tmp_dir)
         os.close(tfd)
@@ -300,3 +306,5 @@ def unpacking(
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if held >= 0:
+            os.close(held)

@@ -9,8 +9,10 @@ GNU tar and the compressors themselves; CI runs this file in both kernel modes.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 import tarindex
 from tarindex.errors import ChecksumError, StaleIndexError
 from tarindex.format.index import IndexTables
-from tarindex.storage.tarcache import tar_cache_dir
+from tarindex.storage.tarcache import tar_cache, tar_cache_dir, unpacking
 from tests.index.test_packed import _as_dict, _copies, _tar_c
 
 
@@ -176,3 +178,38 @@ def test_a_decompression_bomb_is_bounded(tmp_path: Path, monkeypatch: pytest.Mon
     assert "TARINDEX_TAR_CACHE_BYTES" in msg, msg
     assert int(peak.split()[1]) < 200 << 20, peak
     assert not os.listdir(tar_cache_dir() + "/tmp")
+
+
+def test_a_copy_worked_on_longer_than_the_grace_time_is_not_cleaned_up(tmp_path: Path) -> None:
+    """A temp copy still being indexed (or decompressed) after the cache's 10-minute grace
+    time: another process's clean-up (any new DirCache of the tar cache) leaves it alone, and
+    it becomes the copy. A temp file of a process that died (kill -9) is still deleted, however
+    young. Before: the old temp was deleted under its writer, whose put_file then failed."""
+    path, want = _tar_c(tmp_path, "zstd", n=30)
+    with unpacking(path, "zstd") as (tmp, _):
+        old = time.time() - 3600
+        os.utime(tmp, (old, old))
+        subprocess.run(
+            [sys.executable, "-c", "from tarindex.storage.tarcache import tar_cache; tar_cache()"],
+            check=True,
+        )
+        assert os.path.exists(tmp)
+    (copy,) = _copies()
+    ds = tarindex.TarDataset(path)
+    assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
+    # a writer killed mid-way: its held temp file goes at the next clean-up
+    code = (
+        "import os, sys, time\n"
+        "from tarindex.storage.tarcache import tar_cache\n"
+        "c = tar_cache(); p = c.temp_path(); c.hold_temp(p)\n"
+        "open(p, 'wb').write(b'x' * 1000); print(p, flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    left = proc.stdout.readline().strip()
+    tar_cache()
+    assert os.path.exists(left)  # alive and held
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    tar_cache()
+    assert not os.path.exists(left)
