@@ -5,7 +5,7 @@ ascending, sample numbers; :meth:`~tarindex.read.shard.ShardReader.key_table`); 
 shards they are joined once per process into one table of global indices
 (:func:`joined_table`). A lookup is a binary search in a table, then each candidate's key
 bytes are compared (:meth:`~tarindex.read.shard.ShardReader.key_is`), so a hit is never a
-hash collision.
+hash collision. :func:`key_bytes` hands out a range's keys as stored (an Arrow column's bytes).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..format.keytable import KeyTable
 from .shard import ShardReader
 from .spanner import locate, shards_of
 
-__all__ = ["joined_table", "find_all", "find_many"]
+__all__ = ["joined_table", "find_all", "find_many", "key_bytes"]
 
 Open = Callable[[int], ShardReader]
 """``reader(s)``: the open reader of shard ``s``."""
@@ -110,3 +110,25 @@ def find_many(
     out[f[:, 0]] = f[:, 1]
     dup: NDArray[np.bool_] = np.bincount(f[:, 0], minlength=len(raw)) > 1
     return out, dup
+
+
+def key_bytes(reader: ShardReader, j0: int, j1: int) -> tuple[bytes, NDArray[np.int64]]:
+    """The keys of samples ``j0 <= j < j1`` of a shard as stored: their bytes joined, and offsets.
+
+    The raw member-name bytes of FORMAT.md §2.5 (not decoded: a non-UTF-8 key is its bytes),
+    one slice of the index's key blob, the same slice ``read_block`` decodes its keys from;
+    key ``j`` is ``blob[ptr[j - j0] : ptr[j - j0 + 1]]``. What an Arrow ``string`` column is
+    made of without a Python object per key.
+
+    Returns:
+        ``(blob, ptr)``: ``bytes`` and ``int64 (j1 - j0 + 1,)`` offsets from 0.
+
+    Raises:
+        SampleIndexError: If the range is outside the shard.
+        FormatError: If the index tables of those samples are corrupt.
+    """
+    reader.check_range(j0, j1)
+    t = reader.index
+    kp = t.key_ptr[j0 : j1 + 1].astype(np.int64)
+    k0 = int(kp[0])
+    return bytes(t.key_blob[k0 : int(kp[-1])]), kp - k0

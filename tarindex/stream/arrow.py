@@ -33,6 +33,7 @@ from ..plan.checks import check_int
 from ..plan.epoch import worker_shares
 from ..read import Block, OpenOptions, ShardSet
 from ..read.fields import Fields, check_fields
+from ..read.keys import key_bytes
 from ..storage.remote import RemoteOptions
 from .pack import INT_FIELDS, pack_blocks
 
@@ -232,11 +233,13 @@ def block_table(
     import pyarrow as pa
 
     parts = []
+    key_parts = []
     i = start
     while i < stop:
         s, j = shards.locate(i)
         j1 = min(int(shards.counts[s]), j + (stop - i))
         parts.append(shards.read_block(s, j, j1, None if every_member else columns))
+        key_parts.append(key_bytes(shards.reader(s), j, j1))
         i += j1 - j
     blk = Block.concat(parts)
     ints = frozenset(int_fields)
@@ -251,14 +254,17 @@ def block_table(
         )
     n = len(p.keys)
     buf = pa.py_buffer(p.data)
-    arrays: list[Any] = [_keys(p.keys, p.shards), pa.array(p.global_index, pa.int64())]
+    arrays: list[Any] = [  # pa.array of the index measured ~1 ms a block here, this ~10 us
+        _keys(key_parts, p.keys, p.shards),
+        pa.Array.from_buffers(
+            pa.int64(), n, [None, pa.py_buffer(np.ascontiguousarray(p.global_index, np.int64))]
+        ),
+    ]
     for c in columns:
         if c in p.ints:
-            arrays.append(
-                pa.Array.from_buffers(
-                    pa.int64(), n, [_validity(_has(blk, c)), pa.py_buffer(p.ints[c])]
-                )
-            )
+            col = p.ints[c]  # -1 where a sample has none: only then ask which samples have it
+            valid = None if col.min(initial=0) != -1 else _validity(_has(blk, c))
+            arrays.append(pa.Array.from_buffers(pa.int64(), n, [valid, pa.py_buffer(col)]))
             continue
         if c not in p.fields:
             arrays.append(pa.nulls(n, pa.int64() if c in ints else pa.binary()))
@@ -294,37 +300,36 @@ def _validity(present: NDArray[np.bool_]) -> Any:
     return None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
 
 
-def _keys(keys: list[str], shards: list[str | None]) -> Any:
+def _keys(
+    parts: list[tuple[bytes, NDArray[np.int64]]], keys: list[str], shards: list[str | None]
+) -> Any:
     """The ``string`` key column: one UTF-8 buffer and its offsets, no Arrow object per key.
 
-    The keys are joined with NUL (not in a tar name: names are C strings) and encoded once;
-    the NULs give the offsets and are then dropped.
+    Made from the keys' stored bytes (:func:`~tarindex.read.keys.key_bytes` of each
+    part, in order), checked to be UTF-8 (ASCII, the usual case, at once).
 
     Raises:
         FormatError: If a key is not UTF-8 (read with ``surrogateescape``, FORMAT.md §2.5).
     """
     import pyarrow as pa
 
-    try:
-        raw = np.frombuffer("\0".join(keys).encode("utf-8"), np.uint8)
-    except UnicodeEncodeError:
-        for k, key in enumerate(keys):
-            if key.encode("utf-8", "replace") != key.encode("utf-8", "surrogateescape"):
-                raise FormatError(
-                    f"{shards[k]}: key {key!r} is not UTF-8; an Arrow string column cannot "
-                    f"hold it: rename the sample"
-                ) from None
-        raise
-    sep = np.flatnonzero(raw == 0)
-    if len(sep) != max(len(keys) - 1, 0):  # a NUL inside a key: not from a tar, but be exact
-        return pa.array(keys, pa.string())
-    off = np.empty(len(keys) + 1, np.int32)
-    off[0] = 0
-    off[1:-1] = sep - np.arange(len(sep))
-    off[-1] = len(raw) - len(sep)
-    data = raw[raw != 0] if len(sep) else raw
+    if len(parts) == 1:
+        data, off = parts[0]
+    else:
+        data = b"".join(b for b, _ in parts)
+        base = np.cumsum([0] + [len(b) for b, _ in parts[:-1]])
+        off = np.concatenate([parts[0][1][:1]] + [o[1:] + b for (_, o), b in zip(parts, base, strict=True)])
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            k = int(np.searchsorted(off, e.start, side="right")) - 1
+            raise FormatError(
+                f"{shards[k]}: key {keys[k]!r} is not UTF-8; an Arrow string column cannot "
+                f"hold it: rename the sample"
+            ) from None
     return pa.Array.from_buffers(
-        pa.string(), len(keys), [None, pa.py_buffer(off), pa.py_buffer(data)]
+        pa.string(), len(keys), [None, pa.py_buffer(off.astype(np.int32)), pa.py_buffer(data)]
     )
 
 

@@ -174,10 +174,14 @@ def pack_blocks(
     if is_int.any():
         isel = np.flatnonzero(is_int)
         icode, irow, ival = code[isel], row[isel], vals[isel]
-        for c in _first_seen(icode):
-            m = icode == c
+        named = [c for c, nm in enumerate(names) if nm in int_set]
+        for c in named if len(named) == 1 else _first_seen(icode):  # one: no sort, no mask
             col = ints[names[c]] = np.full(n, -1, np.int64)
-            col[irow[m]] = ival[m]
+            if len(named) == 1:
+                col[irow] = ival
+            else:
+                m = icode == c
+                col[irow[m]] = ival[m]
     return Packed([names[c] for c in used], keep, offsets, present, keys, idx, ints, shards)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import tarindex
-from tarindex.errors import FormatError
+from tarindex.errors import FormatError, SampleIndexError
+from tarindex.read.keys import key_bytes
 from tarindex.stream.arrow import block_table, columns_of, cut_ranges, read_range, samples_of
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e '.[test]')")
@@ -97,6 +98,11 @@ def test_a_key_that_is_not_utf8_is_named(tmp_path: Path) -> None:
             tf.addfile(info, io.BytesIO(b"1"))
     tarindex.build_index(str(tmp_path / "k.tar"))
     ss = tarindex.ShardSet(str(tmp_path / "k.tar"))
-    with pytest.raises(FormatError, match="not UTF-8.*rename"):
+    with pytest.raises(FormatError, match=r"k\.tar: key 'caf\\udce9' is not UTF-8.*rename"):
         block_table(ss, 0, 2, ["cls"])
     assert block_table(ss, 0, 1, ["cls"]).column("__key__").to_pylist() == ["ok"]
+    blob, ptr = key_bytes(ss.reader(0), 0, 2)  # the stored bytes the key column is made of
+    assert blob == b"okcaf\xe9" and ptr.tolist() == [0, 2, 6]
+    assert key_bytes(ss.reader(0), 1, 1)[0] == b""
+    with pytest.raises(SampleIndexError):
+        key_bytes(ss.reader(0), 1, 3)
