@@ -112,22 +112,37 @@ def forget_pins() -> None:
 
 
 def _pin(url: str, opts: RemoteOptions) -> Pin:
+    """The version of ``url`` this process pinned; learnt once (one size query at a time)."""
     k = (os.getpid(), url)
+    mine: Future[Pin] | None = None
     with _lock:
         p = _pins.get(k)
         f = _pinning.get(k)
-    if p is None and f is not None:  # learnt ahead (pin_ahead): its answer, or its error
+        if p is None and f is None:  # ours to learn; others asking meanwhile wait for it
+            f = mine = _pinning[k] = Future()
+    if p is not None:
+        return p
+    assert f is not None
+    if mine is not None:
         try:
-            p = f.result()
+            p = stat(url, opts)
+        except BaseException as e:
+            mine.set_exception(e)
+            raise
         finally:
             with _lock:
-                if _pinning.get(k) is f:
+                if p is not None:
+                    _pins[k] = p
+                if _pinning.get(k) is mine:
                     del _pinning[k]
-    if p is None:
-        p = stat(url, opts)
+        mine.set_result(p)
+        return p
+    try:
+        return f.result()  # learnt by another thread (or ahead, by pin_ahead)
+    finally:
         with _lock:
-            _pins[k] = p
-    return p
+            if _pinning.get(k) is f and f.done():
+                del _pinning[k]
 
 
 def pin_ahead(url: str, opts: RemoteOptions) -> None:
@@ -140,15 +155,13 @@ def pin_ahead(url: str, opts: RemoteOptions) -> None:
         if k in _pins or k in _pinning:
             return
 
-    def learn() -> Pin:
-        p = stat(url, opts)
-        with _lock:
-            _pins.setdefault(k, p)
-        return p
+    def learn() -> None:
+        try:
+            _pin(url, opts)
+        except Exception:
+            pass  # the open that needs it asks again, and raises
 
-    f = _background(learn)
-    with _lock:
-        _pinning.setdefault(k, f)
+    _background(learn)
 
 
 def _open_entry(c: DirCache, key: str, size: int) -> int | None:
