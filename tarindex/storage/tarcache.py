@@ -8,7 +8,7 @@ in bytes kept on disk, links never followed; docs/REMOTE.md, "Cache") at
 64 GiB; least recently used copies go first).
 
 - **Keyed by the compressed file.** A local file's key is its real path, format, size,
-  modification time (ns) and inode; a remote one's its URL, format, size and version
+  modification and change times (ns) and inode; a remote one's its URL, format, size and version
   (ETag / Last-Modified / version id, from ``HEAD``). A changed file gets a new entry, so a
   stale copy is never served; the index's checks then compare the new copy with the index.
 - **Once per machine.** A miss takes the entry's ``flock`` (:meth:`DirCache.lock`): DataLoader
@@ -94,7 +94,12 @@ def _key(path: str, fmt: str, opts: RemoteOptions | None) -> str:
         pin = remote_stat(path, opts)
         return cache_key("unpacked", fmt, path, pin.size, pin.tag())
     st = os.stat(path)
-    return cache_key("unpacked", fmt, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    # ctime too: a rewrite in place with its mtime set back (touch -r, cp -p, rsync -t) still
+    # gets a new copy (no one can set ctime), which the members' crc32s then check
+    return cache_key(
+        "unpacked", fmt, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
+        st.st_ctime_ns,
+    )
 
 
 def _too_big(path: str, cache: DirCache) -> OSError:

@@ -213,3 +213,31 @@ def test_a_copy_worked_on_longer_than_the_grace_time_is_not_cleaned_up(tmp_path:
     proc.wait()
     tar_cache()
     assert not os.path.exists(left)
+
+
+def test_a_rewrite_in_place_with_its_mtime_set_back_gets_a_new_copy(tmp_path: Path) -> None:
+    """A .tar.zst without content checksums (``zstd --no-check``; random data: raw blocks)
+    with one byte changed in its middle, in place (same inode and size, the fingerprint
+    intact), its mtime set back as ``touch -r``/``rsync -t`` do: the changed byte is never
+    served silently. The copy's key holds ctime, so a new copy is made and the member's crc32
+    refuses it. Before: the old copy (same path, size, mtime, inode) was served as the file."""
+    if subprocess.run(["which", "zstd"], capture_output=True).returncode:
+        pytest.skip("zstd is not installed")
+    d = tmp_path / "d"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        (d / f"{i:03d}.bin").write_bytes(rng.integers(0, 256, 20000, np.uint8).tobytes())
+    plain, path = str(tmp_path / "r.tar"), str(tmp_path / "r.tar.zst")
+    subprocess.run(["tar", "--sort=name", "-cf", plain, "-C", str(d), "."], check=True)
+    subprocess.run(["zstd", "-q", "--no-check", "-1", plain, "-o", path], check=True)
+    ds = tarindex.TarDataset(path)
+    assert len(ds) == 30
+    st = os.stat(path)
+    _flip(path, st.st_size // 2)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_ino == st.st_ino
+    with pytest.raises(ChecksumError, match=f"{path}: decompressed byte"):
+        ds = tarindex.TarDataset(path)
+        for i in range(len(ds)):
+            ds[i]
