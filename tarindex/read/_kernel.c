@@ -3,8 +3,10 @@
  * Every function here reads tables that tarindex/read/ (checks.py) has already validated chunk by
  * chunk (check_samples): the guards live there, once. These loops still bound every read
  * they make (a pointer past its table, a member past the tar, an extension id past the
- * extension list) and, instead of raising, hand the case back: the caller then takes the
- * pure-Python path, which checks the chunk and raises the FormatError that names the index.
+ * extension list) and, instead of raising, hand the case back: they return a
+ * tarindex.read.hot.HandBack (the one class, fetched at import), on which the caller acts
+ * (ReaderPool.settle: open the shard, check the chunk) or takes the pure-Python path, which
+ * raises the FormatError that names the index.
  * Tables are little-endian (FORMAT.md section 2); the module is only used on little-endian
  * hosts. Without this module (no compiler at install, or TARINDEX_PURE_PYTHON=1) the same
  * loops run in Python.
@@ -326,6 +328,15 @@ static PyTypeObject MappedType = {
 static uint64_t kernel_calls = 0; /* numbers the calls that check each mapping's size once */
 static PyObject *str_hot, *str_open, *str_check, *str_python, *str_key, *str_shard,
     *str_index;
+static PyObject *HandBackType; /* tarindex.read.hot.HandBack, fetched at import */
+
+/* A hand-back: HandBack(why, shard, chunk, at), a new reference (NULL with an error).
+ * ("open", shard, -1, at), ("check", shard, chunk, at) or ("python", -1, -1, at). */
+static PyObject *hand_back(PyObject *why, Py_ssize_t s, Py_ssize_t c, Py_ssize_t at) {
+    return PyObject_CallFunction(HandBackType, "Onnn", why, s, c, at);
+}
+
+static PyObject *python_at(Py_ssize_t at) { return hand_back(str_python, -1, -1, at); }
 
 typedef struct {
     PyObject_HEAD
@@ -538,23 +549,10 @@ static int get_want(Tables *t, PyObject *obj, const char **want) {
     return 0;
 }
 
-/* sample(j, want, shard, index) -> dict | None: tables_dict of sample j. */
-static PyObject *Tables_sample(Tables *t, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "sample(j, want, shard, index)");
-        return NULL;
-    }
-    Py_ssize_t j = PyLong_AsSsize_t(args[0]);
-    if (j == -1 && PyErr_Occurred()) return NULL;
-    const char *want;
-    if (get_want(t, args[1], &want) < 0) return NULL;
-    return tables_dict(t, j, want, args[2], args[3], 0);
-}
-
-/* samples(j0, j1, want, shard, base) -> [dict, ...] | None: tables_dict of each sample
+/* samples(j0, j1, want, shard, base) -> [dict, ...] | HandBack: tables_dict of each sample
  * j0 <= j < j1 in Block.to_samples' order, "__index__" base + j - j0 (a streaming block,
- * ShardSet.read_samples); None
- * if any sample hands back (the Python path then reads the block or raises). */
+ * ShardSet.read_samples); a "python" HandBack at j - j0 if sample j hands back, at 0 for a
+ * range it refuses (the Python path then reads the block or raises). */
 static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "samples(j0, j1, want, shard, base)");
@@ -568,7 +566,7 @@ static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nar
     if (base == -1 && PyErr_Occurred()) return NULL;
     const char *want;
     if (get_want(t, args[2], &want) < 0) return NULL;
-    if (j0 < 0 || j1 < j0 || j1 > t->n || base > PY_SSIZE_T_MAX - (j1 - j0)) Py_RETURN_NONE;
+    if (j0 < 0 || j1 < j0 || j1 > t->n || base > PY_SSIZE_T_MAX - (j1 - j0)) return python_at(0);
     PyObject *out = PyList_New(j1 - j0);
     if (out == NULL) return NULL;
     /* its slots are NULL until filled and tables_dict runs Python code (a hash), which could
@@ -585,7 +583,8 @@ static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nar
         if (d == NULL || d == Py_None) {
             Py_DECREF(out);
             if (d == NULL) return NULL;
-            return d; /* None: hand back */
+            Py_DECREF(d);
+            return python_at(j - j0);
         }
         PyList_SET_ITEM(out, j - j0, d);
     }
@@ -594,11 +593,9 @@ static PyObject *Tables_samples(Tables *t, PyObject *const *args, Py_ssize_t nar
 }
 
 static PyMethodDef Tables_methods[] = {
-    {"sample", (PyCFunction)(void (*)(void))Tables_sample, METH_FASTCALL,
-     "sample(j, want, shard, index): sample j as a dict, or None (take the Python path)."},
     {"samples", (PyCFunction)(void (*)(void))Tables_samples, METH_FASTCALL,
-     "samples(j0, j1, want, shard, base): samples j0..j1 as dicts, or None (take the Python "
-     "path)."},
+     "samples(j0, j1, want, shard, base): samples j0..j1 as dicts, or a HandBack (take the "
+     "Python path)."},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject TablesType = {
@@ -624,30 +621,36 @@ static int get_i64(PyObject *o, Py_buffer *b, const char *what, int flags) {
     return 0;
 }
 
-/* gather(tables, slot, local) -> (keys, counts, offsets, sizes, ext_ids) | int
- * tables: tuple of Tables by slot; slot, local: int64 buffers of the batch. Returns the
- * batch's keys (list of str), member counts (int64 bytes) and its members' raw table bytes
- * in batch order; or the position of the first sample to hand back. */
+/* gather(tables, shards, slot, local) -> (keys, counts, offsets, sizes, ext_ids) | HandBack
+ * tables: tuple of Tables by slot; shards: tuple of the shard number of each (named by a
+ * "check" hand-back); slot, local: int64 buffers of the batch. Returns the batch's keys (list
+ * of str), member counts (int64 bytes) and its members' raw table bytes in batch order; or a
+ * HandBack at the first sample it does not read: "check" (its chunk is unchecked), else
+ * "python". */
 static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "gather(tables: tuple, slot, local)");
+    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "gather(tables: tuple, shards: tuple, slot, local)");
         return NULL;
     }
-    PyObject *tabs = args[0];
+    PyObject *tabs = args[0], *shards = args[1];
     Py_ssize_t nt = PyTuple_GET_SIZE(tabs);
     for (Py_ssize_t i = 0; i < nt; i++)
         if (!PyObject_TypeCheck(PyTuple_GET_ITEM(tabs, i), &TablesType)) {
             PyErr_SetString(PyExc_TypeError, "gather: tables must be Tables");
             return NULL;
         }
+    if (PyTuple_GET_SIZE(shards) != nt) {
+        PyErr_SetString(PyExc_ValueError, "gather: tables and shards differ in length");
+        return NULL;
+    }
     Py_buffer bs, bl;
-    if (get_i64(args[1], &bs, "slot", PyBUF_SIMPLE) < 0) return NULL;
-    if (get_i64(args[2], &bl, "local", PyBUF_SIMPLE) < 0) {
+    if (get_i64(args[2], &bs, "slot", PyBUF_SIMPLE) < 0) return NULL;
+    if (get_i64(args[3], &bl, "local", PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&bs);
         return NULL;
     }
     PyObject *res = NULL, *keys = NULL, *cnt = NULL, *ob = NULL, *sb = NULL, *eb = NULL;
-    Py_ssize_t n = bs.len / 8, total = 0, bad = -1;
+    Py_ssize_t n = bs.len / 8, total = 0, bad = -1, bad_chunk = -1, bad_slot = 0;
     const int64_t *slot = bs.buf, *local = bl.buf;
     if (bl.len != bs.len) {
         PyErr_SetString(PyExc_ValueError, "gather: slot and local differ in length");
@@ -661,8 +664,13 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
             goto done;
         }
         Tables *t = (Tables *)PyTuple_GET_ITEM(tabs, slot[b]);
-        if (!tables_row(t, (Py_ssize_t)local[b], &k0, &k1, &m0, &m1)) {
+        Py_ssize_t j = (Py_ssize_t)local[b];
+        if (!tables_row(t, j, &k0, &k1, &m0, &m1)) {
             bad = b;
+            if (j >= 0 && j < t->n && !((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) {
+                bad_chunk = j >> CHUNK_SHIFT;
+                bad_slot = (Py_ssize_t)slot[b];
+            }
             break;
         }
         for (uint64_t m = m0; m < m1; m++)
@@ -674,7 +682,13 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
         total += (Py_ssize_t)(m1 - m0);
     }
     if (bad >= 0) {
-        res = PyLong_FromSsize_t(bad);
+        if (bad_chunk < 0) {
+            res = python_at(bad);
+            goto done;
+        }
+        Py_ssize_t sh = PyLong_AsSsize_t(PyTuple_GET_ITEM(shards, bad_slot));
+        if (sh == -1 && PyErr_Occurred()) goto done;
+        res = hand_back(str_check, sh, bad_chunk, bad);
         goto done;
     }
     keys = PyList_New(n);
@@ -693,13 +707,13 @@ static PyObject *k_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
          * the row and its member count are read and bounded again */
         int64_t sl = ((const volatile int64_t *)slot)[b];
         if (sl < 0 || sl >= nt) {
-            res = PyLong_FromSsize_t(b);
+            res = python_at(b);
             goto done;
         }
         Tables *t = (Tables *)PyTuple_GET_ITEM(tabs, sl);
         if (!tables_row(t, (Py_ssize_t)((const volatile int64_t *)local)[b], &k0, &k1, &m0, &m1) ||
             m1 - m0 > (uint64_t)left) {
-            res = PyLong_FromSsize_t(b);
+            res = python_at(b);
             goto done;
         }
         left -= (Py_ssize_t)(m1 - m0);
@@ -748,10 +762,11 @@ static int parse_decimal(const char *p, Py_ssize_t n, int64_t *out) {
     return 1;
 }
 
-/* pack(out, datas, src, offset, size, dest, vals, start) -> int
+/* pack(out, datas, src, offset, size, dest, vals, start) -> None | HandBack
  * For members k >= start: dest[k] >= 0 copies datas[src[k]][offset[k]:+size[k]] to
- * out[dest[k]:]; dest[k] < 0 parses it as a decimal integer into vals[k]. Returns -1 when
- * done, or the first k it hands back (a member that is not a plain decimal, or a bound). */
+ * out[dest[k]:]; dest[k] < 0 parses it as a decimal integer into vals[k]. Returns None when
+ * done, or a "python" HandBack at the first k it leaves to Python (a member that is not a
+ * plain decimal, or a bound). */
 static PyObject *k_pack(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyTuple_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "pack(out, datas: tuple, src, offset, size, dest, vals, start)");
@@ -808,7 +823,7 @@ static PyObject *k_pack(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
             goto done;
         }
     }
-    res = PyLong_FromSsize_t(ret);
+    res = ret < 0 ? Py_NewRef(Py_None) : python_at(ret);
 done:
     while (held > 0) PyBuffer_Release(&db[--held]);
     PyMem_Free(db);
@@ -835,11 +850,6 @@ static Py_ssize_t shard_of(const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
 
 /* ---- batch: ShardSet.gather + pack_blocks in two passes -------------------------------- */
 
-
-/* A hand-back: ("open", shard, 0), ("check", shard, chunk) or ("python", 0, 0). */
-static PyObject *hand_back(PyObject *what, Py_ssize_t s, Py_ssize_t c) {
-    return Py_BuildValue("(Onn)", what, s, c);
-}
 
 /* Layout position of extension `name` in this call: >= 0 a byte field, <= -2 integer field
  * -2 - p, -1 left out. `pos` caches it by name; new fields are numbered by first
@@ -871,7 +881,7 @@ static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyO
 
 /* batch(indices, starts, per, readers, paths, fields, int_fields, alloc)
  *     -> (keep, keys, byte_fields, int_fields, offsets, present, ints, index, shards)
- *        | (what, shard, chunk)
+ *        | HandBack
  * ShardSet.gather_packed's loops. indices: global sample indices (ints); starts: int64
  * (n_shards + 1) first global index of each shard; per: samples per shard when all but the
  * last hold that many, else 0; readers: the pool's readers (shard -> ShardReader, whose `hot`
@@ -881,8 +891,9 @@ static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyO
  * tar (mmap.size()), decodes keys, parses integer members and sizes the field-major layout
  * (torch/batch.py field_major); pass 2 copies, each read bounded again. offsets int64 (nf, n + 1), present uint8
  * (nf, n), ints int64 (ni, n) (-1 where missing) and index int64 (n) come back as
- * bytearrays. A hand-back instead: "open" (the shard has no open reader), "check" (its
- * chunk's tables are unchecked), "python" (anything else: an index out of range or not an
+ * bytearrays. A HandBack instead, at the position in indices the loop stopped at: "open"
+ * (the shard has no open reader), "check" (its chunk's tables are unchecked), "python"
+ * (anything else: an index out of range or not an
  * int, a cut tar, a bound, an extension twice, an integer member that is not a plain
  * decimal: the Python path raises the error or returns the batch). */
 static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
@@ -915,7 +926,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t nf = 0, ni = 0, cap = 8, nrow = 0;
     uint64_t call = ++kernel_calls;
     if (ns < 1 || n == 0) {
-        res = hand_back(str_python, 0, 0);
+        res = python_at(0);
         goto done;
     }
     row_t = PyMem_Malloc(n * sizeof(Tables *));
@@ -944,18 +955,18 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t i = PyNumber_AsSsize_t(PyTuple_GET_ITEM(seq, b), NULL);
         if (i == -1 && PyErr_Occurred()) { /* not an integer: the Python path says so */
             PyErr_Clear();
-            res = hand_back(str_python, 0, 0);
+            res = python_at(b);
             goto done;
         }
         if (i < 0) i += total;
         if (i < 0 || i >= total) {
-            res = hand_back(str_python, 0, 0);
+            res = python_at(b);
             goto done;
         }
         Py_ssize_t sh = shard_of(starts, ns, per, i);
         int64_t s0 = starts[sh]; /* read once: Python code below may change the buffer */
         if (i < s0 || i >= starts[sh + 1]) {
-            res = hand_back(str_python, 0, 0);
+            res = python_at(b);
             goto done;
         }
         idx[b] = i;
@@ -964,7 +975,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyObject *r = PyDict_GetItemWithError(readers, key);
         Py_DECREF(key);
         if (r == NULL) {
-            res = PyErr_Occurred() ? NULL : hand_back(str_open, sh, 0);
+            res = PyErr_Occurred() ? NULL : hand_back(str_open, sh, -1, b);
             goto done;
         }
         PyObject *ck = PyObject_GetAttr(r, str_hot);
@@ -984,12 +995,12 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_DECREF(ck);
         if (!ok) {
-            res = hand_back(str_python, 0, 0);
+            res = python_at(b);
             goto done;
         }
         Py_ssize_t j = i - (Py_ssize_t)s0;
         if (j >= t->n || !((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) {
-            res = j >= t->n ? hand_back(str_python, 0, 0) : hand_back(str_check, sh, j >> CHUNK_SHIFT);
+            res = j >= t->n ? python_at(b) : hand_back(str_check, sh, j >> CHUNK_SHIFT, b);
             goto done;
         }
         row_j[b] = j;
@@ -1005,7 +1016,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t j = (Py_ssize_t)row_j[b], sh = (Py_ssize_t)row_s[b];
         uint64_t k0 = 0, k1 = 0, m0 = 0, m1 = 0;
         if (!tables_row(t, j, &k0, &k1, &m0, &m1)) {
-            res = hand_back(str_python, 0, 0);
+            res = python_at(b);
             goto done;
         }
         PyObject *k = PyUnicode_DecodeUTF8((const char *)t->keys.buf + t->kbase + k0,
@@ -1020,7 +1031,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             uint32_t e;
             uint64_t mo, ms;
             if (!member_get(t, m, &e, &mo, &ms)) {
-                res = hand_back(str_python, 0, 0);
+                res = python_at(b);
                 goto done;
             }
             Py_ssize_t p = field_pos(pos, PyTuple_GET_ITEM(t->exts, e), fields, intf, bnames,
@@ -1046,7 +1057,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             }
             int64_t *cell = (is_int ? ivals : lens) + q * n + b;
             if (*cell != -1) { /* an extension twice in a sample (the guards refuse it) */
-                res = hand_back(str_python, 0, 0);
+                res = python_at(b);
                 goto done;
             }
             if (!is_int) {
@@ -1059,7 +1070,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                     goto done;
                 }
                 if (!got || *cell == -1) {
-                    res = hand_back(str_python, 0, 0); /* int() decides; -1 reads as missing */
+                    res = python_at(b); /* int() decides; -1 reads as missing */
                     goto done;
                 }
             }
@@ -1103,14 +1114,14 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if (b + 1 < n) /* the next sample's members: their first lines while this one copies */
             prefetch_data(row_t[b + 1], (Py_ssize_t)row_j[b + 1], 256);
         if (!tables_row(t, (Py_ssize_t)row_j[b], &k0, &k1, &m0, &m1)) {
-            res = hand_back(str_python, 0, 0);
+            res = python_at(b);
             goto done;
         }
         for (uint64_t m = m0; m < m1; m++) {
             uint32_t e;
             uint64_t mo, ms;
             if (!member_get(t, m, &e, &mo, &ms)) {
-                res = hand_back(str_python, 0, 0);
+                res = python_at(b);
                 goto done;
             }
             PyObject *got = PyDict_GetItem(pos, PyTuple_GET_ITEM(t->exts, e));
@@ -1118,7 +1129,7 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             if (p < 0) continue;
             int64_t *at = o + p * (n + 1) + b;
             if (p >= nf || !pr[p * n + b] || (uint64_t)(at[1] - at[0]) != ms) {
-                res = hand_back(str_python, 0, 0);
+                res = python_at(b);
                 goto done;
             }
             const char *fa = NULL, *from = (const char *)t->data.buf + mo;
@@ -1155,9 +1166,9 @@ done:
     return res;
 }
 
-/* ---- get, take: ShardSet.get and ShardSet.take over mappings ------------------------------ */
+/* ---- sample, take: ShardSet.sample and ShardSet.take over mappings ----------------------- */
 
-#define WANT_MAX 64 /* get(..., fields): flags of at most this many extensions, else hand back */
+#define WANT_MAX 64 /* sample(..., fields): flags of at most this many extensions, else hand back */
 
 /* Where global sample `iobj` is, found by get_resolve: held references (resolved_clear). */
 typedef struct {
@@ -1177,49 +1188,59 @@ static Tables *resolved_tables(Resolved *r) {
     return (Tables *)PyTuple_GET_ITEM(r->ck, HOT_TABLES);
 }
 
-/* Locate global sample `iobj`, look its reader up and check the mapping's size: 1 (`out`
- * filled), 0 (hand back) or -1 (an exception). starts: ShardSet's starts (int64, ns + 1,
- * immutable); readers: a read-only mapping shard -> reader (the LRU order is the caller's,
- * read/pool.py). call 0: the mapping's size is checked now; else once per Tables in call
- * number `call`. */
+/* `*hb` = the hand-back of a case at position `at` (a new reference): 0, or -1 (an error). */
+static int set_hand_back(PyObject **hb, PyObject *why, Py_ssize_t s, Py_ssize_t c,
+                         Py_ssize_t at) {
+    *hb = hand_back(why, s, c, at);
+    return *hb == NULL ? -1 : 0;
+}
+
+/* Locate global sample `iobj`, look its reader up, check the mapping's size and that its
+ * chunk passed the guard: 1 (`out` filled), 0 (`*hb` the HandBack, at position `at`) or -1
+ * (an exception). starts: ShardSet's starts (int64, ns + 1, immutable); readers: a
+ * read-only mapping shard -> reader (the LRU order is the caller's, read/pool.py). call 0:
+ * the mapping's size is checked now; else once per Tables in call number `call`. */
 static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
                        PyObject *readers, PyObject *paths, uint64_t call,
-                       Resolved *out, PyObject *fields, char *want) {
-    if (!PyLong_CheckExact(iobj)) return 0;
+                       Resolved *out, PyObject *fields, char *want, Py_ssize_t at,
+                       PyObject **hb) {
+    if (!PyLong_CheckExact(iobj)) return set_hand_back(hb, str_python, -1, -1, at);
     Py_ssize_t i = PyLong_AsSsize_t(iobj);
     if (i == -1 && PyErr_Occurred()) {
         PyErr_Clear();
-        return 0;
+        return set_hand_back(hb, str_python, -1, -1, at);
     }
-    if (ns < 1 || ns > PyList_GET_SIZE(paths)) return 0;
+    if (ns < 1 || ns > PyList_GET_SIZE(paths)) return set_hand_back(hb, str_python, -1, -1, at);
     int64_t total = starts[ns];
-    if (total < 0) return 0; /* never from a ShardSet; i + total must not overflow */
+    /* total < 0: never from a ShardSet; i + total must not overflow */
+    if (total < 0) return set_hand_back(hb, str_python, -1, -1, at);
     int neg = i < 0;
     if (neg) i += total;
-    if (i < 0 || i >= total) return 0;
+    if (i < 0 || i >= total) return set_hand_back(hb, str_python, -1, -1, at);
     Py_ssize_t sh = shard_of(starts, ns, per, i);
     int64_t s0 = starts[sh], s1 = starts[sh + 1];
-    if (s0 < 0 || i < s0 || i >= s1) return 0; /* s0 < 0: i - s0 must not overflow */
+    /* s0 < 0: i - s0 must not overflow */
+    if (s0 < 0 || i < s0 || i >= s1) return set_hand_back(hb, str_python, -1, -1, at);
     PyObject *key = PyLong_FromSsize_t(sh), *ck = NULL;
     int res = -1;
     if (key == NULL) return -1;
     PyObject *r = PyDict_GetItemWithError(readers, key); /* borrowed */
     if (r == NULL) {
-        res = PyErr_Occurred() ? -1 : 0;
+        res = PyErr_Occurred() ? -1 : set_hand_back(hb, str_open, sh, -1, at);
         goto done;
     }
     Py_INCREF(r); /* held: the calls below run Python code */
     ck = PyObject_GetAttr(r, str_hot);
     if (ck == NULL) goto done_r;
     if (!HOT_OK(ck)) {
-        res = 0;
+        res = set_hand_back(hb, str_python, -1, -1, at);
         goto done_r;
     }
     Tables *t = (Tables *)PyTuple_GET_ITEM(ck, HOT_TABLES);
     if (fields != NULL) { /* want[e]: extension e is in the frozenset `fields`; before the
                            * size check, since a contains may run Python code (an __eq__) */
         if (t->n_exts > WANT_MAX) {
-            res = 0;
+            res = set_hand_back(hb, str_python, -1, -1, at);
             goto done_r;
         }
         for (Py_ssize_t e = 0; e < t->n_exts; e++) {
@@ -1235,7 +1256,16 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
         if (call) t->mark = call;
     }
     if (sh >= PyList_GET_SIZE(paths)) { /* the calls above ran code that shortened it */
-        res = 0;
+        res = set_hand_back(hb, str_python, -1, -1, at);
+        goto done_r;
+    }
+    Py_ssize_t j = i - (Py_ssize_t)s0;
+    if (j >= t->n) {
+        res = set_hand_back(hb, str_python, -1, -1, at);
+        goto done_r;
+    }
+    if (!((const char *)t->checked.buf)[j >> CHUNK_SHIFT]) {
+        res = set_hand_back(hb, str_check, sh, j >> CHUNK_SHIFT, at);
         goto done_r;
     }
     out->index = neg ? PyLong_FromSsize_t(i) : Py_NewRef(iobj);
@@ -1244,7 +1274,7 @@ static int get_resolve(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_
     out->path = Py_NewRef(PyList_GET_ITEM(paths, sh));
     out->ck = ck;
     ck = NULL;
-    out->j = i - s0;
+    out->j = j;
     res = 1;
 done_r:
     Py_XDECREF(ck);
@@ -1255,17 +1285,22 @@ done:
 }
 
 /* Global sample `iobj` as tables_dict gives it (meta_first: Block.to_samples' key order), or
- * Py_None (hand back) or NULL with an exception; the arguments as get_resolve's. */
+ * a HandBack (at 0) or NULL with an exception; the arguments as get_resolve's. */
 static PyObject *get_one(PyObject *iobj, const int64_t *starts, Py_ssize_t ns, Py_ssize_t per,
                          PyObject *readers, PyObject *paths, uint64_t call, int meta_first,
                          PyObject *fields) {
     Resolved r = {NULL, NULL, NULL, 0};
     char want[WANT_MAX];
-    int ok = get_resolve(iobj, starts, ns, per, readers, paths, call, &r, fields, want);
-    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *hb = NULL;
+    int ok = get_resolve(iobj, starts, ns, per, readers, paths, call, &r, fields, want, 0, &hb);
+    if (ok <= 0) return ok < 0 ? NULL : hb;
     PyObject *res = tables_dict(resolved_tables(&r), r.j, fields == NULL ? NULL : want, r.path,
                                 r.index, meta_first);
     resolved_clear(&r);
+    if (res == Py_None) {
+        Py_DECREF(res);
+        return python_at(0);
+    }
     return res;
 }
 
@@ -1286,31 +1321,32 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t max_args
     return *per == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* get(i, starts, per, readers, paths[, fields]) -> dict | None
- * ShardSet.get(i, fields): i a global index (an exact int, negatives from the end); fields
+/* sample(i, starts, per, readers, paths[, fields]) -> dict | HandBack
+ * ShardSet.sample(i, fields): i a global index (an exact int, negatives from the end); fields
  * None (or left out: every member) or a frozenset of the extensions to read (anything else
  * hands back, as more than WANT_MAX extensions do);
  * starts: ShardSet's starts (int64, n_shards + 1, as bytes); per, readers, paths as batch()
- * (readers only looked up: the pool keeps its LRU order itself). None hands back to the
- * Python path (not an int or out of range, shard not open or not mapped, unchecked chunk,
- * tar cut while mapped, a bound that does not hold), which opens, checks or raises. */
-static PyObject *k_get(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+ * (readers only looked up: the pool keeps its LRU order itself). A HandBack (at 0) instead:
+ * "open" (shard not open), "check" (its chunk unchecked), "python" (not an int or out of
+ * range, not mapped, a bound that does not hold); a tar cut or changed since it was opened
+ * raises its error. */
+static PyObject *k_sample(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
     if (get_args(args, nargs, 6,
-                 "get(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])", &starts,
-                 &ns, &per) < 0)
+                 "sample(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])",
+                 &starts, &ns, &per) < 0)
         return NULL;
     PyObject *fields = nargs == 6 && args[5] != Py_None ? args[5] : NULL;
-    if (fields != NULL && !PyFrozenSet_CheckExact(fields)) Py_RETURN_NONE;
+    if (fields != NULL && !PyFrozenSet_CheckExact(fields)) return python_at(0);
     return get_one(args[0], starts, ns, per, args[3], args[4], 0, 0, fields);
 }
 
-/* take(indices, starts, per, readers, paths) -> [dict, ...] | None
+/* take(indices, starts, per, readers, paths) -> [dict, ...] | HandBack
  * ShardSet.take: get_one of each global index of the list `indices`, in Block.to_samples' key
  * order (a streaming window's samples, copied out as they are yielded); each mapping's size is
  * checked once per call, before its first byte is copied (the consumer runs between two takes,
- * so every take checks). None if any hands back (the Python path then reads them). */
+ * so every take checks). A HandBack at the first index the loop does not read, as sample's. */
 static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t *starts;
     Py_ssize_t ns, per;
@@ -1338,10 +1374,11 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
     }
     /* pass 1: locate, look up, cut check (each mapping once); pass 2: copy, prefetching */
     for (; got < n; got++) {
+        PyObject *hb = NULL;
         int ok = get_resolve(PyTuple_GET_ITEM(seq, got), starts, ns, per, args[3], args[4], call,
-                             &rs[got], NULL, NULL);
+                             &rs[got], NULL, NULL, got, &hb);
         if (ok <= 0) {
-            res = ok < 0 ? NULL : Py_NewRef(Py_None);
+            res = ok < 0 ? NULL : hb;
             goto done;
         }
     }
@@ -1351,8 +1388,9 @@ static PyObject *k_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) 
         if (b + 2 < n) prefetch_data(resolved_tables(&rs[b + 2]), rs[b + 2].j, 512);
         PyObject *d = tables_dict(resolved_tables(&rs[b]), rs[b].j, NULL, rs[b].path,
                                   rs[b].index, 1);
-        if (d == NULL || d == Py_None) {
-            res = d; /* NULL: the error; None: hand back */
+        if (d == NULL || d == Py_None) { /* NULL: the error; None: hand back */
+            res = d == NULL ? NULL : python_at(b);
+            Py_XDECREF(d);
             goto done;
         }
         PyList_SET_ITEM(out, b, d);
@@ -1371,19 +1409,19 @@ done:
 static PyMethodDef kernel_methods[] = {
     {"take", (PyCFunction)(void (*)(void))k_take, METH_FASTCALL,
      "take(indices, starts, per, readers, paths): ShardSet.take(indices) as dicts, or "
-     "None (take the Python path)."},
-    {"get", (PyCFunction)(void (*)(void))k_get, METH_FASTCALL,
-     "get(i, starts, per, readers, paths[, fields]): ShardSet.get(i, fields) as a "
-     "dict, or None (take the Python path)."},
+     "a HandBack."},
+    {"sample", (PyCFunction)(void (*)(void))k_sample, METH_FASTCALL,
+     "sample(i, starts, per, readers, paths[, fields]): ShardSet.sample(i, fields) as a "
+     "dict, or a HandBack."},
     {"gather", (PyCFunction)(void (*)(void))k_gather, METH_FASTCALL,
-     "gather(tables, slot, local): keys, counts and member table bytes of a batch, or the "
-     "position of the first sample to hand back."},
+     "gather(tables, shards, slot, local): keys, counts and member table bytes of a batch, "
+     "or a HandBack at the first sample to hand back."},
     {"batch", (PyCFunction)(void (*)(void))k_batch, METH_FASTCALL,
      "batch(indices, starts, per, readers, paths, fields, int_fields, alloc): a whole batch "
-     "in the field-major layout, or a hand-back (what, shard, chunk)."},
+     "in the field-major layout, or a HandBack."},
     {"pack", (PyCFunction)(void (*)(void))k_pack, METH_FASTCALL,
      "pack(out, datas, src, offset, size, dest, vals, start): copy byte members, parse "
-     "integer members; -1 when done, else the first member to hand back."},
+     "integer members; None when done, else a HandBack at the first member to hand back."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kernel_module = {
@@ -1404,6 +1442,17 @@ PyMODINIT_FUNC PyInit__kernel(void) {
     if (!str_hot || !str_open || !str_check || !str_python || !str_key ||
         !str_shard || !str_index)
         return NULL;
+    /* the one HandBack class (a NamedTuple defined in Python): built here, never redefined */
+    PyObject *hot = PyImport_ImportModule("tarindex.read.hot");
+    if (hot == NULL) return NULL;
+    Py_XSETREF(HandBackType, PyObject_GetAttrString(hot, "HandBack"));
+    Py_DECREF(hot);
+    if (HandBackType == NULL) return NULL;
+    if (!PyType_Check(HandBackType) ||
+        !PyType_IsSubtype((PyTypeObject *)HandBackType, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "tarindex.read.hot.HandBack must be a NamedTuple");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&kernel_module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Tables", (PyObject *)&TablesType) < 0 ||

@@ -3,6 +3,8 @@
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from .hot import HandBack, Packed
+
 class Mapped:
     def __init__(
         self,
@@ -33,31 +35,28 @@ class Tables:
         exts: tuple[str, ...],
         checked: bytearray,
     ) -> None: ...
-    def sample(
-        self, j: int, want: bytes | None, shard: str, index: int
-    ) -> dict[str, Any] | None: ...
     def samples(
         self, j0: int, j1: int, want: bytes | None, shard: str, base: int
-    ) -> list[dict[str, Any]] | None: ...
+    ) -> list[dict[str, Any]] | HandBack: ...
 
-def get(
+def sample(
     i: int,
     starts: bytes,
     per: int,
     readers: dict[int, Any],
     paths: list[str],
     fields: Collection[str] | None = None,
-) -> dict[str, Any] | None: ...
+) -> dict[str, Any] | HandBack: ...
 def take(
     indices: list[int],
     starts: bytes,
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-) -> list[dict[str, Any]] | None: ...
+) -> list[dict[str, Any]] | HandBack: ...
 def gather(
-    tables: tuple[Tables, ...], slot: Any, local: Any
-) -> tuple[list[str], bytes, bytes, bytes, bytes] | int: ...
+    tables: tuple[Tables, ...], shards: tuple[int, ...], slot: Any, local: Any
+) -> tuple[list[str], bytes, bytes, bytes, bytes] | HandBack: ...
 def batch(
     indices: Sequence[int],
     starts: Any,
@@ -67,7 +66,7 @@ def batch(
     fields: Collection[str] | None,
     int_fields: Collection[str],
     alloc: Callable[[int], tuple[Any, Any]],
-) -> tuple[Any, ...]: ...
+) -> Packed | HandBack: ...
 def pack(
     out: Any,
     datas: tuple[Any, ...],
@@ -77,4 +76,4 @@ def pack(
     dest: Any,
     vals: Any,
     start: int,
-) -> int: ...
+) -> HandBack | None: ...

@@ -1,9 +1,10 @@
 """The read kernel's per-sample loops in pure Python: ``_kernel.c``'s twin (see ``_kernel.pyi``).
 
 Every function and class of the extension ``tarindex.read._kernel`` with the same signature,
-the same results and the same hand-backs (``None``, a position, ``-1`` or a ``(what, shard,
-chunk)`` tuple: the caller then opens, checks or takes the reader's own path, which raises
-the error that names the index). :mod:`tarindex.read.kernel` chooses one of the two once, at
+the same results and the same hand-backs: a :class:`~tarindex.read.hot.HandBack` where a loop
+does not decide a case itself (the caller's :meth:`~tarindex.read.pool.ReaderPool.settle`
+then opens the shard or checks the chunk, or the caller takes the reader's own path, which
+raises the error that names the index). :mod:`tarindex.read.kernel` chooses one of the two once, at
 import; a machine without a C compiler, a big-endian host or ``TARINDEX_PURE_PYTHON=1`` runs
 these. Like the C, they read tables that ``checks.py`` validated chunk by chunk and bound every
 read they make instead of trusting them. See docs/READING.md, "Compiled loops".
@@ -23,15 +24,21 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from .checks import CHUNK_SHIFT
+from .hot import HandBack, Packed
 
-__all__ = ["Mapped", "Tables", "batch", "gather", "get", "pack", "take"]
+__all__ = ["Mapped", "Tables", "batch", "gather", "pack", "sample", "take"]
 
 _HOT_FIELDS, _HOT_TABLES = 16, 15  # HotTables' positions (as the C)
-_WANT_MAX = 64  # get(..., fields): flags of at most this many extensions, else hand back
+_WANT_MAX = 64  # sample(..., fields): flags of at most this many extensions, else hand back
 _SSIZE_MAX = sys.maxsize
 _calls = itertools.count(1)  # numbers the calls that check each mapping's size once
 _DECIMAL = re.compile(rb"[ \t-\r]*([+-]?[0-9]{1,18})[ \t-\r]*")
 _Row = tuple[int, int, int, int]
+
+
+def _python(at: int) -> HandBack:
+    """The hand-back of a case the Python path decides, at position ``at`` of the call."""
+    return HandBack("python", -1, -1, at)
 
 
 def _ssize(x: object) -> int:
@@ -284,24 +291,19 @@ class Tables:
             raise TypeError("want: bytes of one flag per extension")
         return obj
 
-    def sample(self, j: int, want: bytes | None, shard: str, index: int) -> dict[str, Any] | None:
-        """Sample ``j`` as a dict, or ``None`` (take the Python path)."""
-        j = _ssize(j)
-        return self.as_dict(j, self._want(want), shard, index, False)
-
     def samples(
         self, j0: int, j1: int, want: bytes | None, shard: str, base: int
-    ) -> list[dict[str, Any]] | None:
-        """Samples ``j0 <= j < j1`` as dicts (``"__index__"`` ``base + j - j0``), or ``None``."""
+    ) -> list[dict[str, Any]] | HandBack:
+        """Samples ``j0 <= j < j1`` as dicts (``"__index__"`` ``base + j - j0``), or a hand-back."""
         j0, j1, base = _ssize(j0), _ssize(j1), _ssize(base)
         w = self._want(want)
         if j0 < 0 or j1 < j0 or j1 > self.n or base > _SSIZE_MAX - (j1 - j0):
-            return None
+            return _python(0)
         out = []
         for j in range(j0, j1):
             d = self.as_dict(j, w, shard, base + (j - j0), True)
             if d is None:
-                return None
+                return _python(j - j0)
             out.append(d)
         return out
 
@@ -341,36 +343,37 @@ def _resolve(
     paths: list[str],
     call: int,
     fields: frozenset[Any] | None,
-) -> _Resolved | None:
-    """Locate global sample ``iobj``, look its reader up, check the mapping's size, or ``None``."""
+    at: int,
+) -> _Resolved | HandBack:
+    """Locate sample ``iobj``, look its reader up, check its tar and chunk; or hand back at ``at``."""
     if type(iobj) is not int:
-        return None
+        return _python(at)
     i = iobj
     if not -_SSIZE_MAX - 1 <= i <= _SSIZE_MAX or ns < 1 or ns > len(paths):
-        return None
+        return _python(at)
     total = starts[ns]
     if total < 0:
-        return None
+        return _python(at)
     neg = i < 0
     if neg:
         i += total
     if not 0 <= i < total:
-        return None
+        return _python(at)
     sh = _shard_of(starts, ns, per, i)
     s0, s1 = starts[sh], starts[sh + 1]
     if s0 < 0 or i < s0 or i >= s1:
-        return None
+        return _python(at)
     r = dict.get(readers, sh)
     if r is None:
-        return None
+        return HandBack("open", sh, -1, at)
     hot = r.hot
     t = _hot_tables(hot)
     if t is None:
-        return None
+        return _python(at)
     want = None
     if fields is not None:  # before the size check: a contains may run Python code
         if len(t.exts) > _WANT_MAX:
-            return None
+            return _python(at)
         want = bytes(e in fields for e in t.exts)
     if call == 0 or t.mark != call:
         if t.mapped is not None:  # cut or changed since opened: its error (READING.md)
@@ -378,8 +381,13 @@ def _resolve(
         if call:
             t.mark = call
     if sh >= len(paths):
-        return None
-    return t, i - s0, i if neg else iobj, paths[sh], want
+        return _python(at)
+    j = i - s0
+    if j >= t.n:
+        return _python(at)
+    if not t.checked[j >> CHUNK_SHIFT]:
+        return HandBack("check", sh, j >> CHUNK_SHIFT, at)
+    return t, j, i if neg else iobj, paths[sh], want
 
 
 def _get_args(args: tuple[Any, ...], usage: str) -> tuple[memoryview, int, int]:
@@ -393,29 +401,30 @@ def _get_args(args: tuple[Any, ...], usage: str) -> tuple[memoryview, int, int]:
     return st, len(st) - 1, _ssize(per)
 
 
-def get(
+def sample(
     i: int,
     starts: bytes,
     per: int,
     readers: dict[int, Any],
     paths: list[str],
     fields: Collection[str] | None = None,
-) -> dict[str, Any] | None:
-    """ShardSet.get(i, fields) as a dict, or ``None`` (take the Python path).
+) -> dict[str, Any] | HandBack:
+    """ShardSet.sample(i, fields) as a dict, or a :class:`HandBack` (``at`` 0).
 
     ``readers`` is only looked up (the pool keeps its LRU order itself, read/pool.py).
     """
     st, ns, p = _get_args(
         (starts, per, readers, paths),
-        "get(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])",
+        "sample(i, starts: int64 bytes, per, readers: dict, paths: list[, fields])",
     )
     if fields is not None and type(fields) is not frozenset:
-        return None
-    got = _resolve(i, st, ns, p, readers, paths, 0, fields)
-    if got is None:
-        return None
+        return _python(0)
+    got = _resolve(i, st, ns, p, readers, paths, 0, fields, 0)
+    if isinstance(got, HandBack):
+        return got
     t, j, index, path, want = got
-    return t.as_dict(j, want, path, index, False)
+    d = t.as_dict(j, want, path, index, False)
+    return _python(0) if d is None else d
 
 
 def take(
@@ -424,8 +433,8 @@ def take(
     per: int,
     readers: dict[int, Any],
     paths: list[str],
-) -> list[dict[str, Any]] | None:
-    """SetTakes.take(indices) as dicts, or ``None`` (take the Python path)."""
+) -> list[dict[str, Any]] | HandBack:
+    """SetTakes.take(indices) as dicts, or a :class:`HandBack` (``at``: a position in ``indices``)."""
     st, ns, p = _get_args(
         (starts, per, readers, paths),
         "take(indices: list, starts: int64 bytes, per, readers: dict, paths: list)",
@@ -433,28 +442,30 @@ def take(
     seq = tuple(indices)
     call = next(_calls)
     rs = []
-    for iobj in seq:  # each mapping's size once, before its first byte is copied
-        got = _resolve(iobj, st, ns, p, readers, paths, call, None)
-        if got is None:
-            return None
+    for b, iobj in enumerate(seq):  # each mapping's size once, before its first byte is copied
+        got = _resolve(iobj, st, ns, p, readers, paths, call, None, b)
+        if isinstance(got, HandBack):
+            return got
         rs.append(got)
     out = []
-    for t, j, index, path, _ in rs:
+    for b, (t, j, index, path, _) in enumerate(rs):
         d = t.as_dict(j, None, path, index, True)
         if d is None:
-            return None
+            return _python(b)
         out.append(d)
     return out
 
 
 def gather(
-    tables: tuple[Tables, ...], slot: Any, local: Any
-) -> tuple[list[str], bytes, bytes, bytes, bytes] | int:
-    """Keys, member counts and member table bytes of a batch, or the first position to hand back."""
-    if not isinstance(tables, tuple):
-        raise TypeError("gather(tables: tuple, slot, local)")
+    tables: tuple[Tables, ...], shards: tuple[int, ...], slot: Any, local: Any
+) -> tuple[list[str], bytes, bytes, bytes, bytes] | HandBack:
+    """Keys, member counts and member table bytes of a batch, or the first sample's hand-back."""
+    if not isinstance(tables, tuple) or not isinstance(shards, tuple):
+        raise TypeError("gather(tables: tuple, shards: tuple, slot, local)")
     if not all(isinstance(t, Tables) for t in tables):
         raise TypeError("gather: tables must be Tables")
+    if len(shards) != len(tables):
+        raise ValueError("gather: tables and shards differ in length")
     sl, lo = _i64(slot, "slot"), _i64(local, "local")
     if len(sl) != len(lo):
         raise ValueError("gather: slot and local differ in length")
@@ -465,9 +476,12 @@ def gather(
         if not 0 <= s < nt:
             raise IndexError("gather: slot out of range")
         t = tables[s]
-        row = t.row(lo[b])
+        j = lo[b]
+        row = t.row(j)
+        if row is None and 0 <= j < t.n and not t.checked[j >> CHUNK_SHIFT]:
+            return HandBack("check", _ssize(shards[s]), j >> CHUNK_SHIFT, b)
         if row is None or any(t.member(m) is None for m in range(row[2], row[3])):
-            return b
+            return _python(b)
         rows.append((t, row))
     keys: list[str] = []
     cnt = array("q")
@@ -492,8 +506,8 @@ def pack(
     dest: Any,
     vals: Any,
     start: int,
-) -> int:
-    """Copy byte members, parse integer members; ``-1`` when done, else the first to hand back."""
+) -> HandBack | None:
+    """Copy byte members, parse integer members: ``None`` when done, else a :class:`HandBack`."""
     if not isinstance(datas, tuple):
         raise TypeError("pack(out, datas: tuple, src, offset, size, dest, vals, start)")
     start = _ssize(start)
@@ -516,17 +530,17 @@ def pack(
         s, a, ln, d = sr[k], of[k], sz[k], de[k]
         dn = len(db[s]) if 0 <= s < nd else 0
         if not 0 <= s < nd or a < 0 or ln < 0 or a > dn or ln > dn - a:
-            return k
+            return _python(k)
         if d < 0:
             v = _decimal(bytes(db[s][a : a + ln]))
             if v is None:
-                return k
+                return _python(k)
             vs[k] = v
         elif d > olen or ln > olen - d:
-            return k
+            return _python(k)
         else:
             o[d : d + ln] = db[s][a : a + ln]
-    return -1
+    return None
 
 
 def batch(
@@ -538,8 +552,8 @@ def batch(
     fields: Collection[str] | None,
     int_fields: Collection[str],
     alloc: Callable[[int], tuple[Any, Any]],
-) -> tuple[Any, ...]:
-    """A whole batch in the field-major layout, or a hand-back ``(what, shard, chunk)``."""
+) -> Packed | HandBack:
+    """A whole batch in the field-major layout, or a :class:`HandBack` (``at``: in ``indices``)."""
     if not isinstance(readers, dict) or not isinstance(paths, list):
         raise TypeError(
             "batch(indices, starts, per, readers: dict, paths: list, fields, int_fields, alloc)"
@@ -549,30 +563,29 @@ def batch(
     seq = tuple(indices)
     n, ns = len(seq), len(st) - 1
     call = next(_calls)
-    python = ("python", 0, 0)
     if ns < 1 or n == 0:
-        return python
+        return _python(0)
     total = st[ns]
     idx = array("q")
     rows: list[tuple[Tables, int, int]] = []
-    for x in seq:  # pass 1: locate, look up, cut check
+    for b, x in enumerate(seq):  # pass 1: locate, look up, cut check
         try:
             i = operator.index(x)
         except Exception:  # not an integer: the Python path says so
-            return python
+            return _python(b)
         i = max(-_SSIZE_MAX - 1, min(i, _SSIZE_MAX))
         if i < 0:
             i += total
         if not 0 <= i < total:
-            return python
+            return _python(b)
         sh = _shard_of(st, ns, per, i)
         s0 = st[sh]
         if i < s0 or i >= st[sh + 1]:
-            return python
+            return _python(b)
         idx.append(i)
         r = dict.get(readers, sh)
         if r is None:
-            return ("open", sh, 0)
+            return HandBack("open", sh, -1, b)
         hot = r.hot
         t = _hot_tables(hot)
         if t is not None and t.mark != call:  # cut or changed since opened: its error
@@ -580,12 +593,12 @@ def batch(
                 t.mapped.check()
             t.mark = call
         if t is None:
-            return python
+            return _python(b)
         j = i - s0
         if j >= t.n:
-            return python
+            return _python(b)
         if not t.checked[j >> CHUNK_SHIFT]:
-            return ("check", sh, j >> CHUNK_SHIFT)
+            return HandBack("check", sh, j >> CHUNK_SHIFT, b)
         rows.append((t, j, sh))
     keys: list[str] = []
     shards: list[str] = []
@@ -597,14 +610,14 @@ def batch(
     for b, (t, j, sh) in enumerate(rows):  # keys, members, layout sizes
         row = t.row(j)
         if row is None:
-            return python
+            return _python(b)
         k0, k1, m0, m1 = row
         keys.append(t.key(k0, k1))
         shards.append(paths[sh])
         for m in range(m0, m1):
             got = t.member(m)
             if got is None:
-                return python
+                return _python(b)
             e, mo, ms = got
             name = t.exts[e]
             p = pos.get(name)
@@ -626,13 +639,13 @@ def batch(
             if q >= len(cols):  # a new field: a column of -1
                 cols.append([-1] * n)
             if cols[q][b] != -1:  # an extension twice in a sample (the guards refuse it)
-                return python
+                return _python(b)
             if not is_int:
                 cols[q][b] = ms
             else:
                 v = _decimal(bytes(t.data[mo : mo + ms]))  # a Mapped: read with pread
                 if v is None or v == -1:  # int() decides; -1 reads as missing
-                    return python
+                    return _python(b)
                 cols[q][b] = v
     nf = len(lens)
     offs = array("q")
@@ -656,18 +669,18 @@ def batch(
     for b, (t, j, _) in enumerate(rows):  # pass 2: copies, each read bounded again
         row = t.row(j)
         if row is None:
-            return python
+            return _python(b)
         for m in range(row[2], row[3]):
             got = t.member(m)
             if got is None:
-                return python
+                return _python(b)
             e, mo, ms = got
             p = pos.get(t.exts[e], -1)
             if p < 0:
                 continue
             a0, a1 = offs[p * (n + 1) + b], offs[p * (n + 1) + b + 1]
             if p >= nf or not pres[p * n + b] or a1 - a0 != ms:
-                return python
+                return _python(b)
             out[a0:a1] = t.data[mo : mo + ms] if t.mapped is not None else t.pins[1][mo : mo + ms]
     iv = array("q", itertools.chain.from_iterable(ivals))
     for a in (offs, iv, idx):

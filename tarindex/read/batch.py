@@ -22,7 +22,7 @@ from . import kernel
 from .block import Block, crc_mismatches, data_error, joined
 from .checks import CHUNK_SHIFT
 from .fields import Fields, field_set
-from .hot import HotTables, Mapped
+from .hot import HandBack, HotTables, Mapped
 from .pool import ReaderPool
 from .runs import read_runs
 from .shard import ShardReader
@@ -85,7 +85,7 @@ def gather(
             slot_exts[slot], crcs[slot] = h.exts, r.index.member_crc
             verify = verify or r.verify_data
     col = col.astype(np.int64, copy=False)
-    got = None if copy else _gather_compiled(slots, tables, col, local)
+    got = None if copy else _gather_compiled(pool, slots, tables, col, local)
     if got is not None:
         keys_c, cnts_c, off_c, size_c, ext_c = got
         return _assemble(
@@ -194,14 +194,9 @@ def gather_packed(
     ikey = frozenset(int_fields)
     for _ in range(len(indices) + 2):  # each hand-back opens a reader or checks a chunk
         got = kernel.kernel.batch(indices, starts, per, pool.readers, pool.paths, fkey, ikey, alloc)
-        if len(got) == 9:
+        if not isinstance(got, HandBack):
             break
-        what, s, c = got
-        if what == "open" and len(pool.readers) < pool.open_bound:
-            pool.reader(s)  # StaleIndexError, FormatError: as gather
-        elif what == "check":
-            pool.reader(s).check_chunk(c)  # FormatError if corrupt
-        else:
+        if not pool.settle(got):  # StaleIndexError, FormatError: as gather
             return None  # the Python path raises the error or reads the batch
     else:
         return None
@@ -221,6 +216,7 @@ def gather_packed(
 
 
 def _gather_compiled(
+    pool: ReaderPool,
     slots: list[int],
     tables: dict[int, tuple[ShardReader, HotTables]],
     col: NDArray[np.int64],
@@ -230,21 +226,19 @@ def _gather_compiled(
 
     Returns keys, member counts and the members' raw table bytes. A sample handed back
     in an unchecked chunk gets the chunk checked (``FormatError`` if corrupt) and the pass
-    runs again; handed back in a checked one, the Python pass decides.
+    runs again; any other hand-back: the Python pass decides.
     """
-    tabs = tuple(tables[s][1].tables for s in slots)
-    if any(t is None for t in tabs):
+    tabs = tuple(t for t in (tables[s][1].tables for s in slots) if t is not None)
+    if len(tabs) != len(slots):  # a reader that is not mapped: the Python pass
         return None
+    shards = tuple(slots)
     while True:
-        got: tuple[list[str], bytes, bytes, bytes, bytes] | int = kernel.kernel.gather(
-            tabs, col, local
-        )
-        if not isinstance(got, int):
+        got = kernel.kernel.gather(tabs, shards, col, local)
+        if not isinstance(got, HandBack):
             return got
-        r, c = tables[slots[int(col[got])]][0], int(local[got]) >> CHUNK_SHIFT
-        if r.hot.checked[c]:
+        # the readers the batch reads (not the pool's: another thread may have reopened one)
+        if not pool.settle(got, {s: r for s, (r, _) in tables.items()}):
             return None
-        r.check_chunk(c)
 
 
 def _assemble(

@@ -137,9 +137,10 @@ def copy_members(
     k = 0
     srcs = tuple(datas)
     while True:  # the kernel's loop hands back integers it does not parse itself
-        k = kernel.kernel.pack(out, srcs, src, offset, size, dest, vals, k)
-        if k < 0:
+        hb = kernel.kernel.pack(out, srcs, src, offset, size, dest, vals, k)
+        if hb is None:
             return vals, -1
+        k = hb.at  # the member it stopped at: parsed here, then the loop goes on after it
         if dest[k] >= 0:
             break  # a bound the caller should have kept: the loop below raises
         try:

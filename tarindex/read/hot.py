@@ -1,4 +1,4 @@
-"""A reader's hot tables: the one typed structure the per-sample loops read.
+"""The per-sample loops' typed structures: a reader's hot tables, and a hand-back.
 
 :class:`HotTables` is everything a read of sample ``j`` of one open shard needs, as
 zero-copy views of the mapped index (FORMAT.md §2) and the tar's mapping: the whole
@@ -7,13 +7,18 @@ interface between the Python read path (``shardset``, ``batch``) and the per-sam
 loops get the same tables as a ``kernel.kernel.Tables`` and the tar as a
 ``kernel.kernel.Mapped``, of whichever module runs). A ``NamedTuple``: as fast to unpack as
 a plain tuple, typed field by field.
+
+:class:`HandBack` is the one value every loop returns instead of its result when it does not
+decide a case itself (the compiled module fetches this class at import and builds its
+instances; the twin builds the same), and
+:meth:`tarindex.read.pool.ReaderPool.settle` is the one place a caller acts on it.
 """
 
 from __future__ import annotations
 
 import mmap
 import sys
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,7 +28,7 @@ if TYPE_CHECKING:
 else:
     Mapped = Tables = object
 
-__all__ = ["HotTables", "Mapped", "fast_view", "CLOSED"]
+__all__ = ["HotTables", "HandBack", "Mapped", "Packed", "fast_view", "CLOSED"]
 
 
 class HotTables(NamedTuple):
@@ -70,6 +75,38 @@ class HotTables(NamedTuple):
     tables: Tables | None  # noqa: UP007 (a runtime alias under TYPE_CHECKING only)
     """The same tables as ``kernel.kernel.Tables`` (compiled or twin) for the one-sample loops,
     or ``None`` (pread, remote, ``verify_data``: the reader's own path)."""
+
+
+class HandBack(NamedTuple):
+    """What a kernel loop returns instead of its result: the case it leaves to Python.
+
+    Every entry point of ``kernel.kernel`` (``sample``, ``take``, ``batch``, ``gather``,
+    ``pack``, ``Tables.samples``) returns its result or one of these;
+    :meth:`tarindex.read.pool.ReaderPool.settle` acts on it (opens the shard, checks the chunk)
+    and says whether to run the loop again or take the Python path, which reads the case or
+    raises the error that names it (docs/READING.md, "Compiled loops").
+    """
+
+    why: Literal["open", "check", "python"]
+    """``"open"``: shard :attr:`shard` has no open reader; ``"check"``: chunk :attr:`chunk` of
+    shard :attr:`shard` has not passed the chunk guard yet; ``"python"``: anything else (not
+    mapped, an index out of range or not an ``int``, a bound that does not hold, an integer
+    member that is not a plain decimal): the Python path decides."""
+    shard: int
+    """The shard to open or whose chunk to check; ``-1`` with ``"python"``."""
+    chunk: int
+    """The chunk to check (samples ``chunk << CHUNK_SHIFT`` on); ``-1`` unless ``"check"``."""
+    at: int
+    """Where the loop stopped: the position in the call's input (an index of ``take``'s and
+    ``batch``'s ``indices``, a sample of ``gather``'s batch, a member of ``pack``'s, a sample
+    of ``Tables.samples``' block counted from ``j0``); ``0`` for a one-sample call."""
+
+
+Packed = tuple[
+    Any, list[str], list[str], list[str], bytearray, bytearray, bytearray, bytearray, list[str]
+]
+"""The kernel's ``batch`` result: ``(keep, keys, byte_fields, int_fields, offsets, present,
+ints, index, shards)`` (:func:`tarindex.read.batch.gather_packed` says what each holds)."""
 
 
 def fast_view(a: NDArray[np.unsignedinteger[Any]]) -> memoryview:

@@ -2,7 +2,8 @@
 
 The choice is made at import: :data:`kernel` is the extension module ``tarindex.read._kernel``
 (also :data:`compiled`), or its pure-Python twin :mod:`tarindex.read._kernel_py` (same
-functions, same results, same hand-backs; :data:`compiled` is then ``None``) when the
+functions, same results, same hand-backs: a :class:`~tarindex.read.hot.HandBack` where a loop
+leaves a case to Python; :data:`compiled` is then ``None``) when the
 extension was not built (no C compiler at install), on a big-endian host (the tables are
 little-endian, FORMAT.md §2), or with ``TARINDEX_PURE_PYTHON=1`` in the environment. Callers
 call ``kernel.kernel.X(...)`` at call time (never a copy of it), with no branch on which one
@@ -16,6 +17,7 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from . import _kernel_py
 
@@ -40,7 +42,10 @@ def _load() -> tuple[ModuleType | None, str]:
 compiled, _WHY = _load()
 """The extension module ``tarindex.read._kernel`` (see ``_kernel.pyi``), or ``None``."""
 
-kernel: ModuleType = compiled if compiled is not None else _kernel_py
+if TYPE_CHECKING:  # typed as the extension (_kernel.pyi): the twin has the same signatures
+    from . import _kernel as kernel
+else:
+    kernel = compiled if compiled is not None else _kernel_py
 """The loops every caller runs: :data:`compiled`, else :mod:`tarindex.read._kernel_py`."""
 
 

@@ -9,7 +9,9 @@ once (their descriptors count against its limit). Readers are never pickled.
 
 The LRU order is this module's alone: the read kernel (compiled or its twin) only looks
 readers up in :attr:`ReaderPool.readers` (a read-only mapping of shard -> reader); after a
-kernel read the caller marks the shards it used with :meth:`ReaderPool.touch`.
+kernel read the caller marks the shards it used with :meth:`ReaderPool.touch`. What the
+kernel hands back (a :class:`~tarindex.read.hot.HandBack`: a shard to open, a chunk to
+check) every caller gives to :meth:`ReaderPool.settle`, the one place that acts on it.
 
 Threads: a pool may be shared by threads. Opening, evicting and closing change
 :attr:`ReaderPool.readers` under the pool's lock; a hit only looks up (no lock). An evicted
@@ -28,12 +30,13 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ..storage.remote import RemoteOptions, is_url
 from .checks import check_listed, stale_count, unlisted
+from .hot import HandBack
 from .options import OpenOptions
 from .shard import ShardReader
 from .sources import ShardList
@@ -313,6 +316,36 @@ class ReaderPool:
                 for s in shards:
                     if s in readers:
                         readers.move_to_end(s)
+
+    def settle(self, hb: HandBack, readers: Mapping[int, ShardReader] | None = None) -> bool:
+        """Do what a kernel hand-back asks, so the loop can run again: ``True``, or ``False``.
+
+        ``"open"``: opens shard ``hb.shard`` while the pool has room (``True``); when it is
+        full, ``False``: opening would let go of a reader the call may still need (a batch
+        over more shards than may stay open). ``"check"``: runs the chunk guard of chunk
+        ``hb.chunk`` of shard ``hb.shard`` (``True``; ``False`` if it had passed already: the
+        loop handed the sample back for another reason), in ``readers[hb.shard]`` when given
+        (the readers a call holds, whatever another thread did to the pool since), else in
+        the pool's reader. ``"python"``: ``False``. On ``False`` the caller takes the Python
+        path, which reads the case or raises its error.
+
+        Raises:
+            FormatError: If the chunk's tables fail the guard (naming the index and byte).
+            StaleIndexError, StaleManifestError: As :meth:`reader` (opening the shard).
+        """
+        why = hb.why
+        if why == "open":
+            if len(self.readers) >= self.open_bound:
+                return False
+            self.reader(hb.shard)
+            return True
+        if why == "check":
+            r = self.reader(hb.shard) if readers is None else readers[hb.shard]
+            if r.hot.checked[hb.chunk]:
+                return False
+            r.check_chunk(hb.chunk)
+            return True
+        return False
 
     def open_many(self, shards: Sequence[int]) -> None:
         """Open the remote shards of ``shards`` that are not open, concurrently.

@@ -30,6 +30,7 @@ from .autoindex import build_missing
 from .block import Block, Sample
 from .fetchpolicy import FetchPolicy
 from .fields import Fields, field_set
+from .hot import HandBack
 from .options import OpenOptions
 from .paths import index_for, read_sample_count
 from .pool import ReaderPool
@@ -372,38 +373,26 @@ class ShardSet:
             FormatError: As :meth:`ShardReader.sample`.
         """
         # the per-sample hot path: the kernel's loop for the members of a mapped shard in one
-        # call; None back (not open, not mapped, a chunk unchecked, anything it does not
-        # decide): the reader's tables in one kernel call, else the reader's own path
+        # call; a hand-back (shard not open, chunk unchecked) settled by the pool and the loop
+        # run again, else (not mapped, anything it does not decide) the reader's own path
         i = i if type(i) is int else check_index(i, self._starts_list[-1])  # bool, np, 1.5
         fields = field_set(fields)  # "bin" is one field
-        got = kernel.kernel.get(  # fields: None or a frozenset (others are handed back)
-            i, self._starts_bytes, self._per, self._readers, self.paths, fields
-        )
-        if got is not None:
-            if self._pool.evicts:  # the LRU order is the pool's (kernel reads only look up)
-                self._pool.touch((self.locate(i)[0],))
-            return got  # type: ignore[no-any-return]
+        pool = self._pool
+        for _ in range(3):  # open, check, read: a hand-back twice more is the Python path's
+            got = kernel.kernel.sample(  # fields: None or a frozenset (others are handed back)
+                i, self._starts_bytes, self._per, self._readers, self.paths, fields
+            )
+            if not isinstance(got, HandBack):
+                if pool.evicts:  # the LRU order is the pool's (kernel reads only look up)
+                    pool.touch((self.locate(i)[0],))
+                return got
+            if not pool.settle(got):
+                break
         starts = self._starts_list
         s, j = locate(starts, self._per, i)
-        i = starts[s] + j
-        r = self._readers.get(s)  # a forked child dropped its parent's (pool._bump_fork_generation)
-        if r is None:
-            r = self.reader(s)
-        else:
-            self._pool.touch((s,))
-        h = r.hot
-        tabs = h.tables
-        if tabs is not None:  # the kernel's loop; None back: the reader's path decides
-            # the flags first: hashing `fields` runs Python code, which must not come between
-            # the cut check and the read
-            want = None if fields is None else r.want_flags(fields)
-            r.check_tar()  # cut or changed since opened: its error, not its bytes
-            got = tabs.sample(j, want, self.paths[s], i)
-            if got is not None:
-                return got
-        out = r.sample(j, fields)
+        out = self.reader(s).sample(j, fields)
         out["__shard__"] = self.paths[s]
-        out["__index__"] = i
+        out["__index__"] = starts[s] + j
         return out
 
     def read_block(

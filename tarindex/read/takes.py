@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from ..storage.bytesource import MmapSource, cold_cache
 from . import batch, kernel, prefetch
 from .fields import Fields, field_set
+from .hot import HandBack
 from .spanner import check_indices, locate
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ class SetTakes:
             if prefetch and fields is None and b > a:  # projected: no left-out members' pages
                 r.source.prefetch(a, b)
             got = tabs.samples(j0, j1, want, ss.paths[s], self.starts[s] + j0)
-            if got is not None:
+            if not isinstance(got, HandBack):
                 return got
         return ss.read_block(s, j0, j1, fields, prefetch=prefetch).to_samples()
 
@@ -226,11 +227,15 @@ class SetTakes:
         """
         starts, per, pool = self.starts, self.per, self.pool
         indices = check_indices(indices, starts[-1]).tolist()  # the one index rule
-        got = kernel.kernel.take(indices, self.starts_bytes, per, pool.readers, pool.paths)
-        if got is not None:
-            if pool.evicts:  # in order of first use, as the reads went
-                pool.touch(dict.fromkeys(locate(starts, per, i)[0] for i in indices))
-            return got  # type: ignore[no-any-return]
+        for _ in range(3):  # take_ready opened and checked all: a hand-back is rare (a reader
+            # another thread let go of); twice more and the samples are read one by one
+            got = kernel.kernel.take(indices, self.starts_bytes, per, pool.readers, pool.paths)
+            if not isinstance(got, HandBack):
+                if pool.evicts:  # in order of first use, as the reads went
+                    pool.touch(dict.fromkeys(locate(starts, per, i)[0] for i in indices))
+                return got
+            if not pool.settle(got):
+                break
         out: list[Sample] = []
         for i in indices:
             s, j = locate(starts, per, i)
