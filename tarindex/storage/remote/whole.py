@@ -481,15 +481,6 @@ def _submit(url: str, opts: RemoteOptions, ident: str, demand: bool) -> Future[b
         return f
 
 
-def ahead_pending() -> int:
-    """Whole-shard downloads queued or running in this process's read-ahead."""
-    with _lock:
-        a = _ahead[0]
-        if a is None or a[0] != os.getpid():
-            return 0
-        return sum(1 for f in a[2].values() if not f.done())
-
-
 def forget_ahead() -> None:
     """Forget this process's whole-shard read-ahead (running downloads finish on their own)."""
     with _lock:
