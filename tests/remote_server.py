@@ -56,6 +56,7 @@ class RangeServer(ThreadingHTTPServer):
         self.requests = 0
         self.bytes_sent = 0
         self.log: list[tuple[str, str, int, int]] = []  # (method, path, start, end)
+        self.spans: list[tuple[str, int, float, float]] = []  # GET (path, start, arrived, done)
         self.conns: set[socket.socket] = set()
 
     def close_connections(self) -> None:
@@ -77,6 +78,7 @@ class RangeServer(ThreadingHTTPServer):
             self.requests = 0
             self.bytes_sent = 0
             self.log.clear()
+            self.spans.clear()
 
     def bytes_for(self, suffix: str) -> int:
         """Body bytes sent for paths ending in ``suffix``."""
@@ -180,6 +182,14 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:
+        arrived = time.monotonic()
+        self._serve_get()
+        with self.server.lock:
+            rng = _RANGE.match((self.headers.get("Range") or "").strip())
+            start = int(rng.group(1)) if rng and rng.group(1) else 0
+            self.server.spans.append((self.path, start, arrived, time.monotonic()))
+
+    def _serve_get(self) -> None:
         srv = self.server
         if self._control():
             return

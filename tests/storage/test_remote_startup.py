@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +132,39 @@ def test_a_shuffled_stream_over_whole_shards_asks_each_version_once(
     heads = [p for m, p, *_ in log if m == "HEAD"]
     assert heads and len(heads) == len(set(heads)), heads  # one size query per tar at most
     assert sum(p.endswith(".tidx") for _, p, *_ in log) == len(paths)
+
+
+def test_reads_after_a_shards_first_round_run_concurrently(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    """Threads that read a shard while its first round (the open-time checks) is in flight
+    wait for that round, then fetch at once (a stream's read-ahead threads and its reader):
+    they used to fetch one after another under the round's lock."""
+    srv, paths = served
+    ss = tarindex.ShardSet(f"{srv.url}/{PAT}")
+    local = tarindex.ShardSet(paths)
+    src = ss.pool.reader(0).source
+    assert isinstance(src, remote.RemoteSource) and not src.checked
+    r = local.reader(0)
+    offs = [int(r.index.offset[r.member_slice(j)[0]]) for j in (5, 15, 25, 35)]
+    srv.latency = 0.2
+    srv.reset()
+    got: dict[int, bytes] = {}
+
+    def read(a: int) -> None:
+        got[a] = src.read(a, 100)
+
+    threads = [threading.Thread(target=read, args=(a,)) for a in offs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    data = Path(paths[0]).read_bytes()
+    assert got == {a: data[a : a + 100] for a in offs}
+    with srv.lock:
+        spans = list(srv.spans)
+    first = next(end for _, s, _, end in spans if s == 0)  # the first round's 4 KiB check
+    later = sorted((t0, t1) for _, s, t0, t1 in spans if t0 >= first - 0.01)
+    assert len(later) >= 2, spans  # reads left after the first round (it carried one)
+    # they overlap: each started before the one before it ended
+    assert all(b0 < a1 for (_, a1), (b0, _) in zip(later, later[1:], strict=False)), later

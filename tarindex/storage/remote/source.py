@@ -249,26 +249,32 @@ class RemoteSource:
             RemoteError: As :func:`fetch`.
         """
         with self._vlock:
-            if self._deferred is None:
-                return self._network(reqs)
-            checks, verify = self._deferred
-            ranges = checks + reqs
-            # one request per coalesced run (the first 4 KiB check and the first samples
-            # are one read): no Range probe of its own either, as a server that ignores
-            # Range is seen in this round's replies (a 200 for a range not from byte 0, a
-            # body longer than the range from byte 0), each read no further than its range
-            merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
-            seen: list[Pin | None] = [None] * len(merged)
-            got = fetch([(self.path, a, b) for a, b in merged], self.opts, None, seen)
-            self.requests += len(merged)
-            self.bytes_fetched += sum(len(g) for g in got)
-            pin = _agreed(self.path, seen, self.size)
-            parts = _slices(merged, got, ranges)
-            verify({(a, b - a): g for (a, b), g in zip(checks, parts, strict=False)}, pin)
-            self.pin = pin
-            self.key = tar_key(self.path, self.size, self._ident, pin)
-            self._deferred = None
-            return parts[len(checks) :]
+            deferred = self._deferred
+            if deferred is not None:
+                return self._first(deferred, reqs)
+        # checked by another thread's round meanwhile: outside the lock (no queue of fetches)
+        return self._network(reqs)
+
+    def _first(
+        self, deferred: tuple[list[tuple[int, int]], Verify], reqs: list[tuple[int, int]]
+    ) -> list[bytes]:
+        """The first round of a deferred source (:meth:`first_round`), under its lock."""
+        checks, verify = deferred
+        ranges = checks + reqs
+        # coalesced runs (the first 4 KiB check and the first samples in one read); no Range
+        # probe: a server ignoring Range shows in these replies (docs/REMOTE.md)
+        merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
+        seen: list[Pin | None] = [None] * len(merged)
+        got = fetch([(self.path, a, b) for a, b in merged], self.opts, None, seen)
+        self.requests += len(merged)
+        self.bytes_fetched += sum(len(g) for g in got)
+        pin = _agreed(self.path, seen, self.size)
+        parts = _slices(merged, got, ranges)
+        verify({(a, b - a): g for (a, b), g in zip(checks, parts, strict=False)}, pin)
+        self.pin = pin
+        self.key = tar_key(self.path, self.size, self._ident, pin)
+        self._deferred = None
+        return parts[len(checks) :]
 
     def probe_range(self) -> None:
         """The first ranged read of an HTTP server in this process, alone (see :meth:`open`)."""
