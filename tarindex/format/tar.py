@@ -122,6 +122,8 @@ _COMPRESSION_MAGIC = (
     (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
     (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
 )
+_SKIP = b"\x2a\x4d\x18"
+"""Bytes 1-3 of a skippable frame's magic (byte 0 is ``0x50``-``0x5F``)."""
 
 
 def padded(size: int) -> int:
@@ -179,7 +181,20 @@ def name_after(records: bytes) -> bytes:
 
 
 def compression_of(head: bytes) -> tuple[str, str] | None:
-    """Return ``(format, decompress command)`` if ``head`` starts a compressed stream, else None."""
+    """Return ``(format, decompress command)`` if ``head`` starts a compressed stream, else None.
+
+    Skippable frames first (magic ``0x184D2A50``-``5F``, a 4-byte length, that many bytes:
+    zstd's RFC 8878 §3.1.2 and lz4's frame format share them, as ``zstd -t`` reads them) are
+    stepped over; the frame after them decides, zstd when ``head`` ends before it.
+    """
+    at = 0
+    while len(head) >= at + 8 and head[at] & 0xF0 == 0x50 and head[at + 1 : at + 4] == _SKIP:
+        at += 8 + int.from_bytes(head[at + 4 : at + 8], "little")
+    if at:
+        if at >= len(head):
+            return "zstd", "unzstd"
+        found = compression_of(head[at:])
+        return found if found is not None and found[0] in ("zstd", "lz4") else None
     for magic, fmt, cmd in _COMPRESSION_MAGIC:
         if head.startswith(magic):
             return fmt, cmd

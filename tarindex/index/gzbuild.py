@@ -121,7 +121,7 @@ def plain_tar(path: str, tmp_dir: str | None = None) -> Iterator[str]:
     fd = open_regular(path)
     src = PreadSource(path, fd, os.fstat(fd).st_size)
     try:
-        found = compression_of(src.read(0, min(16, src.size)))
+        found = compression_of(src.read(0, min(4096, src.size)))  # (skippable frames)
         if found is None or found[0] not in UNPACK_FORMATS or codec_missing(found[0]):
             src.close()
             yield path

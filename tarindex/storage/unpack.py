@@ -149,6 +149,10 @@ def unpack_checked(
                 at = end - len(chunk)  # compressed offset of chunk[0]
                 if padding or (not started and chunk[:1] == b"\0"):
                     rest = chunk.lstrip(b"\0")
+                    if rest and fmt == "xz" and _starts_stream(fmt, rest):
+                        # stream padding between xz streams (xz file format 1.2.0, §2.2)
+                        chunk, padding = rest, False
+                        continue
                     if rest:
                         raise FormatError(
                             f"{src.path}: compressed byte {at + len(chunk) - len(rest)}: bytes "

@@ -8,6 +8,7 @@ GNU tar and the compressors themselves; CI runs this file in both kernel modes.
 
 from __future__ import annotations
 
+import lzma
 import os
 import signal
 import subprocess
@@ -241,3 +242,48 @@ def test_a_rewrite_in_place_with_its_mtime_set_back_gets_a_new_copy(tmp_path: Pa
         ds = tarindex.TarDataset(path)
         for i in range(len(ds)):
             ds[i]
+
+
+def test_zstd_skippable_frames_and_xz_stream_padding(tmp_path: Path) -> None:
+    """Files ``zstd -t`` and ``xz -t`` accept: a .tar.zst of two frames with skippable frames
+    before, between and after them; a .tar.xz of two streams with stream padding (4 and 8
+    zero bytes) between and after them (xz file format §2.2). Both read as the tar, holding a
+    ``.tar.gz``-named member that is served as its bytes (never opened). Before: the first was
+    NotATarError (its first frame is skippable), the second a FormatError at the padding."""
+    if subprocess.run(["which", "zstd"], capture_output=True).returncode:
+        pytest.skip("zstd is not installed")
+    d = tmp_path / "d"
+    d.mkdir()
+    want = {f"{i:02d}": f"hello {i}\n".encode() * (i * 50 + 1) for i in range(20)}
+    for k, v in want.items():
+        (d / f"{k}.txt").write_bytes(v)
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "x.txt").write_bytes(b"inner")
+    subprocess.run(["tar", "-czf", str(d / "05.tar.gz"), "-C", str(inner), "x.txt"], check=True)
+    gz = (d / "05.tar.gz").read_bytes()
+    plain = subprocess.run(
+        ["tar", "--sort=name", "-cf", "-", "-C", str(d), "."], capture_output=True, check=True
+    ).stdout
+    half = len(plain) // 2 // 512 * 512
+    z = [
+        subprocess.run(["zstd", "-c", "-"], input=p, capture_output=True, check=True).stdout
+        for p in (plain[:half], plain[half:])
+    ]
+    skip = (0x184D2A53).to_bytes(4, "little") + (7).to_bytes(4, "little") + b"skipped"
+    x = [lzma.compress(p, format=lzma.FORMAT_XZ) for p in (plain[:half], plain[half:])]
+    files = {
+        "s.tar.zst": skip + z[0] + skip + z[1] + skip,
+        "m.tar.xz": x[0] + bytes(4) + x[1] + bytes(8),
+    }
+    for name, data in files.items():
+        path = str(tmp_path / name)
+        Path(path).write_bytes(data)
+        tool = "zstd" if name.endswith("zst") else "xz"
+        if subprocess.run(["which", tool], capture_output=True).returncode == 0:
+            subprocess.run([tool, "-t", "-q", path], check=True)
+        ds = tarindex.TarDataset(path)
+        got = {ds[i]["__key__"]: _as_dict(ds[i]) for i in range(len(ds))}
+        assert got == {k: {"txt": v} for k, v in want.items()} | {
+            "05": {"txt": want["05"], "tar.gz": gz}
+        }, name
