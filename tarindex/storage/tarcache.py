@@ -115,7 +115,8 @@ def _too_big(path: str, cache: DirCache) -> OSError:
 class _Bounded:
     """A file that refuses to grow past ``limit`` bytes (the tar cache's).
 
-    So a decompression bomb fills neither the disk nor the cache before it is refused.
+    So a decompression bomb fills neither the disk nor the cache before it is refused; a disk
+    full mid-copy is the same error (naming the shard, the cache and the fix).
     """
 
     def __init__(self, f: IO[bytes], limit: int, error: Callable[[], OSError]) -> None:
@@ -125,7 +126,12 @@ class _Bounded:
         self.left -= len(data)
         if self.left < 0:
             raise self.error()
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:  # the disk (or the process's file size limit) full mid-copy
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise self.error() from e
+            raise
 
 
 def drop_copy(copy: str) -> None:

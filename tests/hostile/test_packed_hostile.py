@@ -287,3 +287,27 @@ def test_zstd_skippable_frames_and_xz_stream_padding(tmp_path: Path) -> None:
         assert got == {k: {"txt": v} for k, v in want.items()} | {
             "05": {"txt": want["05"], "tar.gz": gz}
         }, name
+
+
+def test_a_disk_full_mid_copy_names_the_shard_and_the_cache(tmp_path: Path) -> None:
+    """The disk fills while the copy is written (here: a 256 KiB file size limit, EFBIG as
+    ENOSPC would be): the OSError names the shard, the cache and the fix, and no temp file is
+    left. Before: a bare "[Errno 27] File too large"."""
+    path, _ = _tar_c(tmp_path, "zstd", n=200)
+    tarindex.build_index(path, keep_copy=False)
+    code = (
+        "import resource, signal, sys\n"
+        "import tarindex\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))\n"
+        "try:\n"
+        "    tarindex.TarDataset(sys.argv[1])[0]\n"
+        "except OSError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"{path}: its decompressed copy could not be stored in the tar cache" in out, out
+    assert tar_cache_dir() in out and "TARINDEX_TAR_CACHE" in out, out
+    assert not os.listdir(tar_cache_dir() + "/tmp") and not _copies()
