@@ -311,3 +311,38 @@ def test_a_disk_full_mid_copy_names_the_shard_and_the_cache(tmp_path: Path) -> N
     assert f"{path}: its decompressed copy could not be stored in the tar cache" in out, out
     assert tar_cache_dir() in out and "TARINDEX_TAR_CACHE" in out, out
     assert not os.listdir(tar_cache_dir() + "/tmp") and not _copies()
+
+
+_SLOW_WRITER = """
+import sys, time
+import tarindex
+import tarindex.storage.tarcache as tc
+real = tc.unpack_checked
+def then_stall(src, out, fmt, on_read=None):
+    n = real(src, out, fmt, on_read)
+    out.f.flush()
+    print("written", flush=True)  # the whole tar is in the temp file, not yet renamed
+    time.sleep(120)
+    return n
+tc.unpack_checked = then_stall
+tarindex.TarDataset(sys.argv[1])[0]
+"""
+
+
+def test_kill_9_mid_copy_leaves_no_copy(tmp_path: Path) -> None:
+    """A process kill -9'd with the whole tar written to its temp file but not yet renamed
+    (holding the entry's lock): its temp is never taken as the copy, the lock is released, the
+    next open makes the copy itself and reads the right samples, and the temp is deleted."""
+    path, want = _tar_c(tmp_path, "xz", n=60)
+    tarindex.build_index(path, keep_copy=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, path], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+    (left,) = os.listdir(tar_cache_dir() + "/tmp")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not _copies()
+    ds = tarindex.TarDataset(path)
+    assert all(_as_dict(ds[i]) == want[ds[i]["__key__"]] for i in range(len(ds)))
+    assert len(_copies()) == 1 and left not in os.listdir(tar_cache_dir() + "/tmp")
