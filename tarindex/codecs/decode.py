@@ -366,15 +366,18 @@ def _decode_member(
         raise cls(f"{where}extension {ext!r}: {head}: {type(cause).__name__}: {msg}") from cause
 
 
-def _strip_compressed(sample: dict[str, Any], shard: str | None, key: str | None) -> None:
-    """Rename each decoded ``EXT.zst`` entry of ``sample`` to ``EXT``, in place.
+def _strip_compressed(
+    sample: dict[str, Any], shard: str | None, key: str | None, done: set[str]
+) -> None:
+    """Rename each decoded (in ``done``) ``EXT.zst`` entry of ``sample`` to ``EXT``, in place.
 
-    ``EXT.gz`` keeps its name, as in webdataset (:func:`tarindex.codecs.compress.decoded_name`).
+    ``EXT.gz`` keeps its name, as in webdataset (:func:`tarindex.codecs.compress.decoded_name`);
+    an entry left undecoded (``only=``) keeps its name, its bytes still compressed.
     """
     items = list(sample.items())
     sample.clear()
     for k, v in items:
-        name = k if k.startswith("__") else decoded_name(k)
+        name = decoded_name(k) if k in done else k
         if name in sample:
             where = (f"{shard}: " if shard is not None else "") + (
                 f"sample {key!r}, " if key is not None else ""
@@ -529,10 +532,12 @@ class ExtDecoder:
         max_decompressed_bytes: Bytes all ``.zst`` frames, ``.gz`` streams and ``.npz``
             entries of one sample may expand to together, ``>= 0``. Defaults to
             :data:`ZSTD_MAX_OUTPUT` (1 GiB) at construction.
-        only: Decode only the members with these extensions (names as the sample has them,
-            e.g. ``["jpg", "json"]``, or one space-separated string), webdataset's
-            ``decode(..., only=...)``; the others stay bytes (a pickle left out is not an
-            error). Defaults to ``None`` (every member).
+        only: Decode only the members with these extensions (names as the sample has them
+            or as decoding serves them: ``"json"`` selects a ``json.zst`` member too; e.g.
+            ``["jpg", "json"]``, or one space-separated string), webdataset's
+            ``decode(..., only=...)``; the others stay as stored, name and bytes (a
+            ``json.zst`` left out stays compressed under that name; a pickle left out is not
+            an error). Defaults to ``None`` (every member).
         must_decode: A member that no step and no built-in decodes (it would stay bytes)
             raises :class:`tarindex.DecodeError`, webdataset's ``xdecode(must_decode=True)``.
             Defaults to ``False``.
@@ -622,15 +627,16 @@ class ExtDecoder:
         steps, pickle_ok, pixels = self.steps, self.allow_pickle, self.max_image_pixels
         at = (self.epoch, int(sample.get("__index__", 0)))
         only, must = self.only, self.must_decode
-        compressed = False
+        renamed: set[str] = set()
         for k, v in sample.items():
-            if not k.startswith("__") and (only is None or k in only):
+            if not k.startswith("__") and (only is None or k in only or decoded_name(k) in only):
                 sample[k] = _decode_member(
                     k, v, steps, pickle_ok, pixels, budget, shard, key, at, must
                 )
-                compressed = compressed or k.endswith(RENAMED_SUFFIXES)
-        if compressed:
-            _strip_compressed(sample, shard, key)
+                if k.endswith(RENAMED_SUFFIXES):
+                    renamed.add(k)
+        if renamed:
+            _strip_compressed(sample, shard, key, renamed)
         return sample
 
     def __repr__(self) -> str:

@@ -84,6 +84,21 @@ def test_compress_is_transparent_when_decoding(tmp_path: Path) -> None:
     assert decoded(every, 1) == decoded(plain, 1)
 
 
+def test_decode_only_selects_a_compressed_member_by_the_name_it_is_served_under(
+    tmp_path: Path,
+) -> None:
+    data = samples(3)
+    (zst,) = write(tmp_path / "zst-%02d.tar", data, compress=("json", "txt"))
+    raw = tarindex.ShardSet(zst).sample(1)
+    got = ExtDecoder(only=["json"])(dict(raw))  # "json" selects json.zst (served as json)
+    assert got["json"] == data[1]["json"] and got["txt.zst"] == raw["txt.zst"]
+    assert "json.zst" not in got and "txt" not in got
+    got = ExtDecoder(only=["json.zst", "cls"])(dict(raw))  # the stored name still selects it
+    assert got["json"] == data[1]["json"] and got["cls"] == 1
+    got = ExtDecoder(only=["cls"])(dict(raw))  # left out: as stored, name and bytes
+    assert got["json.zst"] == raw["json.zst"] and got["cls"] == 1
+
+
 def test_dictionary_member_index_entry_and_other_tools(tmp_path: Path) -> None:
     data = samples(400)
     (shard,) = write(tmp_path / "d-%02d.tar", data, compress=("json", "txt"), zstd_dict=True)
