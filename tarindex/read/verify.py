@@ -179,7 +179,7 @@ def _check_data(r: ShardReader) -> None:
     if crc is None:
         raise ChecksumError(
             f"{r.index_path}: the index records no data checksums; add them with: tarindex index "
-            f"--force --checksums {r.tar_path}"
+            f"--checksums {r.tar_path} (it rebuilds an index that has none)"
         )
     bad: list[str] = []
     n_bad = 0
