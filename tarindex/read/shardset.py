@@ -377,17 +377,33 @@ class ShardSet:
         # run again, else (not mapped, anything it does not decide) the reader's own path
         i = i if type(i) is int else check_index(i, self._starts_list[-1])  # bool, np, 1.5
         fields = field_set(fields)  # "bin" is one field
+        got = kernel.kernel.sample(  # fields: None or a frozenset (others are handed back)
+            i, self._starts_bytes, self._per, self._readers, self.paths, fields
+        )
+        if isinstance(got, HandBack):
+            return self._settled(i, fields, got)
+        if self._pool.evicts:  # the LRU order is the pool's (kernel reads only look up)
+            self._pool.touch((self.locate(i)[0],))
+        return got
+
+    def _settled(self, i: int, fields: frozenset[str] | None, hb: HandBack) -> Sample:
+        """:meth:`sample` after a hand-back: settled and the loop run again, else the Python path.
+
+        An open, then a check (``ReaderPool.settle``); any other hand-back, or a third one, and
+        the reader's own path reads the sample or raises its error.
+        """
         pool = self._pool
-        for _ in range(3):  # open, check, read: a hand-back twice more is the Python path's
-            got = kernel.kernel.sample(  # fields: None or a frozenset (others are handed back)
+        for _ in range(2):
+            if not pool.settle(hb):
+                break
+            got = kernel.kernel.sample(
                 i, self._starts_bytes, self._per, self._readers, self.paths, fields
             )
             if not isinstance(got, HandBack):
-                if pool.evicts:  # the LRU order is the pool's (kernel reads only look up)
+                if pool.evicts:
                     pool.touch((self.locate(i)[0],))
                 return got
-            if not pool.settle(got):
-                break
+            hb = got
         starts = self._starts_list
         s, j = locate(starts, self._per, i)
         out = self.reader(s).sample(j, fields)
