@@ -122,7 +122,10 @@ def main(master: str, root: str) -> None:
         .config("spark.speculation.interval", "100ms")
         .config("spark.speculation.quantile", "0.5")
         .config("spark.speculation.multiplier", "1.5")
-        .config("spark.speculation.minTaskRuntime", "1s")
+        # no copy before partition 1's first attempt has reached its stall (STALL_AT): with
+        # 1s, a loaded machine's slow start had the copy commit and the attempt killed before
+        # it stalled, and there was no stalled attempt to check (a CI run failed so)
+        .config("spark.speculation.minTaskRuntime", "20s")
         .config("spark.speculation.efficiency.enabled", "false")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
         .config("spark.python.task.killTimeout", "1s")
