@@ -135,10 +135,11 @@ def test_a_forked_child_does_not_keep_a_killed_holders_lock(tmp_path: Path) -> N
         from tarindex.write.lock import PatternLock
         lock = PatternLock({pattern!r})
         child = os.fork()
-        if child == 0:
+        if child == 0:  # fork's after-child hook has dropped the lock's descriptor here
+            print("child ready", flush=True)
             time.sleep(60)
             os._exit(0)
-        print(child, flush=True)
+        print("pid", child, flush=True)
         time.sleep(60)
         """
     )
@@ -146,7 +147,11 @@ def test_a_forked_child_does_not_keep_a_killed_holders_lock(tmp_path: Path) -> N
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=env)
     assert p.stdout is not None
-    child = int(p.stdout.readline())
+    # the holder is killed only once the child has run (until it is scheduled after fork, the
+    # child holds the inherited descriptor: under load the lock was then still held)
+    lines = [p.stdout.readline().split(), p.stdout.readline().split()]
+    assert ["child", "ready"] in lines, lines
+    child = int(next(w[1] for w in lines if w[0] == "pid"))
     try:
         p.kill()
         p.wait(30)
