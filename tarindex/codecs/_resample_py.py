@@ -48,7 +48,8 @@ def _coeffs(
 
 
 def _clip8(acc: NDArray[np.int64]) -> NDArray[np.uint8]:
-    return np.clip(acc >> _BITS, 0, 255).astype(np.uint8)
+    out: NDArray[np.uint8] = np.clip(acc >> _BITS, 0, 255).astype(np.uint8)  # Any on numpy 2.4
+    return out
 
 
 def resample(src: Any, x0: float, y0: float, x1: float, y1: float, out: Any) -> None:
