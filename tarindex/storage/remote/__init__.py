@@ -14,6 +14,8 @@ The story is docs/REMOTE.md; the modules, bottom up:
   sizes (:func:`file_size`), whole files, :func:`download`.
 - :mod:`.indexes`: :func:`load_indexes`, an index fetched once per process (kept in
   memory, and in the cache directory when there is one).
+- :mod:`.ahead`: the read-ahead store of a remote tar (ranges fetched ahead, the per-process
+  byte budget and threads).
 - :mod:`.source`: :class:`RemoteSource`, the byte source of a remote tar (coalescing,
   read-ahead, cache), and :func:`prefetch_many`.
 - :mod:`.whole`: whole shards downloaded once per machine into the cache and read locally
@@ -24,9 +26,9 @@ The story is docs/REMOTE.md; the modules, bottom up:
 from __future__ import annotations
 
 from ...format.url import is_url
+from . import ahead as _ahead
 from . import fetch as _fetch
 from . import indexes as _idx
-from . import source as _src
 from . import transport as _tr
 from . import whole as _whole
 from .fetch import download, fetch, file_size, read_whole
@@ -72,7 +74,7 @@ def forget_process_state() -> None:
     """
     _idx.forget_all_indexes()
     _fetch.forget_range_checks()
-    _src.drop_pool()
+    _ahead.drop_pool()
     _whole.forget_pins()
     _whole.forget_ahead()
 

@@ -2,8 +2,8 @@
 
 ``read_ranges`` takes what was fetched ahead, coalesces the rest and reads it in one
 concurrent batch (through the cache directory when there is one); ``prefetch_ranges``
-fetches ranges ahead (in background threads, within a per-process byte budget) into a store
-that later reads take from. A source is pinned at open to the version of the tar it saw
+fetches ranges ahead (in background threads, within a per-process byte budget) into the
+source's read-ahead store (:mod:`.ahead`, which holds them) that later reads take from. A source is pinned at open to the version of the tar it saw
 (:class:`~.transport.Pin`): every network read asks for that version, and its cache entries
 are keyed by it, so an object replaced after open is
 :class:`~tarindex.errors.StaleIndexError`, never other bytes under the old index.
@@ -15,7 +15,7 @@ import os
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from ...errors import RangeNotSupportedError, RemoteError, TruncatedError
 from ..pieces import PieceReader
+from .ahead import Ahead, AheadStore, the_pool
 from .fetch import coalesce, coalesce_need, fetch, range_checked, stat
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
@@ -63,70 +64,6 @@ def _slices(
         m0, d = merged[k][0], got[k]
         out.append(d if (a == m0 and b - a == len(d)) else d[a - m0 : b - m0])
     return out
-
-
-def _after_fork_in_child() -> None:
-    _pool[0] = None  # the read-ahead threads do not exist in the child: made again on use
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _Pool:
-    """This process's read-ahead threads and byte budget (made again after a fork)."""
-
-    def __init__(self, threads: int, budget: int) -> None:
-        self.pid = os.getpid()
-        self.executor = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tarindex-ra")
-        self.lock = threading.Lock()
-        self.budget = budget
-        self.used = 0
-
-    def take(self, n: int, force: bool = False) -> bool:
-        with self.lock:
-            if not force and (self.used + n > self.budget and self.used or not self.budget):
-                return False
-            self.used += n
-            return True
-
-    def give(self, n: int) -> None:
-        with self.lock:
-            self.used -= n
-
-
-_pool: list[_Pool | None] = [None]
-
-
-def drop_pool() -> None:
-    """Forget this process's read-ahead pool: the next read-ahead makes one from its options."""
-    _pool[0] = None
-
-
-def _the_pool(opts: RemoteOptions) -> _Pool:
-    p = _pool[0]
-    if p is None or p.pid != os.getpid():
-        p = _pool[0] = _Pool(opts.readahead_threads, opts.readahead_bytes)
-    return p
-
-
-class _Entry:
-    __slots__ = ("start", "end", "need", "served", "future", "data", "pool")
-
-    def __init__(self, start: int, end: int, pool: _Pool, need: int | None = None) -> None:
-        self.start = start
-        self.end = end
-        self.need = end - start if need is None else need  # bytes the hint asked for
-        self.served = 0  # bytes handed out by reads so far
-        self.future: Future[bytes] | None = None
-        self.data: bytes | None = None
-        self.pool = pool
-
-    def result(self) -> bytes:
-        if self.data is None:
-            assert self.future is not None
-            self.data = self.future.result()
-            self.future = None
-        return self.data
 
 
 class RemoteSource:
@@ -172,9 +109,7 @@ class RemoteSource:
         self.key = tar_key(url, size, ident, pin)
         self.requests = 0
         self.bytes_fetched = 0
-        self._entries: list[_Entry] = []  # sorted by start, non-overlapping
-        self._starts: list[int] = []
-        self._lock = threading.Lock()
+        self._store = AheadStore()  # ranges fetched ahead
         self._local: CopySource | None = None  # a whole local copy (maybe downloading)
         self._closed = False
         self._ident = ident
@@ -396,11 +331,12 @@ class RemoteSource:
         if local is not None:
             buf, bases = local.read_ranges(starts, ends)
             return bytes(buf), bases
-        hits: list[_Entry | None] = [self._find(a, b) for a, b in zip(st, en, strict=True)]
+        store = self._store
+        hits: list[Ahead | None] = [store.find(a, b) for a, b in zip(st, en, strict=True)]
         if n and hits[0] is not None and all(h is hits[0] for h in hits):
             e = hits[0]
-            data = self._result(e)
-            self._consume(e, int((ends - starts).sum()))
+            data = store.result(e)
+            store.consume(e, int((ends - starts).sum()))
             return data, starts - e.start
         parts: list[bytes | None] = [None] * n
         miss = [i for i in range(n) if hits[i] is None]
@@ -408,15 +344,15 @@ class RemoteSource:
             got = self._fetch_ranges([(st[i], en[i]) for i in miss])
             for i, g in zip(miss, got, strict=True):
                 parts[i] = g
-        used: dict[int, tuple[_Entry, int]] = {}
+        used: dict[int, tuple[Ahead, int]] = {}
         for i, h in enumerate(hits):
             if h is not None:
-                d = self._result(h)
+                d = store.result(h)
                 parts[i] = d[st[i] - h.start : en[i] - h.start]
                 prev = used.get(id(h))
                 used[id(h)] = (h, en[i] - st[i] + (prev[1] if prev else 0))
         for h, nbytes in used.values():
-            self._consume(h, nbytes)
+            store.consume(h, nbytes)
         bases = np.zeros(n, np.int64)
         if n > 1:
             np.cumsum(ends[:-1] - starts[:-1], out=bases[1:])
@@ -447,24 +383,14 @@ class RemoteSource:
         if wait:
             self.store_fetched(plan, self._fetch_ranges([(a, b) for a, b, _ in plan]))
             return
-        self._queue(plan, _the_pool(self.opts))
+        self._store.queue(plan, the_pool(self.opts), self._fetch_one)
 
     def queue_ahead(self, starts: NDArray[np.int64], ends: NDArray[np.int64]) -> bool:
         """:meth:`prefetch_ranges` in the background; ``False`` if the budget had no room."""
         if self._local is not None or self._closed:
             return True
         plan = self.plan_prefetch(starts.tolist(), ends.tolist())
-        return self._queue(plan, _the_pool(self.opts)) if plan else True
-
-    def _queue(self, plan: list[tuple[int, int, int]], pool: _Pool) -> bool:
-        for a, b, need in plan:
-            if not pool.take(b - a):
-                return False
-            e = _Entry(a, b, pool, need)
-            e.future = pool.executor.submit(self._fetch_one, a, b)
-            if not self._insert(e):
-                pool.give(b - a)
-        return True
+        return self._store.queue(plan, the_pool(self.opts), self._fetch_one) if plan else True
 
     def plan_prefetch(
         self, starts: Sequence[int], ends: Sequence[int]
@@ -476,7 +402,7 @@ class RemoteSource:
         """
         out = []
         for a, b, need in coalesce_need(starts, ends):
-            if a >= 0 and b <= self.size and self._find(a, b) is None:
+            if a >= 0 and b <= self.size and self._store.find(a, b) is None:
                 out.append((a, b, need))
         return out
 
@@ -485,13 +411,7 @@ class RemoteSource:
 
         Counted in the read-ahead budget whatever its room (they were asked for).
         """
-        pool = _the_pool(self.opts)
-        pool.take(sum(b - a for a, b, _ in plan), force=True)
-        for (a, b, need), d in zip(plan, datas, strict=True):
-            e = _Entry(a, b, pool, need)
-            e.data = d
-            if not self._insert(e):
-                pool.give(b - a)
+        self._store.keep(plan, datas, the_pool(self.opts))
 
     def close(self) -> None:
         """Drop the read-ahead store (pending reads finish in the background; idempotent)."""
@@ -503,54 +423,7 @@ class RemoteSource:
 
     def drop_ahead(self) -> None:
         """Drop every range fetched ahead and not read yet (frees the read-ahead budget)."""
-        with self._lock:
-            entries, self._entries, self._starts = self._entries, [], []
-        for e in entries:
-            e.pool.give(e.end - e.start)
-
-    # -- store ----------------------------------------------------------------------------
-    def _find(self, a: int, b: int) -> _Entry | None:
-        with self._lock:
-            k = bisect_right(self._starts, a) - 1
-            if k >= 0:
-                e = self._entries[k]
-                if e.end >= b:
-                    return e
-        return None
-
-    def _result(self, e: _Entry) -> bytes:
-        """The bytes of a stored read; a failed one is dropped from the store and re-raised."""
-        try:
-            return e.result()
-        except BaseException:
-            self._drop_entry(e)
-            raise
-
-    def _insert(self, e: _Entry) -> bool:
-        with self._lock:
-            k = bisect_right(self._starts, e.start)
-            if (k > 0 and self._entries[k - 1].end > e.start) or (
-                k < len(self._entries) and self._entries[k].start < e.end
-            ):
-                return False  # overlaps what is stored: keep the older one
-            self._entries.insert(k, e)
-            self._starts.insert(k, e.start)
-            return True
-
-    def _consume(self, e: _Entry, nbytes: int) -> None:
-        """Count ``nbytes`` read from ``e``; drop it once the bytes asked for were all read."""
-        e.served += nbytes
-        if e.served >= e.need:
-            self._drop_entry(e)
-
-    def _drop_entry(self, e: _Entry) -> None:
-        with self._lock:
-            k = bisect_right(self._starts, e.start) - 1
-            if not (k >= 0 and self._entries[k] is e):
-                return
-            del self._entries[k]
-            del self._starts[k]
-        e.pool.give(e.end - e.start)
+        self._store.clear()
 
     # -- network (through the cache) --------------------------------------------------------
     def _fetch_one(self, a: int, b: int) -> bytes:
