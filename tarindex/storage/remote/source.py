@@ -3,10 +3,11 @@
 ``read_ranges`` takes what was fetched ahead, coalesces the rest and reads it in one
 concurrent batch (through the cache directory when there is one); ``prefetch_ranges``
 fetches ranges ahead (in background threads, within a per-process byte budget) into the
-source's read-ahead store (:mod:`.ahead`, which holds them) that later reads take from. A source is pinned at open to the version of the tar it saw
-(:class:`~.transport.Pin`): every network read asks for that version, and its cache entries
-are keyed by it, so an object replaced after open is
-:class:`~tarindex.errors.StaleIndexError`, never other bytes under the old index.
+source's read-ahead store (:mod:`.ahead`, which holds them) that later reads take from. A
+source is pinned at open to the version of the tar it saw (:class:`~.transport.Pin`): every
+network read asks for that version, and its cache entries are keyed by it, so an object
+replaced after open is :class:`~tarindex.errors.StaleIndexError`, never other bytes under
+the old index.
 """
 
 from __future__ import annotations
