@@ -108,39 +108,29 @@ static inline uint8_t clip8(int32_t v)
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-/* Three-channel rows, two at a time: widen2 lays pixel x of rows s0 and s1 out as 8 int32 at
- * wide[8x] (R, G, B and the next pixel's R of s0, then the same of s1; the last pixel's fourth
- * lane 0); taps8 then sums a pixel's taps for both rows as one 8-lane multiply-add a tap and
- * gives v[r] = clip8(HALF + sum over the n taps of wide[8 x + 4 r + c] * k[x]) for c < 4,
- * packed in a uint32 (c = 0 in the low byte). GCC's vector extension; plain loops elsewhere (and
- * with -DTARINDEX_PLAIN_C, how the tests build that path). */
+/* Three-channel rows, two at a time: widen2 widens rows s0 and s1 (3 w bytes each) to int32 rows
+ * at wide and wide + 4 w (each closed by a 0, so a pixel's four values R, G, B and the next
+ * pixel's R can be read as one vector up to the last pixel); taps8 then sums a pixel's taps for
+ * both rows as one 8-lane multiply-add a tap (the four values of row 0, then of row 1) and gives
+ * v[r] = clip8(HALF + sum over the n taps of row_r[3 x + c] * k[x]) for c < 4, packed in a
+ * uint32 (c = 0 in the low byte). The widening is a plain loop over contiguous bytes, which
+ * compilers vectorise; the taps use GCC's vector extension, plain loops elsewhere (and with
+ * -DTARINDEX_PLAIN_C, how the tests build that path). */
+static inline void widen2(const uint8_t *s0, const uint8_t *s1, int w, int32_t *wide)
+{
+    int32_t *w0 = wide, *w1 = wide + 4 * (size_t)w;
+    int n = 3 * w;
+    for (int i = 0; i < n; i++)
+        w0[i] = s0[i];
+    for (int i = 0; i < n; i++)
+        w1[i] = s1[i];
+    w0[n] = w1[n] = 0;
+}
+
 #if defined(__GNUC__) && !defined(__clang__) && !defined(TARINDEX_PLAIN_C)
 typedef uint8_t v16u __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-
-static inline __attribute__((always_inline)) v4i spread4(const uint8_t *p)
-{
-    const v16u zero = {0}, spread = {0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16};
-    uint32_t u;
-    memcpy(&u, p, 4);
-    v4i t = {(int32_t)u, 0, 0, 0};
-    return (v4i)__builtin_shuffle((v16u)t, zero, spread); /* 4 bytes -> 4 int32 */
-}
-
-static inline __attribute__((always_inline)) void widen2(const uint8_t *s0, const uint8_t *s1,
-                                                          int w, int32_t *wide)
-{
-    for (int x = 0; x < w - 1; x++) {
-        v4i a = spread4(s0 + 3 * x), b = spread4(s1 + 3 * x);
-        memcpy(wide + 8 * x, &a, sizeof a);
-        memcpy(wide + 8 * x + 4, &b, sizeof b);
-    }
-    for (int c = 0; c < 4; c++) { /* the row's (and src's) last pixel: 3 bytes */
-        wide[8 * (w - 1) + c] = c < 3 ? s0[3 * (w - 1) + c] : 0;
-        wide[8 * (w - 1) + 4 + c] = c < 3 ? s1[3 * (w - 1) + c] : 0;
-    }
-}
 
 static inline __attribute__((always_inline)) uint32_t pack4(v4i acc)
 {
@@ -152,37 +142,29 @@ static inline __attribute__((always_inline)) uint32_t pack4(v4i acc)
     return (uint32_t)((v4i)__builtin_shuffle((v16u)acc, zero, pack))[0];
 }
 
-static inline __attribute__((always_inline)) void taps8(const int32_t *p, const int32_t *k, int n,
-                                                         uint32_t *v)
+/* p: the first tap's pixel in row 0; q: the offset of row 1 (in int32) */
+static inline __attribute__((always_inline)) void taps8(const int32_t *p, size_t q,
+                                                         const int32_t *k, int n, uint32_t *v)
 {
     v8i acc = {HALF, HALF, HALF, HALF, HALF, HALF, HALF, HALF};
     for (int x = 0; x < n; x++) {
-        v8i t;
-        memcpy(&t, p + 8 * x, sizeof t);
-        acc += t * k[x];
+        v4i t0, t1;
+        memcpy(&t0, p + 3 * x, sizeof t0);
+        memcpy(&t1, p + 3 * x + q, sizeof t1);
+        acc += __builtin_shufflevector(t0, t1, 0, 1, 2, 3, 4, 5, 6, 7) * k[x];
     }
     v4i lo = {acc[0], acc[1], acc[2], acc[3]}, hi = {acc[4], acc[5], acc[6], acc[7]};
     v[0] = pack4(lo);
     v[1] = pack4(hi);
 }
 #else
-static inline void widen2(const uint8_t *s0, const uint8_t *s1, int w, int32_t *wide)
-{
-    for (int x = 0; x < w; x++)
-        for (int c = 0; c < 4; c++) {
-            int last = x == w - 1 && c == 3;
-            wide[8 * x + c] = last ? 0 : s0[3 * x + c];
-            wide[8 * x + 4 + c] = last ? 0 : s1[3 * x + c];
-        }
-}
-
-static inline void taps8(const int32_t *p, const int32_t *k, int n, uint32_t *v)
+static inline void taps8(const int32_t *p, size_t q, const int32_t *k, int n, uint32_t *v)
 {
     for (int r = 0; r < 2; r++) {
         int32_t a[4] = {HALF, HALF, HALF, HALF};
         for (int x = 0; x < n; x++)
             for (int c = 0; c < 4; c++)
-                a[c] += p[8 * x + 4 * r + c] * k[x];
+                a[c] += p[(size_t)r * q + 3 * (size_t)x + (size_t)c] * k[x];
         v[r] = (uint32_t)clip8(a[0]) | (uint32_t)clip8(a[1]) << 8 |
                (uint32_t)clip8(a[2]) << 16 | (uint32_t)clip8(a[3]) << 24;
     }
@@ -210,7 +192,7 @@ static inline void rows_block(const uint8_t *p, Py_ssize_t rs, const int32_t *k,
 
 /* The horizontal pass: `rows` rows of `src` (row stride `rs`, `w` pixels each, contiguous) ->
  * rows of out_w pixels at `dst` (strides ds[0] row, ds[1] pixel, ds[2] channel). For 3 channels
- * rows go two at a time, widened into `wide` (w x 8 int32), a tap one 8-lane multiply-add for
+ * rows go two at a time, widened into `wide` (two int32 rows), a tap one 8-lane multiply-add for
  * both; other channel counts go tap by tap. `padded`: dst is ours, and a pixel but a row's
  * last may be stored as 4 bytes (the fourth is the next pixel's, stored next). */
 CLONES static void hpass(const uint8_t *src, Py_ssize_t rs, int rows, int w, int nc,
@@ -226,8 +208,8 @@ CLONES static void hpass(const uint8_t *src, Py_ssize_t rs, int rows, int w, int
             widen2(s, r + 1 < rows ? s + rs : s, w, wide);
             for (int xo = 0; xo < out_w; xo++) {
                 uint32_t v[2];
-                taps8(wide + 8 * (size_t)c->lo[xo], c->k + (size_t)xo * (size_t)c->ksize, c->n[xo],
-                      v);
+                taps8(wide + 3 * (size_t)c->lo[xo], 4 * (size_t)w,
+                      c->k + (size_t)xo * (size_t)c->ksize, c->n[xo], v);
                 for (int i = 0; i < 2 && r + i < rows; i++) {
                     uint8_t *o = d + (Py_ssize_t)i * d0 + (Py_ssize_t)xo * d1;
                     if (packed && xo + 1 < out_w) { /* the fourth byte: the next pixel's */
@@ -255,6 +237,48 @@ CLONES static void hpass(const uint8_t *src, Py_ssize_t rs, int rows, int w, int
         }
     }
 }
+
+/* A row of 3-channel pixels (row8) to three planes, 16 pixels a step: returns how many pixels it
+ * laid out (a multiple of 16; the caller does the rest). step 1: o_c[x] = row8[3 x + c]; step -1:
+ * o_c[-x] (a flipped row). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(TARINDEX_PLAIN_C)
+static inline __attribute__((always_inline)) int planes16(const uint8_t *row8, int width, int step,
+                                                           uint8_t *o0, uint8_t *o1, uint8_t *o2)
+{
+    const v16u m0[3] = {{0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 0, 0, 0, 0, 0},
+                        {1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 0, 0, 0, 0, 0},
+                        {2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 0, 0, 0, 0, 0, 0}};
+    const v16u m1[3] = {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 17, 20, 23, 26, 29},
+                        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 18, 21, 24, 27, 30},
+                        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 19, 22, 25, 28, 31}};
+    const v16u rev = {15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+    uint8_t *o[3] = {o0, o1, o2};
+    int xo = 0;
+    for (; xo + 16 <= width; xo += 16) {
+        v16u a, b, c;
+        memcpy(&a, row8 + 3 * xo, 16);
+        memcpy(&b, row8 + 3 * xo + 16, 16);
+        memcpy(&c, row8 + 3 * xo + 32, 16);
+        for (int ch = 0; ch < 3; ch++) {
+            v16u p = __builtin_shuffle(__builtin_shuffle(a, b, m0[ch]), c, m1[ch]);
+            if (step == 1) {
+                memcpy(o[ch] + xo, &p, 16);
+            } else {
+                p = __builtin_shuffle(p, rev);
+                memcpy(o[ch] - xo - 15, &p, 16);
+            }
+        }
+    }
+    return xo;
+}
+#else
+static inline int planes16(const uint8_t *row8, int width, int step, uint8_t *o0, uint8_t *o1,
+                           uint8_t *o2)
+{
+    (void)row8, (void)width, (void)step, (void)o0, (void)o1, (void)o2;
+    return 0;
+}
+#endif
 
 /* The vertical pass: rows of `src` (row stride `rs`; row 0 is the image's row `first`), each
  * `width` pixels wide -> out_h rows at `dst` (strides ds[0] row, ds[1] pixel, ds[2] channel).
@@ -289,14 +313,15 @@ CLONES static void vpass(const uint8_t *src, Py_ssize_t rs, int first, const Coe
             row8[j] = clip8(acc[j]);
         if (nc == 3 && (ds[1] == 1 || ds[1] == -1)) { /* a CHW slot, flipped or not */
             uint8_t *o0 = o, *o1 = o + ds[2], *o2 = o + 2 * ds[2];
+            int xo = planes16(row8, width, (int)ds[1], o0, o1, o2);
             if (ds[1] == 1) {
-                for (int xo = 0; xo < width; xo++) {
+                for (; xo < width; xo++) {
                     o0[xo] = row8[3 * xo];
                     o1[xo] = row8[3 * xo + 1];
                     o2[xo] = row8[3 * xo + 2];
                 }
             } else {
-                for (int xo = 0; xo < width; xo++) {
+                for (; xo < width; xo++) {
                     o0[-xo] = row8[3 * xo];
                     o1[-xo] = row8[3 * xo + 1];
                     o2[-xo] = row8[3 * xo + 2];
