@@ -5,8 +5,12 @@ index, a whole shard). The rules that make it safe when DataLoader workers and s
 training processes share one directory (docs/REMOTE.md, "Cache"):
 
 - An entry appears only by ``os.replace`` of a complete temp file written in
-  ``<root>/tmp/`` (same filesystem): a reader sees the whole file or nothing. A reader also
-  checks an entry's length against what it expects and drops a file that differs.
+  ``<root>/tmp/`` (same filesystem): a reader sees the whole file or nothing.
+- Nothing is served unchecked (:mod:`tarindex.storage.sums`): a bytes entry carries the
+  crc32 of its data, tied to its key and name; a whole-file entry put with ``crcs`` a
+  ``<name>.sum`` record of per-MiB crc32s. A process checks an entry when it first reads it
+  (again whenever its ``ctime`` changed); an entry that fails is deleted with a
+  ``RuntimeWarning`` naming the file and the bytes, and read as a miss (fetched again).
 - A process killed mid-write leaves only ``tmp/<pid>.<random>`` files, never read as entries;
   the next eviction pass deletes those whose process is gone, or older than 10 minutes,
   unless a live process holds them (:meth:`DirCache.hold_temp`: a decompressed copy being
@@ -14,7 +18,9 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
 - The byte limit is kept on disk, not in a process's memory: ``<root>/usage`` holds the bytes
   of all entries, read and rewritten under an exclusive ``flock`` of ``<root>/lock`` by every
   insert. When an insert would pass the limit, the directory is scanned and the least
-  recently used entries (oldest mtime; a hit touches its entry) are deleted until it fits.
+  recently used entries (oldest mtime; a hit touches its entry, at most every
+  :attr:`DirCache.TOUCH_S` seconds, so a checked entry stays checked) are deleted until it
+  fits; a ``.sum`` record goes with its entry.
   ``usage`` is rewritten before the rename, so a crash can only over-count, which the next
   scan corrects. The lock is released by the kernel if its holder dies.
 - One writer per entry across processes: :meth:`DirCache.lock` takes an exclusive ``flock``
@@ -34,6 +40,11 @@ import os
 import secrets
 import stat
 import time
+import warnings
+from collections.abc import Sequence
+
+from . import sums
+from .sums import ENTRY_HEAD, SUM_SUFFIX
 
 __all__ = ["DirCache"]
 
@@ -61,35 +72,45 @@ class DirCache:
     Attributes:
         hits: Entries served by :meth:`get` in this process.
         misses: :meth:`get` calls that found no usable entry.
+        corrupt: Entries that failed their checksum in this process (deleted, reported).
 
     Raises:
         OSError: If ``root`` cannot be created.
     """
+
+    TOUCH_S = 60.0
+    """A hit moves its entry's mtime (the LRU order) only if it is older than this (seconds):
+    a touch changes the file's ``ctime``, which makes every process check it again."""
 
     def __init__(self, root: str, limit: int) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.limit = int(limit)
         self.hits = 0
         self.misses = 0
+        self.corrupt = 0
         os.makedirs(self.root, exist_ok=True)
         self._real_dir(os.path.join(self.root, "tmp"))
         self._clean_tmp()
 
     def __getstate__(self) -> dict[str, object]:
-        return {"root": self.root, "limit": self.limit, "hits": 0, "misses": 0}
+        return {"root": self.root, "limit": self.limit, "hits": 0, "misses": 0, "corrupt": 0}
 
     def path(self, key: str, name: str) -> str:
         """The file of entry ``(key, name)``; ``key`` is a hex digest, ``name`` a file name."""
         return os.path.join(self.root, key[:2], key, name)
 
-    def get(self, key: str, name: str, size: int | None = None) -> bytes | None:
-        """Return the bytes of entry ``(key, name)``, or ``None`` if it is missing.
+    def get(self, key: str, name: str, size: int | None = None, what: str = "") -> bytes | None:
+        """Return the bytes of entry ``(key, name)`` (checked), or ``None`` if there are none.
 
         Args:
             key: Entry key (hex digest).
             name: Entry name inside the key.
-            size: Expected length in bytes; an entry of another length is deleted and
-                ``None`` returned. Defaults to ``None`` (any length).
+            size: Expected length in bytes. Defaults to ``None`` (any length).
+            what: What the bytes are, for the warning (``"bytes A..B of URL"``).
+
+        An entry of another length, or whose bytes fail their checksum, is deleted with a
+        ``RuntimeWarning`` naming its file and the bytes, and ``None`` returned (a miss:
+        the caller fetches the bytes again); it is never served.
         """
         p = self.path(key, name)
         try:
@@ -97,29 +118,128 @@ class DirCache:
         except OSError:
             self.misses += 1
             return None
-        with open(fd, "rb") as f:
-            data = f.read()
-        if size is not None and len(data) != size:
-            self.discard_path(p)
+        try:
+            st = os.fstat(fd)
+            n = st.st_size - ENTRY_HEAD.size
+            if size is not None and n != size:
+                bad: str | None = f"it holds {n} bytes of data, not {size}"
+            else:
+                head = os.pread(fd, ENTRY_HEAD.size, 0)
+                data = os.pread(fd, max(n, 0), ENTRY_HEAD.size)
+                after = os.fstat(fd)
+                known = sums.is_known(p, after)
+                bad = sums.check_bytes(key, name, head, data, known)
+                if bad is None and not known:
+                    sums.remember(p, st, after)
+        finally:
+            os.close(fd)
+        if bad is not None:
+            self._corrupt(p, bad, what)
             self.misses += 1
             return None
-        try:
-            os.utime(p)  # recency for the LRU order, visible to every process
-        except OSError:
-            pass
+        self._touch(p, st)
         self.hits += 1
         return data
 
-    def local_file(self, key: str, name: str, size: int) -> str | None:
-        """The path of entry ``(key, name)`` if it exists with ``size`` bytes (touched), else None."""
+    def local_file(self, key: str, name: str, size: int, checked: bool = False) -> str | None:
+        """The path of entry ``(key, name)`` if it exists with ``size`` bytes (touched), else None.
+
+        Args:
+            key: Entry key.
+            name: Entry name.
+            size: Its expected size in bytes.
+            checked: The entry was put with ``crcs`` (:meth:`put_file`): check it as
+                :meth:`open_checked` does. Defaults to ``False`` (its size only).
+        """
+        if checked:
+            fd = self.open_checked(key, name, size)
+            if fd is None:
+                return None
+            os.close(fd)
+            return self.path(key, name)
         p = self.path(key, name)
         if self._is_entry(p) and self._entry_size(p) == size:
             try:
-                os.utime(p, follow_symlinks=False)
+                self._touch(p, os.lstat(p))
             except OSError:
                 return None
             return p
         return None
+
+    def open_checked(self, key: str, name: str, size: int, what: str = "") -> int | None:
+        """A read-only descriptor of file entry ``(key, name)`` of ``size`` bytes, checked.
+
+        The entry must have been put with ``crcs`` (:meth:`put_file`); its bytes are checked
+        against its ``.sum`` record on the first open in this process (again whenever the
+        file's ``ctime`` changed; :mod:`~tarindex.storage.sums`), about 0.4 ms per MiB.
+
+        Args:
+            key: Entry key.
+            name: Entry name.
+            size: Its expected size in bytes.
+            what: What the file is, for the warning (``"the whole copy of URL"``).
+
+        Returns:
+            The descriptor (the caller owns it), or ``None``: missing, or it failed its check
+            (then deleted with a ``RuntimeWarning`` naming the file and the bytes that differ).
+        """
+        p = self.path(key, name)
+        try:
+            fd = self.open_entry(p)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            bad = None
+            if st.st_size != size:
+                bad = f"it holds {st.st_size} bytes, not {size}"
+            elif not sums.is_known(p, st):
+                bad = self._check_file(key, name, p, fd, size)
+                if bad is None:
+                    sums.remember(p, st, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        if bad is not None:
+            os.close(fd)
+            self._corrupt(p, bad, what)
+            return None
+        self._touch(p, st)
+        return fd
+
+    def _check_file(self, key: str, name: str, p: str, fd: int, size: int) -> str | None:
+        """Why file entry ``p`` (open as ``fd``) differs from its ``.sum`` record, or None."""
+        try:
+            rfd = self.open_entry(p + SUM_SUFFIX)
+        except OSError:
+            return "its checksum record is missing"
+        with open(rfd, "rb") as f:
+            rec = f.read()
+        got = sums.decode_sums(key, name, rec, size)
+        if isinstance(got, str):
+            return got
+        return sums.check_file(fd, size, *got)
+
+    def _corrupt(self, p: str, why: str, what: str) -> None:
+        """Report and delete the entry ``p`` that failed its check (never served)."""
+        self.corrupt += 1
+        self.discard_path(p)
+        of = f" ({what})" if what else ""
+        warnings.warn(
+            f"{p}: this cache entry{of} failed its check: {why}; it was changed on disk after "
+            f"it was written (another program, a damaged disk). Deleted it and fetched the "
+            f"bytes again; if this repeats, check the disk under {self.root}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _touch(self, p: str, st: os.stat_result) -> None:
+        """Move entry ``p``'s mtime to now for the LRU order (if older than :attr:`TOUCH_S`)."""
+        if time.time() - st.st_mtime > self.TOUCH_S:
+            try:
+                os.utime(p, follow_symlinks=False)  # visible to every process
+            except OSError:
+                pass
 
     def open_entry(self, p: str) -> int:
         """A read-only descriptor of the cache file ``p``, links not followed.
@@ -145,22 +265,28 @@ class DirCache:
         self.discard_path(self.path(key, name))
 
     def discard_path(self, p: str) -> None:
-        """Delete the cache file ``p`` (an entry or a temp file); missing is fine."""
+        """Delete the cache file ``p`` (an entry and its ``.sum``, or a temp file); missing is fine."""
         self._drop(p)
+        self._drop(p + SUM_SUFFIX)
+        sums.forget(p)
 
     def put(self, key: str, name: str, data: bytes | memoryview) -> bool:
         """Insert entry ``(key, name)`` atomically, evicting LRU entries to stay within the limit.
+
+        The file holds a :data:`~tarindex.storage.sums.ENTRY_HEAD` record (24 bytes: the data's
+        crc32, tied to ``key/name``) before the data, checked by :meth:`get`.
 
         Returns:
             ``True`` if the entry was stored; ``False`` if it is larger than the whole limit
             or the disk is full (the cache never makes a read fail).
         """
-        n = len(data)
+        n = len(data) + ENTRY_HEAD.size
         if n > self.limit:
             return False
         tmp = self.temp_path()
         try:
             with open(self._create(tmp), "wb") as f:
+                f.write(sums.head_of(key, name, data))
                 f.write(data)
             return self._commit(tmp, self.path(key, name), n)
         except OSError as e:
@@ -169,13 +295,38 @@ class DirCache:
                 return False
             raise
 
-    def put_file(self, key: str, name: str, tmp: str) -> bool:
-        """Insert the complete file ``tmp`` (made by :meth:`temp_path`) as entry ``(key, name)``."""
+    def put_file(
+        self, key: str, name: str, tmp: str, crcs: Sequence[int] | bool = False
+    ) -> bool:
+        """Insert the complete file ``tmp`` (made by :meth:`temp_path`) as entry ``(key, name)``.
+
+        Args:
+            key: Entry key.
+            name: Entry name.
+            tmp: The file (moved into place).
+            crcs: Write a ``<name>.sum`` record for :meth:`open_checked`: the crc32 of each
+                :data:`~tarindex.storage.sums.GRAIN` bytes of the file, or ``True`` to
+                compute them now (one read of the file). Defaults to ``False`` (no record:
+                the entry is read by its size alone).
+
+        Returns:
+            As :meth:`put`.
+        """
         n = os.path.getsize(tmp)
+        rec = None
+        if crcs is not False:
+            if crcs is True:
+                fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    crcs = sums.file_crcs(fd, n, sums.GRAIN)
+                finally:
+                    os.close(fd)
+            rec = sums.encode_sums(key, name, n, sums.GRAIN, crcs)
+            n += len(rec)
         if n > self.limit:
             self._drop(tmp)
             return False
-        return self._commit(tmp, self.path(key, name), n)
+        return self._commit(tmp, self.path(key, name), n, rec)
 
     def temp_path(self) -> str:
         """A fresh temp file name in the cache's ``tmp/`` (for :meth:`put_file`)."""
@@ -310,20 +461,39 @@ class DirCache:
         except OSError:
             return False
 
-    def _commit(self, tmp: str, final: str, n: int) -> bool:
+    def _commit(self, tmp: str, final: str, n: int, rec: bytes | None = None) -> bool:
         import fcntl
 
         self._real_dir(os.path.dirname(final))
+        rtmp = None
+        if rec is not None:
+            rtmp = self.temp_path()
+            try:
+                with open(self._create(rtmp), "wb") as f:
+                    f.write(rec)
+            except BaseException:
+                self._drop(rtmp)
+                raise
         lock = self._open_nofollow(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT)
         with open(lock, "a+b") as lk:
             fcntl.flock(lk.fileno(), fcntl.LOCK_EX)
             try:
-                old = self._entry_size(final)
+                old = self._entry_size(final) + self._entry_size(final + SUM_SUFFIX)
                 used = self._read_usage() - old
                 if used + n > self.limit:
                     used = self._evict(self.limit - n, keep=final)
                 self._write_usage(used + n)
+                # the record first: an entry is never there without the record it needs
+                if rtmp is not None:
+                    os.replace(rtmp, final + SUM_SUFFIX)
+                else:
+                    self._drop(final + SUM_SUFFIX)
                 os.replace(tmp, final)
+                sums.forget(final)
+            except BaseException:
+                if rtmp is not None:
+                    self._drop(rtmp)
+                raise
             finally:
                 fcntl.flock(lk.fileno(), fcntl.LOCK_UN)
         return True
@@ -353,7 +523,11 @@ class DirCache:
         os.replace(tmp, p)
 
     def _scan(self) -> list[tuple[float, int, str]]:
-        """Every entry as ``(mtime, size, path)``; removes temp files of dead writers."""
+        """Every entry as ``(mtime, size, path)``; removes temp files of dead writers.
+
+        A ``.sum`` record counts with its entry (its mtime is the entry's); one without its
+        entry is an entry of its own (evicted first: it has not been touched since written).
+        """
         out: list[tuple[float, int, str]] = []
         self._clean_tmp()
         for d1 in os.scandir(self.root):
@@ -366,6 +540,7 @@ class DirCache:
                     self._drop(d2.path)
                 if not d2.is_dir(follow_symlinks=False):
                     continue
+                files: dict[str, os.stat_result] = {}
                 for f in os.scandir(d2.path):
                     try:
                         st = f.stat(follow_symlinks=False)
@@ -374,7 +549,13 @@ class DirCache:
                     if not stat.S_ISREG(st.st_mode):
                         self._drop(f.path)
                         continue
-                    out.append((st.st_mtime, st.st_size, f.path))
+                    files[f.path] = st
+                for p, st in files.items():
+                    if p.endswith(SUM_SUFFIX) and p[: -len(SUM_SUFFIX)] in files:
+                        continue
+                    rec = files.get(p + SUM_SUFFIX)
+                    extra = rec.st_size if rec is not None else 0
+                    out.append((st.st_mtime, st.st_size + extra, p))
         return out
 
     @staticmethod
@@ -425,6 +606,7 @@ class DirCache:
             if p == keep:
                 continue
             self._drop(p)
+            self._drop(p + SUM_SUFFIX)
             total -= n
         return total
 
@@ -434,3 +616,4 @@ class DirCache:
             os.unlink(p)
         except OSError:
             pass
+

@@ -37,11 +37,10 @@ import threading
 import time
 
 from .cache import DirCache
+from .sums import GRAIN, Grains
 
 __all__ = ["GRAIN", "HEAD", "PieceReader", "PieceWriter", "attach"]
 
-GRAIN = 1 << 20
-"""Bytes per progress flag: a reader waits for at most this much more than it needs."""
 
 HEAD = struct.Struct("<8sQQ104s")
 """The progress record's header (128 bytes): magic, file size, grain, temp file name."""
@@ -78,6 +77,8 @@ class PieceWriter:
         self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         self._lock = threading.Lock()
         self._done = bytearray(_grains(size, grain))
+        self.grains = Grains(size, grain)
+        """The crc32 of each grain, as the sinks write them (the entry's ``.sum`` record)."""
         try:
             if size:
                 try:
@@ -124,12 +125,19 @@ class PieceWriter:
     def commit(self, key: str, name: str) -> bool:
         """Insert the complete file as entry ``(key, name)``, then clear the record.
 
+        The entry gets its ``.sum`` record (the crc32 of each grain, computed as the bytes
+        arrived), which every process checks before it reads the entry
+        (:meth:`DirCache.open_checked`).
+
         Returns:
             As :meth:`DirCache.put_file` (``False``: it does not fit the cache's limit).
         """
         self._close()
+        crcs: list[int] | bool = list(self.grains.crcs)
+        if self.grain != GRAIN:
+            crcs = True  # the record's grain is GRAIN: read the file once
         try:
-            return self.cache.put_file(key, name, self.tmp)
+            return self.cache.put_file(key, name, self.tmp, crcs)
         finally:
             os.ftruncate(self.lock_fd, 0)
 
@@ -153,16 +161,21 @@ class RangeSink:
 
     Called as ``sink(at, chunk)`` (a :data:`~tarindex.storage.remote.transport.Sink`):
     ``at`` is the chunk's offset from the range's start, in order; a retry starts at 0 again.
+    The crc32 of each grain is computed on the way (:attr:`PieceWriter.grains`).
     """
 
     def __init__(self, w: PieceWriter, start: int, end: int) -> None:
         self.w = w
         self.start = start
         self.end = end
+        self._crc = 0
 
     def __call__(self, at: int, chunk: bytes) -> None:
         w = self.w
         pos = self.start + at
+        if at == 0:
+            self._crc = 0  # (again, for a retry)
+        self._crc = w.grains.feed(pos, chunk, self._crc)
         w.write(pos, chunk)
         top = pos + len(chunk)
         # every byte from the range's start to ``top`` is written: the grains that end in

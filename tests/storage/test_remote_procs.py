@@ -20,6 +20,7 @@ from tarindex.storage import remote
 from tarindex.storage.cache import DirCache
 from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
+from tarindex.storage.sums import ENTRY_HEAD
 
 from ..conftest import MakeShards
 from ..remote_server import RangeServer, serve
@@ -141,7 +142,8 @@ def _entries_are_exact(cache: str, paths: list[str], url: str) -> int:
         data = keys[d2.name]
         for f in d2.iterdir():
             i = int(f.name)
-            assert f.read_bytes() == data[i * 16384 : (i + 1) * 16384], f
+            # after the entry's checksum record (tarindex.storage.sums.ENTRY_HEAD)
+            assert f.read_bytes()[ENTRY_HEAD.size :] == data[i * 16384 : (i + 1) * 16384], f
             n += 1
     return n
 

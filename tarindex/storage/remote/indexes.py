@@ -100,7 +100,7 @@ def _from_cache(url: str, opts: RemoteOptions) -> bytes | None:
     if c is None:
         return None
     key = cache_key("index", url)
-    d = c.get(key, "tidx")
+    d = c.get(key, "tidx", what=f"the cached index of {url}")
     if d is None:
         return None
     try:

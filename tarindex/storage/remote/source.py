@@ -233,8 +233,8 @@ class RemoteSource:
                 f"cache directory to download shards into: RemoteOptions(download_whole=True, "
                 f"cache_dir=DIR)"
             )
-        p = c.local_file(self.key, "whole", self.size)
-        if p is None:
+        fd = c.open_checked(self.key, "whole", self.size, f"the whole copy of {self.path}")
+        if fd is None:
             fs = filesystem(self.path, self.opts)
             tmp = c.temp_path()
             try:
@@ -248,7 +248,7 @@ class RemoteSource:
                     )
                 STATS.bytes += n
                 self.bytes_fetched += n
-                if not c.put_file(self.key, "whole", tmp):
+                if not c.put_file(self.key, "whole", tmp, crcs=True):
                     raise RemoteError(
                         f"{self.path}: {self.size} bytes do not fit the cache's limit "
                         f"(cache_bytes={c.limit}) or its disk"
@@ -256,8 +256,8 @@ class RemoteSource:
             except BaseException:
                 c.discard_path(tmp)
                 raise
-            p = c.path(self.key, "whole")
-        self.read_copy(c.open_entry(p), None)
+            fd = c.open_entry(c.path(self.key, "whole"))  # just written, its crc32s from it
+        self.read_copy(fd, None)
 
     def read_copy(self, fd: int, pieces: PieceReader | None) -> None:
         """Read from a local copy of the whole tar from now on (:class:`~.whole.CopySource`).
@@ -486,7 +486,7 @@ class RemoteSource:
         have: dict[int, bytes] = {}
         for i in ids:
             n = min(cb, self.size - i * cb)
-            d = c.get(self.key, f"{i}", n)
+            d = c.get(self.key, f"{i}", n, f"bytes {i * cb}..{i * cb + n} of {self.path}")
             if d is not None:
                 have[i] = d
         need = [i for i in ids if i not in have]

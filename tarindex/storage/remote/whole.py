@@ -164,14 +164,9 @@ def pin_ahead(url: str, opts: RemoteOptions) -> None:
     _background(learn)
 
 
-def _open_entry(c: DirCache, key: str, size: int) -> int | None:
-    p = c.local_file(key, WHOLE, size)
-    if p is None:
-        return None
-    try:
-        return c.open_entry(p)
-    except OSError:
-        return None
+def _open_entry(c: DirCache, key: str, size: int, url: str) -> int | None:
+    """The complete copy, checked against its ``.sum`` record (a bad one: deleted, warned)."""
+    return c.open_checked(key, WHOLE, size, f"the whole copy of {url}")
 
 
 class Copy(NamedTuple):
@@ -212,7 +207,7 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
     pin = _pin(url, opts)
     c = opts.whole_cache()
     key = tar_key(url, pin.size, ident, pin)
-    fd = _open_entry(c, key, pin.size)
+    fd = _open_entry(c, key, pin.size, url)
     if fd is not None:
         return Copy(fd, pin.size, pin, None)
     if pin.size > c.limit:
@@ -223,12 +218,12 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         got = attach(c, key, WHOLE, pin.size)
         if got is not None:
             return Copy(got[0], pin.size, pin, got[1])
-        fd = _open_entry(c, key, pin.size)
+        fd = _open_entry(c, key, pin.size, url)
         if fd is not None:
             return Copy(fd, pin.size, pin, None)
         if fut.done():
             ok = fut.result()  # the download's error, if it failed here
-            fd = _open_entry(c, key, pin.size)
+            fd = _open_entry(c, key, pin.size, url)
             if fd is not None:
                 return Copy(fd, pin.size, pin, None)
             if ok is False:
@@ -279,7 +274,7 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
     if lk is None:
         return None
     try:
-        if c.local_file(key, WHOLE, pin.size) is not None:
+        if c.local_file(key, WHOLE, pin.size, checked=True) is not None:
             return True  # another process finished it while we waited
         try:
             w = PieceWriter(c, lk, pin.size)

@@ -1,0 +1,229 @@
+"""Checksums of cache entries: nothing a cache file holds is served before it is checked.
+
+A cache file can change after it was written (bit rot, another program, a file cut then
+extended, a file of another entry copied in its place); its length alone proves nothing. The
+rules (docs/REMOTE.md, "Cache"):
+
+- **Bytes entries** (:meth:`DirCache.put <tarindex.storage.cache.DirCache.put>`: a chunk of a
+  remote tar, an index) start with a :data:`ENTRY_HEAD` record: magic, the data's length, the
+  crc32 (zlib) of the data seeded with the crc32 of the entry's ``key/name``, and a crc32 of
+  the record itself. The key holds the object's URL, size, index fingerprint and pinned
+  version (ETag, ...), so bytes of another entry or version fail the check.
+- **File entries** (a whole shard: :meth:`DirCache.put_file` with ``sums``) keep a
+  ``<name>.sum`` file beside them: magic, the file's size, the grain, the crc32 of
+  ``key/name``, one crc32 per :data:`~tarindex.storage.pieces.GRAIN` bytes (computed as the
+  download writes them), and a crc32 of the record.
+- **Checked on first use in a process.** An entry is checked when a process first reads it;
+  the process then remembers that this file (device, inode, size, ``ctime``) passed, while
+  its ``ctime`` stays the same. Every write, truncation or ``utime`` sets ``ctime`` (no one
+  can set it back), so a file changed after its check is checked again. As in git's "racy"
+  rule, a pass is remembered only for a file whose ``ctime`` is over :data:`RACY_S` seconds
+  old, so a change within the same clock tick as the last one is never missed. The cache
+  therefore touches an entry for its LRU order at most every ``DirCache.TOUCH_S`` seconds.
+- **A failed check** deletes the entry, warns (``RuntimeWarning`` naming the cache file and
+  the bytes that differ) and reports a miss: the caller fetches the bytes again. A failed
+  entry is never served.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+import zlib
+from array import array
+from collections.abc import Sequence
+
+__all__ = [
+    "GRAIN",
+    "ENTRY_HEAD",
+    "RACY_S",
+    "SUM_SUFFIX",
+    "Grains",
+    "bind",
+    "check_bytes",
+    "check_file",
+    "decode_sums",
+    "encode_sums",
+    "file_crcs",
+    "forget",
+    "head_of",
+    "is_known",
+    "remember",
+]
+
+GRAIN = 1 << 20
+"""Bytes per crc32 of a file entry (and per progress flag of its download)."""
+
+ENTRY_HEAD = struct.Struct("<8sQII")
+"""The record before a bytes entry's data (24 bytes): magic, length, data crc, record crc."""
+
+_MAGIC = b"TIENTRY1"
+_SUM_MAGIC = b"TISUMS01"
+_SUM_HEAD = struct.Struct("<8sQQII")  # magic, size, grain, bind, crc32 of the crcs
+SUM_SUFFIX = ".sum"
+"""The suffix of a file entry's checksum record (``<name>.sum`` beside ``<name>``)."""
+
+RACY_S = 2.0
+"""A pass is remembered only for a file whose ``ctime`` is older than this (seconds)."""
+
+_READ = 8 << 20
+_MEMO_MAX = 1 << 16
+
+_memo: dict[str, tuple[int, int, int, int]] = {}
+_memo_lock = threading.Lock()
+
+
+def bind(key: str, name: str) -> int:
+    """The crc32 of ``key/name``: the seed that ties a checksum to its entry."""
+    return zlib.crc32(f"{key}/{name}".encode())
+
+
+def head_of(key: str, name: str, data: bytes | memoryview) -> bytes:
+    """The :data:`ENTRY_HEAD` record of bytes entry ``(key, name)`` holding ``data``."""
+    n, crc = len(data), zlib.crc32(data, bind(key, name))
+    return ENTRY_HEAD.pack(_MAGIC, n, crc, zlib.crc32(struct.pack("<8sQI", _MAGIC, n, crc)))
+
+
+def check_bytes(key: str, name: str, head: bytes, data: bytes, known: bool) -> str | None:
+    """Why the bytes entry ``(key, name)`` read as ``head`` + ``data`` is bad, or ``None``.
+
+    Args:
+        key: The entry's key.
+        name: The entry's name.
+        head: Its first :data:`ENTRY_HEAD` ``.size`` bytes.
+        data: The rest of it.
+        known: The file passed its check earlier in this process (:func:`is_known`) and
+            has not changed since: only the record's fields are compared, not the crc of
+            ``data``.
+    """
+    if len(head) != ENTRY_HEAD.size:
+        return f"its checksum record is cut ({len(head)} of {ENTRY_HEAD.size} bytes)"
+    magic, n, crc, rcrc = ENTRY_HEAD.unpack(head)
+    if magic != _MAGIC or rcrc != zlib.crc32(struct.pack("<8sQI", magic, n, crc)):
+        return "its checksum record (bytes 0..24) is damaged"
+    if n != len(data):
+        return f"it holds {len(data)} bytes, its record says {n}"
+    if not known and zlib.crc32(data, bind(key, name)) != crc:
+        return f"bytes {ENTRY_HEAD.size}..{ENTRY_HEAD.size + n} differ from their checksum"
+    return None
+
+
+class Grains:
+    """The crc32 of each grain of a file being written in order, range by range.
+
+    Args:
+        size: The file's size in bytes.
+        grain: Bytes per crc.
+    """
+
+    def __init__(self, size: int, grain: int) -> None:
+        self.size = size
+        self.grain = grain
+        self.crcs = array("I", bytes(4 * (-(-size // grain) if size else 0)))
+
+    def feed(self, pos: int, chunk: bytes | memoryview, crc: int) -> int:
+        """Add ``chunk``; return the running crc of the grain it ends in.
+
+        ``chunk`` is at byte ``pos`` of the file, right after the bytes ``crc`` ran over
+        since the start of their grain (``0`` at a grain's start).
+        """
+        g = self.grain
+        mv = memoryview(chunk)
+        while mv:
+            room = g - pos % g
+            part, mv = mv[:room], mv[room:]
+            crc = zlib.crc32(part, crc)
+            pos += len(part)
+            if pos % g == 0 or pos == self.size:
+                self.crcs[(pos - 1) // g] = crc
+                crc = 0
+        return crc
+
+
+def file_crcs(fd: int, size: int, grain: int) -> array[int]:
+    """The crc32 of each ``grain`` bytes of the first ``size`` bytes of file ``fd``.
+
+    Raises:
+        OSError: The file is shorter than ``size`` (``EIO``) or cannot be read.
+    """
+    out = array("I")
+    pos = 0
+    while pos < size:
+        want = min(max(grain, _READ // grain * grain), size - pos)
+        buf = os.pread(fd, want, pos)
+        if len(buf) != want:
+            raise OSError(5, f"short read: {len(buf)} of {want} bytes at byte {pos}")
+        mv = memoryview(buf)
+        for k in range(0, len(mv), grain):
+            out.append(zlib.crc32(mv[k : k + grain]))
+        pos += want
+    return out
+
+
+def encode_sums(key: str, name: str, size: int, grain: int, crcs: Sequence[int]) -> bytes:
+    """The ``<name>.sum`` record of file entry ``(key, name)``."""
+    body = array("I", crcs).tobytes()
+    return _SUM_HEAD.pack(_SUM_MAGIC, size, grain, bind(key, name), zlib.crc32(body)) + body
+
+
+def decode_sums(key: str, name: str, rec: bytes, size: int) -> tuple[int, array[int]] | str:
+    """``(grain, crcs)`` of a ``.sum`` record of entry ``(key, name)``, or why it is bad.
+
+    ``size``: the entry's size in bytes, as its caller expects it.
+    """
+    if len(rec) < _SUM_HEAD.size:
+        return "its checksum record is cut"
+    magic, n, grain, b, crc = _SUM_HEAD.unpack_from(rec)
+    body = rec[_SUM_HEAD.size :]
+    if magic != _SUM_MAGIC or grain <= 0 or zlib.crc32(body) != crc:
+        return "its checksum record is damaged"
+    if b != bind(key, name):
+        return "its checksum record belongs to another entry"
+    if n != size or len(body) != 4 * (-(-size // grain) if size else 0):
+        return f"its checksum record is of a file of {n} bytes, not {size}"
+    crcs = array("I")
+    crcs.frombytes(body)
+    return grain, crcs
+
+
+def check_file(fd: int, size: int, grain: int, crcs: array[int]) -> str | None:
+    """Why file ``fd`` differs from its grain crcs (naming the first bad bytes), or ``None``."""
+    try:
+        got = file_crcs(fd, size, grain)
+    except OSError as e:
+        return f"it cannot be read whole ({e})"
+    for g, (a, b) in enumerate(zip(got, crcs, strict=True)):
+        if a != b:
+            return f"bytes {g * grain}..{min((g + 1) * grain, size)} differ from their checksum"
+    return None
+
+
+def _ident(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns)
+
+
+def is_known(path: str, st: os.stat_result) -> bool:
+    """Whether ``path`` passed its check in this process and is unchanged (``st``: now)."""
+    return _memo.get(path) == _ident(st)
+
+
+def remember(path: str, before: os.stat_result, after: os.stat_result) -> None:
+    """Remember that ``path`` passed its check (see the module docs).
+
+    ``before``/``after``: its stat around the read that was checked; the pass is kept only
+    if it did not change meanwhile and its ``ctime`` is older than :data:`RACY_S`.
+    """
+    ident = _ident(after)
+    if ident != _ident(before) or time.time_ns() - after.st_ctime_ns < RACY_S * 1e9:
+        return
+    with _memo_lock:
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        _memo[path] = ident
+
+
+def forget(path: str) -> None:
+    """Forget a pass of ``path`` (its entry was deleted or replaced)."""
+    _memo.pop(path, None)

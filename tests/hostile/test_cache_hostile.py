@@ -1,0 +1,220 @@
+"""A cache directory changed behind tarindex's back: its files are checked, never trusted.
+
+Against the real loopback server of ``remote_server.py`` and real cache files: bytes flipped
+in a cached chunk or a whole-shard copy, a file cut then extended to its old length, a chunk
+of another entry copied in its place, a checksum record damaged or gone. Each is a warning
+naming the cache file and the bytes, a refetch, and the right bytes; never wrong bytes
+(tarindex.storage.sums; docs/REMOTE.md, "Cache").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import tarindex
+from tarindex.storage import remote, sums
+from tarindex.storage.cache import DirCache
+from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import stat
+from tarindex.storage.remote.whole import WHOLE, tar_key
+
+from ..conftest import MakeShards
+from ..remote_server import RangeServer, serve
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+SIZES = [60, 50]
+CHUNK = 4096
+
+
+@pytest.fixture
+def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
+    remote.forget_process_state()
+    paths = make_shards(SIZES)
+    with serve(str(tmp_path / "train")) as srv:
+        yield srv, paths
+    remote.forget_process_state()
+
+
+def _all(ss: tarindex.ShardSet) -> list[bytes]:
+    return [ss.sample(i)["bin"] for i in range(len(ss))]
+
+
+def _key(url: str, path: str) -> str:
+    t = tarindex.ShardReader(path).index
+    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+    pin = stat(url)
+    return tar_key(url, pin.size, ident, pin)
+
+
+def _flip(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, inside the data (after any record)
+    p.write_bytes(bytes(data))
+
+
+def _cut_and_extend(p: Path) -> None:
+    n = p.stat().st_size
+    with open(p, "r+b") as f:  # in place: same inode, same length, a zero tail
+        f.truncate(n // 2)
+        f.truncate(n)
+
+
+def _cut(p: Path) -> None:
+    with open(p, "r+b") as f:
+        f.truncate(p.stat().st_size - 100)
+
+
+def _flip_record(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    data[9] ^= 0x01  # the length field of the checksum record
+    p.write_bytes(bytes(data))
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "bit flipped": _flip,
+    "cut then extended": _cut_and_extend,
+    "cut": _cut,
+    "record damaged": _flip_record,
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_a_damaged_cached_chunk_is_refetched_never_served(
+    served: tuple[RangeServer, list[str]], tmp_path: Path, how: str
+) -> None:
+    srv, paths = served
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), chunk_bytes=CHUNK)
+    url = f"{srv.url}/train-000000.tar"
+    want = _all(tarindex.ShardSet(paths[0]))
+    assert _all(tarindex.ShardSet(url, remote=opts)) == want  # every chunk cached
+    key = _key(url, paths[0])
+    chunks = sorted((cache / key[:2] / key).iterdir(), key=lambda p: int(p.name))
+    victim = chunks[len(chunks) // 2]
+    i = int(victim.name)
+    DAMAGE[how](victim)
+    remote.forget_process_state()
+    srv.reset()
+    span = f"bytes {i * CHUNK}..{(i + 1) * CHUNK} of {re.escape(url)}"
+    match = rf"{re.escape(str(victim))}: this cache entry \({span}\) failed its check"
+    with pytest.warns(RuntimeWarning, match=match):
+        got = _all(tarindex.ShardSet(url, remote=opts))
+    assert got == want
+    # fetched again (that chunk alone, beside the open-time checks) and stored again, sound
+    assert any(m == "GET" and a <= i * CHUNK < b for m, _, a, b in srv.log)
+    data = Path(paths[0]).read_bytes()
+    assert victim.read_bytes()[sums.ENTRY_HEAD.size :] == data[i * CHUNK : (i + 1) * CHUNK]
+
+
+def test_a_chunk_of_another_entry_put_in_its_place_is_refused(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Same length, sound bytes of the same tar, another offset: its checksum is tied to its
+    name (and key: URL, size, index fingerprint, pinned ETag), so it is not served."""
+    srv, paths = served
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), chunk_bytes=CHUNK)
+    url = f"{srv.url}/train-000000.tar"
+    want = _all(tarindex.ShardSet(paths[0]))
+    assert _all(tarindex.ShardSet(url, remote=opts)) == want
+    key = _key(url, paths[0])
+    d = cache / key[:2] / key
+    (d / "2").write_bytes((d / "1").read_bytes())  # both full chunks: same length
+    remote.forget_process_state()
+    with pytest.warns(RuntimeWarning, match=r"/2: this cache entry \(bytes 8192\.\.12288 of "):
+        assert _all(tarindex.ShardSet(url, remote=opts)) == want
+
+
+def test_a_chunk_checked_once_is_checked_again_after_any_change(
+    served: tuple[RangeServer, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass is remembered per process (no crc on later hits) only while the file's ctime
+    stays the same: a write after the check is caught at the next read."""
+    monkeypatch.setattr(sums, "RACY_S", 0.0)  # remember passes of files written just now
+    c = DirCache(str(tmp_path / "c"), 1 << 20)
+    c.put("ab" * 32, "0", b"x" * 5000)
+    assert c.get("ab" * 32, "0", 5000) == b"x" * 5000
+    p = Path(c.path("ab" * 32, "0"))
+    assert sums.is_known(str(p), os.stat(p))  # remembered: the next hit skips the crc
+    assert c.get("ab" * 32, "0", 5000) == b"x" * 5000
+    with open(p, "r+b") as f:  # in place, same length
+        f.seek(100)
+        f.write(b"y")
+    assert not sums.is_known(str(p), os.stat(p))
+    with pytest.warns(RuntimeWarning, match="bytes 24..5024 differ from their checksum"):
+        assert c.get("ab" * 32, "0", 5000) is None
+    assert not p.exists() and c.corrupt == 1
+
+
+def _whole_copy(cache: Path) -> Path:
+    """The one whole copy in ``cache``, once its download (in the background) committed it."""
+    deadline = time.monotonic() + 30
+    while not (found := list(cache.rglob(WHOLE))) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (p,) = found
+    return p
+
+
+WHOLE_DAMAGE: dict[str, Callable[[Path], None]] = {
+    "bit flipped": _flip,
+    "cut then extended": _cut_and_extend,
+    "record damaged": lambda p: _flip_record(Path(str(p) + sums.SUM_SUFFIX)),
+    "record missing": lambda p: Path(str(p) + sums.SUM_SUFFIX).unlink(),
+}
+
+
+@pytest.mark.parametrize("how", sorted(WHOLE_DAMAGE))
+def test_a_damaged_whole_shard_copy_is_downloaded_again_never_served(
+    served: tuple[RangeServer, list[str]], tmp_path: Path, how: str
+) -> None:
+    """A plain tar read whole (``fetch="shard"``), without ``verify_data``: its copy is
+    checked against the crc32s written at its download when a process first opens it."""
+    srv, paths = served
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), fetch="shard", shards_ahead=0)
+    url = f"{srv.url}/train-000000.tar"
+    want = _all(tarindex.ShardSet(paths[0]))
+    assert _all(tarindex.ShardSet(url, remote=opts)) == want
+    copy = _whole_copy(cache)
+    assert Path(str(copy) + sums.SUM_SUFFIX).exists()
+    WHOLE_DAMAGE[how](copy)
+    remote.forget_process_state()
+    srv.reset()
+    match = rf"{re.escape(str(copy))}: this cache entry \(the whole copy of {re.escape(url)}\) failed"
+    with pytest.warns(RuntimeWarning, match=match):
+        got = _all(tarindex.ShardSet(url, remote=opts))
+    assert got == want
+    size = os.path.getsize(paths[0])
+    assert any(m == "GET" and (a, b) == (0, size) for m, _, a, b in srv.log)  # again
+    assert _whole_copy(cache).read_bytes() == Path(paths[0]).read_bytes()
+    remote.forget_process_state()
+    srv.reset()
+    assert _all(tarindex.ShardSet(url, remote=opts)) == want  # sound now: no download
+    assert not any(m == "GET" and (a, b) == (0, size) for m, _, a, b in srv.log)
+
+
+def test_a_damaged_copy_of_a_server_without_ranges_is_downloaded_again(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """``download_whole=True`` (a server that ignores Range): the same check."""
+    srv, paths = served
+    srv.ignore_range = True
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), download_whole=True)
+    url = f"{srv.url}/train-000001.tar"
+    want = _all(tarindex.ShardSet(paths[1]))
+    assert _all(tarindex.ShardSet(url, remote=opts)) == want
+    copy = _whole_copy(cache)
+    _flip(copy)
+    remote.forget_process_state()
+    with pytest.warns(RuntimeWarning, match=rf"{re.escape(str(copy))}: this cache entry"):
+        assert _all(tarindex.ShardSet(url, remote=opts)) == want
+    assert _whole_copy(cache).read_bytes() == Path(paths[1]).read_bytes()
