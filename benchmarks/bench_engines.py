@@ -26,13 +26,17 @@ with ``durable=False`` (no fsync: the same for all):
   ``tarindex.ray.read`` and through ``ray.data.read_webdataset(decoder=None)`` on the same
   shards (``ray.init(num_cpus=2)``, every block consumed by ``iter_batches(batch_size=None)``),
   samples/s and read tasks used; beside them, in this process, the raw kernel
-  (``ShardSet.read_block`` over every 1,024 samples, plus the one copy of the member bytes
-  any consumer needs: ``read_block`` alone over a mapping copies nothing) and the read task's
-  whole body (what :func:`tarindex.stream.arrow.read_range` runs per block: read_block of the
-  columns + packing + Arrow), per core: this thread's CPU time, every 1,024-row block read by
-  both back to back (order alternating), one ratio per pass, median and spread of 9 passes
-  (wall-clock ratio beside it). Ray's own ceiling: a datasource with the
-  same tasks yielding a ready table (no read), what moving the bytes through Ray costs.
+  (``ShardSet.read_block`` over every 1,024 samples: the tables checked, the keys decoded to
+  ``str``, the global indices; plus ``pack_blocks(int_fields=())``, the one copy of every
+  member's bytes, ``cls`` included as bytes, that any consumer needs: ``read_block`` alone
+  over a mapping copies nothing) and the read task's whole body (what
+  :func:`tarindex.stream.arrow.read_range` runs per block for the datasource timed below,
+  ``fields=None``: read_block of every member, the key bytes, the layout, the Arrow columns
+  wrapped around the batch buffer, the one copy of the member bytes with ``cls`` parsed to
+  int64), per core: this thread's CPU time, every 1,024-row block read by both back to back
+  (order alternating), one ratio per pass, median and spread of 9 passes (wall-clock ratio
+  beside it). Ray's own ceiling: a datasource with the same tasks yielding a ready table (no
+  read), what moving the bytes through Ray costs.
   Target: the datasource per core >= 0.9x raw ``read_block``.
 
 Usage: ``python benchmarks/bench_engines.py [--n 20000] [--ray] [--json out.json]``.
@@ -266,7 +270,8 @@ def ray_read(rows: list[tuple[str, bytes, int, str]], root: str) -> dict[str, An
         pack_blocks([(ss.read_block(s, j, j1), None)], None, ())
 
     def body(s: int, j: int, j1: int, a: int) -> None:  # what read_range runs per block
-        block_table(ss, a, a + (j1 - j), cols, schema=schema)
+        # for the datasource below (no fields=: every member read, one outside cols refused)
+        block_table(ss, a, a + (j1 - j), cols, every_member=True, schema=schema)
 
     # Per core: this thread's CPU time (time.thread_time: the time the work itself took, not
     # the time other processes held the core), block by block, each 1,024-row block read by

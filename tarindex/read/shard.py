@@ -456,8 +456,8 @@ class ShardReader(ShardOpener):
         of a contiguous run), for ``verify_data``.
         """
         keep: NDArray[np.bool_] | None = None
-        if fields is not None:
-            keep = self._wanted(fields)[eid]
+        if fields is not None and not (want := self._wanted(fields)).all():  # else keep all
+            keep = want[eid]
             if keep.all():
                 keep = None
         all_off, all_size = toff, size

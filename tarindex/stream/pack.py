@@ -24,10 +24,12 @@ from ..read.sample_source import SampleSource
 __all__ = [
     "INT_FIELDS",
     "Alloc",
+    "PackLayout",
     "Packed",
     "field_major",
     "numpy_alloc",
     "pack_blocks",
+    "pack_layout",
     "pack_samples",
     "fetch_packed",
 ]
@@ -103,6 +105,8 @@ def pack_blocks(
 ) -> Packed:
     """Pack samples of kernel blocks into one batch, one copy per member byte.
 
+    :func:`pack_layout`, then the buffer from ``alloc``, then :meth:`PackLayout.fill`.
+
     Args:
         parts: ``(block, sel)`` pairs: samples ``sel`` (``int64`` positions in the block, any
             order; ``None`` for all) of each block, concatenated in this order.
@@ -120,6 +124,142 @@ def pack_blocks(
             the byte offset and the member).
         ValueError: If a block was read with ``data=False``.
     """
+    layout = pack_layout(parts, rows, int_fields)
+    if layout is None:
+        return pack_samples([], int_fields, alloc)
+    keep, view = alloc(layout.nbytes)
+    return layout.fill(keep, view)
+
+
+class PackLayout:
+    """Where each member of a batch goes, worked out before any member byte is copied.
+
+    Made by :func:`pack_layout`; :meth:`fill` then runs the copy pass into a buffer of
+    :attr:`nbytes`. A caller may wrap that buffer (and the arrays of :attr:`ints`, which
+    :meth:`fill` writes in place) before the copy, as :func:`tarindex.stream.arrow.block_table`
+    builds its Arrow columns: the copy of a block's megabytes then comes last, and the
+    small steps of wrapping do not run on the caches the copy has just emptied.
+    """
+
+    __slots__ = (
+        "fields",
+        "offsets",
+        "present",
+        "keys",
+        "global_index",
+        "ints",
+        "shards",
+        "nbytes",
+        "_copy",
+        "_int_at",
+        "_names",
+        "_member_row",
+        "_member_code",
+        "_tar_off",
+        "_filled",
+    )
+
+    def __init__(
+        self,
+        packed: Packed,
+        copy: tuple[Sequence[Any], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                    NDArray[np.int64]],
+        int_at: list[tuple[NDArray[np.int64], NDArray[np.int64]]],
+        names: list[str],
+        member_row: NDArray[np.int64],
+        member_code: NDArray[np.int64],
+        tar_off: NDArray[np.int64],
+    ) -> None:
+        self.fields = packed.fields
+        """Byte fields, in order of first appearance (:attr:`Packed.fields`)."""
+        self.offsets = packed.offsets
+        """``int64 (n_fields, B + 1)`` (:attr:`Packed.offsets`)."""
+        self.present = packed.present
+        """``bool (n_fields, B)`` (:attr:`Packed.present`)."""
+        self.keys = packed.keys
+        """Sample keys (:attr:`Packed.keys`)."""
+        self.global_index = packed.global_index
+        """``int64 (B,)`` (:attr:`Packed.global_index`)."""
+        self.ints = packed.ints
+        """Integer fields: ``int64 (B,)`` columns of ``-1`` that :meth:`fill` fills in place."""
+        self.shards = packed.shards
+        """Shard path of each sample (:attr:`Packed.shards`)."""
+        self.nbytes = int(self.offsets[-1, -1]) if self.fields else 0
+        """Bytes of the batch buffer :meth:`fill` needs."""
+        self._copy = copy
+        self._int_at = int_at  # per field of ints, in order: (its members, their rows)
+        self._names = names
+        self._member_row = member_row
+        self._member_code = member_code
+        self._tar_off = tar_off
+        self._filled = False
+
+    def int_present(self, name: str) -> NDArray[np.bool_] | None:
+        """``bool (B,)``: which samples have a ``name`` member (one of :attr:`ints`).
+
+        ``None`` when every sample has one: an extension appears at most once among a
+        sample's members (FORMAT.md §2.2, checked with the tables), so ``B`` members of it
+        mean every sample.
+        """
+        rows = self._int_at[list(self.ints).index(name)][1]
+        if len(rows) == len(self.keys):
+            return None
+        got = np.zeros(len(self.keys), np.bool_)
+        got[rows] = True
+        return got
+
+    def fill(self, keep: Any, view: NDArray[np.uint8]) -> Packed:
+        """Run the copy pass: every byte member into ``view``, every integer member parsed.
+
+        One pass in member order, where a sample's members are neighbours in its tar (pages
+        touched once, as a per-item read does): each byte member copied once, source buffer
+        (mapped tar or pread bytes) -> ``view``; each integer member parsed into its
+        :attr:`ints` column. Runs once.
+
+        Args:
+            keep: What the batch keeps as its buffer (:attr:`Packed.data`).
+            view: Its writable ``uint8`` view, at least :attr:`nbytes` long.
+
+        Returns:
+            The batch.
+
+        Raises:
+            FormatError: If an integer member is not a decimal integer within ``int64``
+                (names the shard, the byte offset and the member).
+            RuntimeError: If called twice.
+        """
+        if self._filled:
+            raise RuntimeError("PackLayout.fill: this layout was filled already")
+        self._filled = True
+        vals, bad = copy_members(view, *self._copy)
+        if bad >= 0:
+            r, c = int(self._member_row[bad]), int(self._member_code[bad])
+            raise FormatError(
+                f"{self.shards[r]}: byte {int(self._tar_off[bad])}: member "
+                f"{self.keys[r]}.{self._names[c]} is not a decimal integer within int64; "
+                f"pass int_fields=() to keep it as bytes"
+            )
+        for (members, rows), col in zip(self._int_at, self.ints.values(), strict=True):
+            col[rows] = vals[members]
+        return Packed(
+            self.fields, keep, self.offsets, self.present, self.keys, self.global_index,
+            self.ints, self.shards,
+        )
+
+
+def pack_layout(
+    parts: Sequence[tuple[Block, NDArray[np.int64] | None]],
+    rows: NDArray[np.int64] | None = None,
+    int_fields: Collection[str] = INT_FIELDS,
+) -> PackLayout | None:
+    """The layout of :func:`pack_blocks`' batch (arguments as there), nothing copied yet.
+
+    Returns:
+        The layout, or ``None`` when ``parts`` holds no block.
+
+    Raises:
+        ValueError: If a block was read with ``data=False``.
+    """
     blocks: list[Block] = []
     for blk, sel in parts:
         if blk.offset is None:
@@ -127,15 +267,15 @@ def pack_blocks(
         blocks.append(blk if sel is None else blk.take(sel))
     whole = Block.concat(blocks) if blocks else None
     if whole is None or whole.offset is None:
-        return pack_samples([], int_fields, alloc)
+        return None
     blk, off = whole, whole.offset
     n = len(blk)
-    names, datas, keys = blk.exts, blk.data, blk.keys
+    names, keys = blk.exts, blk.keys
     paths = blk.paths
     shards: list[str | None] = (
         [paths[0]] * n if len(paths) == 1 else [paths[k] for k in blk.shard.tolist()]
     )
-    code, src, size, tar_off, idx = blk.ext_id, blk.src, blk.size, blk.tar_offset, blk.index
+    code, src, size, idx = blk.ext_id, blk.src, blk.size, blk.index
     row = np.repeat(np.arange(n, dtype=np.int64), np.diff(blk.member_ptr))
     if rows is not None:
         row = rows[row]
@@ -159,30 +299,23 @@ def pack_blocks(
     offsets, present = field_major(lens)
     dest = np.full(len(code), -1, np.int64)  # -1: an integer member, parsed instead
     dest[byte] = offsets[f, brow]
-    keep, view = alloc(int(offsets[-1, -1]) if used else 0)
-    # One pass in member order, where a sample's members are neighbours in its tar (pages
-    # touched once, as a per-item read does): each byte member copied once, source buffer
-    # (mapped tar or pread bytes) -> batch buffer; each integer member parsed.
-    vals, bad = copy_members(view, datas, src, off, size, dest)
-    if bad >= 0:
-        r, c = int(row[bad]), int(code[bad])
-        raise FormatError(
-            f"{shards[r]}: byte {int(tar_off[bad])}: member {keys[r]}.{names[c]} is not a "
-            f"decimal integer within int64; pass int_fields=() to keep it as bytes"
-        )
     ints: dict[str, NDArray[np.int64]] = {}
+    int_at: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
     if is_int.any():
         isel = np.flatnonzero(is_int)
-        icode, irow, ival = code[isel], row[isel], vals[isel]
+        icode, irow = code[isel], row[isel]
         named = [c for c, nm in enumerate(names) if nm in int_set]
         for c in named if len(named) == 1 else _first_seen(icode):  # one: no sort, no mask
-            col = ints[names[c]] = np.full(n, -1, np.int64)
+            ints[names[c]] = np.full(n, -1, np.int64)
             if len(named) == 1:
-                col[irow] = ival
+                int_at.append((isel, irow))
             else:
                 m = icode == c
-                col[irow[m]] = ival[m]
-    return Packed([names[c] for c in used], keep, offsets, present, keys, idx, ints, shards)
+                int_at.append((isel[m], irow[m]))
+    packed = Packed([names[c] for c in used], None, offsets, present, keys, idx, ints, shards)
+    return PackLayout(
+        packed, (blk.data, src, off, size, dest), int_at, list(names), row, code, blk.tar_offset
+    )
 
 
 def _first_seen(codes: NDArray[np.int64]) -> list[int]:

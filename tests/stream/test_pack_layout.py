@@ -1,0 +1,66 @@
+"""tarindex.stream.pack.pack_layout: a batch's layout before its copy pass, then fill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex.errors import FormatError
+from tarindex.stream.pack import numpy_alloc, pack_blocks, pack_layout
+
+
+def shards(root: Path) -> tarindex.ShardSet:
+    with tarindex.ShardWriter(str(root / "s-%06d.tar"), maxcount=6, durable=False) as w:
+        for i in range(10):
+            s: dict[str, object] = {"__key__": f"k{i}", "bin": bytes([i]) * i, "cls": i}
+            if i % 3:
+                s["lab"] = 100 + i  # a second integer field, missing from samples 0, 3, 6, 9
+            if i % 2:
+                s["txt"] = f"t{i}"
+            w.write(s)
+    return tarindex.ShardSet(str(root / "s-*.tar"))
+
+
+def test_layout_then_fill_is_pack_blocks(tmp_path: Path) -> None:
+    ss = shards(tmp_path)
+    parts = [(ss.read_block(0, 0, 6), np.asarray([5, 1, 2], np.int64)), (ss.read_block(1, 0, 4), None)]
+    rows = np.asarray([3, 0, 6, 1, 5, 2, 4], np.int64)
+    want = pack_blocks(parts, rows, ("cls", "lab"))
+    lay = pack_layout(parts, rows, ("cls", "lab"))
+    assert lay is not None and lay.nbytes == int(want.offsets[-1, -1])
+    assert lay.ints["cls"].tolist() == [-1] * 7  # filled in place by fill, not before
+    keep, view = numpy_alloc(lay.nbytes)
+    got = lay.fill(keep, view)
+    assert got.fields == want.fields and got.keys == want.keys and got.shards == want.shards
+    assert bytes(got.data) == bytes(want.data)
+    for name in ("offsets", "present", "global_index"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert {k: v.tolist() for k, v in got.ints.items()} == {k: v.tolist() for k, v in want.ints.items()}
+    assert got.ints is lay.ints  # the columns a caller wrapped before the copy hold the values
+    with pytest.raises(RuntimeError, match="filled already"):
+        lay.fill(keep, view)
+
+
+def test_int_present(tmp_path: Path) -> None:
+    ss = shards(tmp_path)
+    lay = pack_layout([(ss.read_block(0, 0, 6), None)], None, ("cls", "lab"))
+    assert lay is not None
+    assert lay.int_present("cls") is None  # every sample has one
+    has = lay.int_present("lab")
+    assert has is not None and has.tolist() == [False, True, True, False, True, True]
+    assert pack_layout([], None) is None
+
+
+def test_a_bad_integer_is_named_by_fill(tmp_path: Path) -> None:
+    with tarindex.ShardWriter(str(tmp_path / "s-%06d.tar"), maxcount=10, durable=False) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "cls": b"x" if i == 2 else str(i).encode()})
+    ss = tarindex.ShardSet(str(tmp_path / "s-*.tar"))
+    lay = pack_layout([(ss.read_block(0, 0, 4), None)])
+    assert lay is not None
+    keep, view = numpy_alloc(lay.nbytes)
+    with pytest.raises(FormatError, match=r"s-000000\.tar: byte \d+: member k2\.cls .*int_fields=\(\)"):
+        lay.fill(keep, view)
