@@ -894,7 +894,7 @@ static Py_ssize_t field_pos(PyObject *pos, PyObject *name, PyObject *fields, PyO
  * bytearrays. A HandBack instead, at the position in indices the loop stopped at: "open"
  * (the shard has no open reader), "check" (its chunk's tables are unchecked), "python"
  * (anything else: an index out of range or not an
- * int, a cut tar, a bound, an extension twice, an integer member that is not a plain
+ * int (exactly: a bool or a numpy integer is handed back too), a cut tar, a bound, an extension twice, an integer member that is not a plain
  * decimal: the Python path raises the error or returns the batch). */
 static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyDict_Check(args[3]) || !PyList_Check(args[4])) {
@@ -952,9 +952,12 @@ static PyObject *k_batch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     int64_t *idx = (int64_t *)PyByteArray_AS_STRING(index), total = starts[ns];
     /* pass 1: locate, look up, cut check; then (prefetched) keys, members, layout sizes */
     for (Py_ssize_t b = 0; b < n; b++) {
-        Py_ssize_t i = PyNumber_AsSsize_t(PyTuple_GET_ITEM(seq, b), NULL);
-        if (i == -1 && PyErr_Occurred()) { /* not an integer: the Python path says so */
-            PyErr_Clear();
+        /* only an int (take's and sample's rule too): a bool, a numpy integer, anything else
+         * goes back to the caller, which applies the index rule (spanner.check_indices) */
+        PyObject *io = PyTuple_GET_ITEM(seq, b);
+        Py_ssize_t i = PyLong_CheckExact(io) ? PyLong_AsSsize_t(io) : -1;
+        if (i == -1 && (!PyLong_CheckExact(io) || PyErr_Occurred())) {
+            PyErr_Clear(); /* not an int, or past Py_ssize_t: the Python path says so */
             res = python_at(b);
             goto done;
         }

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import mmap
-import operator
 import os
 import re
 import sys
@@ -568,12 +567,11 @@ def batch(
     total = st[ns]
     idx = array("q")
     rows: list[tuple[Tables, int, int]] = []
-    for b, x in enumerate(seq):  # pass 1: locate, look up, cut check
-        try:
-            i = operator.index(x)
-        except Exception:  # not an integer: the Python path says so
+    for b, i in enumerate(seq):  # pass 1: locate, look up, cut check
+        # only an int (take's and sample's rule too): a bool, a numpy integer, anything else
+        # goes back to the caller, which applies the index rule (spanner.check_indices)
+        if type(i) is not int or not -_SSIZE_MAX - 1 <= i <= _SSIZE_MAX:
             return _python(b)
-        i = max(-_SSIZE_MAX - 1, min(i, _SSIZE_MAX))
         if i < 0:
             i += total
         if not 0 <= i < total:

@@ -173,7 +173,10 @@ def gather_packed(
         pool: As :func:`gather`.
         starts: As :func:`gather`.
         per: As :func:`gather`.
-        indices: Global sample indices; negative ones count from the end.
+        indices: Global sample indices; negative ones count from the end. The compiled
+            loop takes ``int`` indices in range and hands anything else back; the index rule
+            (:func:`~tarindex.read.spanner.check_indices`) then runs once, before any shard is
+            opened for the batch, so a batch it takes pays nothing for it.
         fields: Extensions to read. ``None``: all.
         int_fields: Extensions parsed as decimal integers.
         alloc: ``alloc(nbytes) -> (keep, writable buffer)``: the batch buffer.
@@ -187,15 +190,21 @@ def gather_packed(
         SampleIndexError, TypeError: As :func:`gather`.
         FormatError, StaleIndexError, TruncatedError: As :func:`gather`.
     """
-    indices = check_indices(indices, int(starts[-1])).tolist()  # the one index rule
+    given = indices
     if type(indices) is not list:
-        indices = list(indices)
+        indices = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+    seq: list[int] = indices  # ints, or what the loop hands back to the rule below
     fkey = field_set(fields)  # "bin" is one field
     ikey = frozenset(int_fields)
-    for _ in range(len(indices) + 2):  # each hand-back opens a reader or checks a chunk
-        got = kernel.kernel.batch(indices, starts, per, pool.readers, pool.paths, fkey, ikey, alloc)
+    checked = False
+    for _ in range(len(seq) + 3):  # each hand-back opens a reader or checks a chunk
+        got = kernel.kernel.batch(seq, starts, per, pool.readers, pool.paths, fkey, ikey, alloc)
         if not isinstance(got, HandBack):
             break
+        if not checked:  # the loop took only ints in range: the index rule (its errors) now
+            seq, checked = check_indices(given, int(starts[-1])).tolist(), True
+            if got.why == "python":  # maybe numpy integers, as ints now: once more
+                continue
         if not pool.settle(got):  # StaleIndexError, FormatError: as gather
             return None  # the Python path raises the error or reads the batch
     else:

@@ -219,24 +219,31 @@ class SetTakes:
         One compiled call over mappings, after :meth:`take_ready`; otherwise each sample is
         read with :meth:`read_samples`. Each tar's size is checked once per call, before its
         first byte is copied, so a tar cut since (while the consumer held earlier samples)
-        raises :class:`TruncatedError`, not ``SIGBUS``.
+        raises :class:`TruncatedError`, not ``SIGBUS``. The compiled call takes only ``int``
+        indices in range (an executor's, by construction); it hands anything else back and
+        :func:`~tarindex.read.spanner.check_indices` then raises the index rule's error, before
+        a shard is opened for the call.
 
         Raises:
             SampleIndexError, FormatError, StaleIndexError, TruncatedError: As
                 :meth:`ShardSet.sample`.
         """
         starts, per, pool = self.starts, self.per, self.pool
-        indices = check_indices(indices, starts[-1]).tolist()  # the one index rule
-        for _ in range(3):  # take_ready opened and checked all: a hand-back is rare (a reader
+        checked = False
+        for _ in range(4):  # take_ready opened and checked all: a hand-back is rare (a reader
             # another thread let go of); twice more and the samples are read one by one
             got = kernel.kernel.take(indices, self.starts_bytes, per, pool.readers, pool.paths)
             if not isinstance(got, HandBack):
                 if pool.evicts:  # in order of first use, as the reads went
                     pool.touch(dict.fromkeys(locate(starts, per, i)[0] for i in indices))
                 return got
+            if not checked:  # the loop took only ints in range: the index rule (its errors) now
+                indices, checked = check_indices(indices, starts[-1]).tolist(), True
+                if got.why == "python":  # maybe numpy integers, as ints now: once more
+                    continue
             if not pool.settle(got):
                 break
-        out: list[Sample] = []
+        out: list[Sample] = []  # indices checked: the loop handed back at least once
         for i in indices:
             s, j = locate(starts, per, i)
             out.extend(self.read_samples(s, j, j + 1))

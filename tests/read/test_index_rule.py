@@ -166,3 +166,36 @@ def test_reader_sample_numbers(make_shards: MakeShards) -> None:
                 r.gather(np.asarray([huge]))
         assert r.sample(np.int64(4))["__key__"] == "00000004"  # type: ignore[arg-type]
         assert len(r.read_block(np.int64(1), np.uint64(5))) == 4  # type: ignore[arg-type]
+
+
+def test_batches_pay_for_the_rule_only_when_handed_back(
+    make_shards: MakeShards, kernel_mode: str
+) -> None:
+    """take and gather_packed call the loop first: it takes ints in range and hands anything
+    else back, and the rule then runs before any shard is opened for the call (issue 18's
+    speed bar: a planner's batch pays nothing for the check); numpy integers still take the
+    compiled pass, once converted by the rule."""
+    shards = make_shards([5, 5])
+    keys = [f"{i:08d}" for i in range(10)]
+
+    def alloc(n: int) -> tuple[None, bytearray]:
+        return None, bytearray(n)
+
+    bads: list[tuple[Any, type[Exception]]] = [
+        (True, TypeError), (np.int64(10), SampleIndexError), (1.0, TypeError)
+    ]
+    for bad, err in bads:
+        ss = tarindex.ShardSet(shards)
+        t = ss.takes()
+        with pytest.raises(err):
+            t.take([0, 7, bad])
+        with pytest.raises(err):
+            t.gather_packed([0, 7, bad], None, ("cls",), alloc)
+        assert not ss.pool.readers, f"{bad!r}: a shard was opened for a refused batch"
+    ss = tarindex.ShardSet(shards)
+    batches: list[Any] = [[np.int64(3), np.uint8(9), -1], np.asarray([3, 9, -1], np.int64)]
+    for idx in batches:
+        got = ss.takes().gather_packed(idx, None, ("cls",), alloc)
+        assert got is not None, f"{idx!r}: the kernel's batch did not take numpy integers"
+        assert got[1] == [keys[3], keys[9], keys[9]]
+        assert [d["__key__"] for d in ss.takes().take(list(idx))] == [keys[3], keys[9], keys[9]]
