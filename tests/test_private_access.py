@@ -18,12 +18,17 @@ NAMEDTUPLE_API = {"_fields", "_replace", "_asdict", "_make"}
 # torch has no public API for a shared-memory storage by name with torch's own reference count
 # and cleanup of segments a killed worker leaves (torch.from_file leaks them in /dev/shm): the
 # transport uses torch's, and falls back to the public share_memory_() when they are missing.
+# To reuse a worker's segment it reads torch's count of a storage's users in the process.
 # These are torch's attributes, not another tarindex object's state.
 THIRD_PARTY = {
     "torch/transport.py": {
         "torch.UntypedStorage._new_using_filename_cpu",
         "storage._share_filename_cpu_",
         "storage._shared_incref",
+        "storage._shared_decref",
+        "torch._C",
+        "torch._C._storage_Use_Count",
+        "t.untyped_storage()._cdata",
     },
 }
 

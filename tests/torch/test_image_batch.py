@@ -103,6 +103,47 @@ def test_streaming_batches_are_the_per_sample_pixels_through_two_workers(tmp_pat
         assert np.array_equal(e1[i], want), i
 
 
+def _segment(images: Any) -> bytes:
+    """The name of the shared-memory segment a batch's images arrived in."""
+    return bytes(images.untyped_storage()._share_filename_cpu_()[1])
+
+
+def test_a_worker_reuses_a_batch_segment_once_the_main_process_let_go(tmp_path: Path) -> None:
+    from tarindex.torch import transport
+
+    assert transport.by_name_available()
+    src = _write(tmp_path, 64)
+    spec = tarindex.ImageDecode(32, seed=1)
+    ds = tarindex.TarDataset(src, batched=True, decode=spec)
+    one = tarindex.TarDataset(src, decode=spec)
+    names = []
+    for batch in _loader(ds, 1, batch_size=4, prefetch_factor=2):
+        names.append(_segment(batch.images))
+        for b, i in enumerate(batch.index.tolist()):  # a reused segment holds this batch
+            assert np.array_equal(batch.images[b].numpy(), one[i]["jpg"]), i
+    assert len(names) == 16
+    # each batch used to be a new segment (torch fallocates it, and every page faults when the
+    # decode first writes it: ~0.1 ms an image); now the worker's few go round
+    assert len(set(names)) <= transport.POOL_SEGMENTS < len(names)
+
+
+def test_a_batch_the_main_process_keeps_is_never_written_again(tmp_path: Path) -> None:
+    src = _write(tmp_path, 64)
+    spec = tarindex.ImageDecode(32, seed=4)
+    ds = tarindex.TarDataset(src, batched=True, decode=spec)
+    one = tarindex.TarDataset(src, decode=spec)
+    kept = []
+    for k, batch in enumerate(_loader(ds, 2, batch_size=4, shuffle=True)):
+        if k % 2:  # a view of the images keeps the segment as the batch does
+            kept.append((batch.index.tolist()[1:3], batch.images[1:3]))
+        else:
+            kept.append((batch.index.tolist(), batch.images))
+    assert len({_segment(images) for _, images in kept}) == len(kept) == 16
+    for idx, images in kept:
+        for b, i in enumerate(idx):
+            assert np.array_equal(images[b].numpy(), one[i]["jpg"]), i
+
+
 def test_layouts_dtypes_and_pickling(tmp_path: Path) -> None:
     src = _write(tmp_path, 6)
     for spec in (
