@@ -13,6 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "tarindex"
 RANKS = {
     "errors": 0,
     "_version": 0,
+    "_extensions": 0,  # load a compiled extension or say why (read/kernel, codecs/resample, jpeg)
     "format": 1,
     "plan": 2,
     "storage": 2,

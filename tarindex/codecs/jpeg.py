@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._extensions import load_extension
 from .compress import Refused
 
 __all__ = [
@@ -55,14 +56,12 @@ _CMYK = (4, 5)  # libjpeg's JCS_CMYK, JCS_YCCK: Pillow converts those
 
 def _extension() -> tuple[Any, str]:
     """The compiled region decoder (``tarindex.codecs._jpeg``) or ``None``, and why."""
-    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
-        return None, "TARINDEX_PURE_PYTHON is set"
-    try:
-        from . import _jpeg  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as e:
-        return None, f"tarindex.codecs._jpeg not built ({e}; needs libjpeg-turbo's headers)"
-    v = int(getattr(_jpeg, "TURBO_VERSION", 0))
-    return _jpeg, f"libjpeg-turbo {v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+    name = f"{__package__}._jpeg"
+    ext, why = load_extension(name, f"{name} not built (needs libjpeg-turbo's headers)", form="{}")
+    if ext is None:
+        return None, why
+    v = int(getattr(ext, "TURBO_VERSION", 0))
+    return ext, f"libjpeg-turbo {v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
 
 
 def _choose() -> tuple[str, str, Any, Any]:

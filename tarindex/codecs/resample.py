@@ -20,34 +20,21 @@ which.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from .._extensions import load_extension
 from . import _resample_py
 
 __all__ = ["compiled", "resample", "resample_kernel"]
 
-
-def _load() -> tuple[ModuleType | None, str]:
-    """The compiled resize or ``None``, and what :func:`resample_kernel` says."""
-    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
-        return None, "python (TARINDEX_PURE_PYTHON is set)"
-    if importlib.util.find_spec(f"{__package__}._resample") is None:
-        return None, "python (tarindex.codecs._resample is not built: reinstall with a C compiler)"
-    try:
-        from . import _resample  # type: ignore[attr-defined,unused-ignore]
-    except ImportError as e:  # built for another Python, or damaged
-        return None, f"python (tarindex.codecs._resample failed to load: {e}; reinstall it)"
-    return _resample, "compiled"
-
-
-compiled, _WHY = _load()
+compiled, _WHY = load_extension(
+    f"{__package__}._resample",
+    f"{__package__}._resample is not built: reinstall with a C compiler",
+)
 """The extension module ``tarindex.codecs._resample``, or ``None``."""
 
 _FN: Callable[..., None] = compiled.resample if compiled is not None else _resample_py.resample

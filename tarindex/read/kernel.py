@@ -13,33 +13,19 @@ docs/READING.md, "Compiled loops".
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
-from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .._extensions import load_extension
 from . import _kernel_py
 
 __all__ = ["compiled", "kernel", "read_kernel"]
 
-
-def _load() -> tuple[ModuleType | None, str]:
-    """The compiled loops or ``None``, and what :func:`read_kernel` says."""
-    if os.environ.get("TARINDEX_PURE_PYTHON", "") not in ("", "0"):
-        return None, "python (TARINDEX_PURE_PYTHON is set)"
-    if sys.byteorder != "little":
-        return None, "python (big-endian host)"
-    if importlib.util.find_spec(f"{__package__}._kernel") is None:  # no C compiler at install
-        return None, "python (the extension tarindex.read._kernel is not built: reinstall with gcc)"
-    try:
-        from . import _kernel
-    except ImportError as e:  # built for another Python, or damaged
-        return None, f"python (tarindex.read._kernel failed to load: {e}; reinstall it)"
-    return _kernel, "compiled"
-
-
-compiled, _WHY = _load()
+compiled, _WHY = load_extension(
+    f"{__package__}._kernel",
+    f"the extension {__package__}._kernel is not built: reinstall with gcc",  # no C compiler
+    None if sys.byteorder == "little" else "big-endian host",  # the tables are little-endian
+)
 """The extension module ``tarindex.read._kernel`` (see ``_kernel.pyi``), or ``None``."""
 
 if TYPE_CHECKING:  # typed as the extension (_kernel.pyi): the twin has the same signatures
