@@ -10,11 +10,15 @@ first. The rules (docs/REMOTE.md, "One download per machine"):
   lock file (``<root>/locks/<key>.<name>``) a :data:`HEAD` record (magic, the file's size, the
   grain, the temp file's name in ``<root>/tmp/``) followed by one byte per :data:`GRAIN`
   bytes of the file: ``1`` once every byte of that grain is written (``pwrite`` of the data
-  first, then of the flag, from one thread: another process that reads the flag ``1`` reads
-  the data after it from the same page cache). The temp file is preallocated
-  (``posix_fallocate``) to its full size, so a write never extends it.
+  first, then of the grain's crc32, then of the flag, from one thread: another process that
+  reads the flag ``1`` reads the data and the crc after it from the same page cache), then
+  the crc32 of each grain (4 bytes, little-endian; the ``.sum`` record of the entry). The
+  temp file is preallocated (``posix_fallocate``) to its full size, so a write never
+  extends it.
 - **Readers** (:func:`attach`) open the temp file named by the record and read a range only
-  once every grain it touches is flagged (:meth:`PieceReader.wait`). When the download ends
+  once every grain it touches is flagged (:meth:`PieceReader.wait`) and its bytes match the
+  grain's crc32 (:meth:`PieceReader.check`, once per grain and reader: a flag set by
+  someone else, or bytes changed in the temp file, never hand out wrong bytes). When the download ends
   the temp file is renamed to the entry (same inode: a reader's descriptor now reads the
   entry) and the record is cleared; a reader that sees the record gone or replaced checks
   that the entry is its file. A download that failed or whose process died (the ``flock``
@@ -35,9 +39,14 @@ import stat
 import struct
 import threading
 import time
+import warnings
+import zlib
+from array import array
+from collections.abc import Callable
 
+from . import sums
 from .cache import DirCache
-from .sums import GRAIN, Grains
+from .sums import GRAIN, SUM_SUFFIX, Grains
 
 __all__ = ["GRAIN", "HEAD", "PieceReader", "PieceWriter", "attach"]
 
@@ -45,7 +54,7 @@ __all__ = ["GRAIN", "HEAD", "PieceReader", "PieceWriter", "attach"]
 HEAD = struct.Struct("<8sQQ104s")
 """The progress record's header (128 bytes): magic, file size, grain, temp file name."""
 
-_MAGIC = b"TIPIECE1"
+_MAGIC = b"TIPIECE2"
 
 _POLL_S = (0.0005, 0.005)
 """A waiting reader polls the flags first every 0.5 ms, backing off to 5 ms."""
@@ -90,7 +99,7 @@ class PieceWriter:
             name = os.path.basename(self.tmp).encode()
             head = HEAD.pack(_MAGIC, size, grain, name)
             os.ftruncate(lock_fd, 0)
-            os.pwrite(lock_fd, head + bytes(len(self._done)), 0)
+            os.pwrite(lock_fd, head + bytes(5 * len(self._done)), 0)
         except BaseException:
             self._close()
             cache.discard_path(self.tmp)
@@ -115,6 +124,8 @@ class PieceWriter:
             return
         with self._lock:
             self._done[g0:g1] = b"\x01" * (g1 - g0)
+        n = len(self._done)
+        os.pwrite(self.lock_fd, self.grains.crcs[g0:g1].tobytes(), HEAD.size + n + 4 * g0)
         os.pwrite(self.lock_fd, b"\x01" * (g1 - g0), HEAD.size + g0)
 
     @property
@@ -217,6 +228,8 @@ class PieceReader:
         self.tmp_name = tmp_name
         self.ino = os.fstat(fd).st_ino
         self._seen = bytearray(_grains(size, grain))
+        self._ok = bytearray(len(self._seen))  # grains whose bytes this reader checked
+        self._crcs: array[int] | None = None  # the entry's, once the record is gone
         self._left = len(self._seen)
         self._lock = threading.Lock()
         self._rec = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -267,6 +280,66 @@ class PieceReader:
             time.sleep(delay)
             delay = min(delay * 2, _POLL_S[1])
         return True
+
+    @property
+    def checked(self) -> bool:
+        """Whether this reader checked every grain (reads need no :meth:`check`)."""
+        return self.complete and all(self._ok)
+
+    def check(self, read: Callable[[int, int], bytes], start: int, end: int) -> bool:
+        """Check bytes ``[start, end)`` (written: :meth:`wait`) against their grains' crc32s.
+
+        Each grain is checked once per reader (its bytes read whole with ``read(offset,
+        size)``): against the crc32 the writer put in the record, or, once the download
+        ended, the entry's ``.sum`` record. ``False`` (with a ``RuntimeWarning`` naming the
+        temp file and the bytes): a grain differs, or its crc32 cannot be had; the caller
+        reads those bytes another way, never these.
+        """
+        g0, g1 = start // self.grain, _grains(end, self.grain)
+        if end <= start or all(self._ok[g0:g1]):
+            return True
+        for g in range(g0, g1):
+            if self._ok[g]:
+                continue
+            a = g * self.grain
+            b = min(a + self.grain, self.size)
+            want = self._crc_of(g)
+            if want is None or zlib.crc32(read(a, b - a)) != want:
+                why = "no crc32 to check them with" if want is None else "they differ from it"
+                warnings.warn(
+                    f"{self.cache.root}/tmp/{self.tmp_name.decode('ascii', 'replace')}: bytes "
+                    f"{a}..{b} of the download of {self.key}/{self.name} fail their check "
+                    f"({why}: the file or its progress record {self.lock_path} was changed by "
+                    f"someone else); read from the server instead",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return False
+            self._ok[g] = 1
+        return True
+
+    def _crc_of(self, g: int) -> int | None:
+        """The crc32 of grain ``g`` (flagged): from the record, else the entry's ``.sum``."""
+        if self._crcs is None and self._rec >= 0:
+            n = len(self._seen)
+            head = os.pread(self._rec, HEAD.size, 0)
+            flag = os.pread(self._rec, 1, HEAD.size + g)
+            crc = os.pread(self._rec, 4, HEAD.size + n + 4 * g)  # written before the flag
+            if _parse(head) == (self.size, self.grain, self.tmp_name) and flag == b"\x01":
+                return int.from_bytes(crc, "little") if len(crc) == 4 else None
+        if self._crcs is None:
+            if not self._is_entry():
+                return None
+            try:
+                fd = self.cache.open_entry(self.cache.path(self.key, self.name) + SUM_SUFFIX)
+            except OSError:
+                return None
+            with open(fd, "rb") as f:
+                got = sums.decode_sums(self.key, self.name, f.read(), self.size)
+            if isinstance(got, str) or got[0] != self.grain:
+                return None
+            self._crcs = got[1]
+        return self._crcs[g]
 
     def _refresh(self) -> None:
         """Read the record's flags; a record gone or replaced means the download ended."""

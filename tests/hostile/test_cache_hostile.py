@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tarindex
 from tarindex.storage import remote, sums
 from tarindex.storage.cache import DirCache
+from tarindex.storage.pieces import GRAIN, HEAD, PieceWriter
 from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
@@ -218,3 +220,76 @@ def test_a_damaged_copy_of_a_server_without_ranges_is_downloaded_again(
     with pytest.warns(RuntimeWarning, match=rf"{re.escape(str(copy))}: this cache entry"):
         assert _all(tarindex.ShardSet(url, remote=opts)) == want
     assert _whole_copy(cache).read_bytes() == Path(paths[1]).read_bytes()
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Iterator[tuple[RangeServer, str]]:
+    """One shard of 64 samples x 64 KiB (~4 MiB: 5 grains) served over HTTP."""
+    remote.forget_process_state()
+    d = tmp_path / "srv"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    with tarindex.ShardWriter(str(d / "big-%06d.tar"), maxcount=64, mtime=0) as w:
+        for i in range(64):
+            w.write({"__key__": f"{i:04d}", "bin": rng.bytes(65536)})
+    with serve(str(d)) as srv:
+        yield srv, str(d / "big-000000.tar")
+    remote.forget_process_state()
+
+
+def _in_grain(r: tarindex.ShardReader, g: int) -> int:
+    """A sample whose members lie inside grain ``g``."""
+    for j in range(r.n_samples):
+        lo, hi = r.member_slice(j)
+        a = int(r.index.offset[lo:hi].min())
+        b = int((r.index.offset[lo:hi] + r.index.size[lo:hi]).max())
+        if g * GRAIN <= a and b <= (g + 1) * GRAIN:
+            return j
+    raise AssertionError(f"no sample inside grain {g}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["flag set by someone else", "written bytes changed"])
+def test_a_download_s_record_or_temp_file_changed_never_hands_out_wrong_bytes(
+    big: tuple[RangeServer, str], tmp_path: Path, how: str
+) -> None:
+    """A shard read while another holder downloads it (docs/REMOTE.md, "One download per
+    machine"): a grain flagged in the progress record though never written (zeros), or a
+    written grain changed in the temp file, fails its crc32 (published in the record) and is
+    read from the server instead, with a warning naming the temp file and the bytes."""
+    srv, path = big
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "c"), fetch="shard", shards_ahead=0)
+    url = f"{srv.url}/big-000000.tar"
+    local = tarindex.ShardReader(path)
+    t = local.index
+    pin = stat(url, opts)
+    c = opts.whole_cache()
+    key = tar_key(url, pin.size, f"{t.tar_size}:{t.head_crc}:{t.tail_crc}", pin)
+    lk = c.lock(key, WHOLE)  # another worker's download: its lock, its record
+    assert lk is not None
+    w = PieceWriter(c, lk, pin.size)
+    data = Path(path).read_bytes()
+    w.sink(0, GRAIN)(0, data[:GRAIN])
+    w.sink(GRAIN, 2 * GRAIN)(0, data[GRAIN : 2 * GRAIN])
+    if how == "flag set by someone else":
+        g = 2
+        with open(c.lock_path(key, WHOLE), "r+b") as f:
+            f.seek(HEAD.size + g)
+            f.write(b"\x01")  # grain 2 "written": its bytes are the preallocated zeros
+    else:
+        g = 1
+        with open(w.tmp, "r+b") as f:
+            f.seek(g * GRAIN + GRAIN // 2)
+            f.write(b"\xff" * 16)
+    j = _in_grain(local, g)
+    try:
+        ds = tarindex.TarDataset(url, remote=opts)
+        match = rf"{re.escape(w.tmp)}: bytes {g * GRAIN}\.\.{(g + 1) * GRAIN} of the download"
+        with pytest.warns(RuntimeWarning, match=match):
+            got = ds[j]["bin"]
+        assert got == local.sample(j)["bin"]
+        assert ds[0]["bin"] == local.sample(0)["bin"]  # a sound grain, from the copy
+    finally:  # (the dataset's own download waits for this lock in a background thread)
+        w.abort()
+        c.unlock(lk)
+        local.close()

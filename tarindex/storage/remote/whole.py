@@ -305,8 +305,9 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
 class CopySource:
     """The byte source of a local copy of a remote tar, read while it downloads.
 
-    A read waits for the pieces it needs (:meth:`PieceReader.wait`); if the download fails
-    before writing them, they are read with ``fallback`` (the remote source's pinned ranged
+    A read waits for the pieces it needs (:meth:`PieceReader.wait`) and checks them
+    (:meth:`PieceReader.check`); if the download fails before writing them, or they fail
+    their check, they are read with ``fallback`` (the remote source's pinned ranged
     reads). Complete copies read with ``os.pread`` alone.
 
     Args:
@@ -355,7 +356,9 @@ class CopySource:
     def read(self, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset``, once written (see the class docs)."""
         p = self.pieces
-        if p is not None and not p.wait(offset, offset + size):
+        if p is not None and not (
+            p.wait(offset, offset + size) and p.check(self.pread.read, offset, offset + size)
+        ):
             self._passed()
             return self.fallback([(offset, offset + size)])[0]
         self._passed()
@@ -373,9 +376,12 @@ class CopySource:
     ) -> tuple[bytes, NDArray[np.int64]]:
         """Read the half-open ranges, as :class:`~tarindex.storage.bytesource.ByteSource`."""
         p = self.pieces
-        if p is not None and not p.complete:
+        if p is not None and not p.checked:
             st, en = starts.tolist(), ends.tolist()
-            lost = [i for i in range(len(st)) if not p.wait(st[i], en[i])]
+            rd = self.pread.read
+            lost = [
+                i for i in range(len(st)) if not (p.wait(st[i], en[i]) and p.check(rd, st[i], en[i]))
+            ]
             self._passed()
             if lost:  # the download failed before these: from the server
                 got = dict(zip(lost, self.fallback([(st[i], en[i]) for i in lost]), strict=True))
