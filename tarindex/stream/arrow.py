@@ -252,7 +252,7 @@ def block_table(
         i += j1 - j
     blk = Block.concat(parts)
     ints = frozenset(int_fields)
-    lay = pack_layout([(blk, None)], None, ints)
+    lay = pack_layout([(blk, None)], None, ints, columns)  # no sort for the fields' order
     if lay is None:
         raise ValueError(f"block_table: no samples in {start}..{stop - 1}")
     extra = [f for f in [*lay.fields, *lay.ints] if f not in columns]

@@ -251,8 +251,17 @@ def pack_layout(
     parts: Sequence[tuple[Block, NDArray[np.int64] | None]],
     rows: NDArray[np.int64] | None = None,
     int_fields: Collection[str] = INT_FIELDS,
+    order: Sequence[str] | None = None,
 ) -> PackLayout | None:
     """The layout of :func:`pack_blocks`' batch (arguments as there), nothing copied yet.
+
+    Args:
+        parts: As :func:`pack_blocks`.
+        rows: As :func:`pack_blocks`.
+        int_fields: As :func:`pack_blocks`.
+        order: The byte fields in this order (those the batch has), any others after them
+            in the order of the extension table. Defaults to ``None``: in order of first
+            appearance, as :func:`pack_blocks` lays them out (a sort of the members).
 
     Returns:
         The layout, or ``None`` when ``parts`` holds no block.
@@ -281,16 +290,22 @@ def pack_layout(
         row = rows[row]
         inv = np.empty(n, np.int64)
         inv[rows] = np.arange(n, dtype=np.int64)
-        order = inv.tolist()
-        keys = [keys[i] for i in order]
-        shards = [shards[i] for i in order]
+        perm = inv.tolist()
+        keys = [keys[i] for i in perm]
+        shards = [shards[i] for i in perm]
         idx = idx[inv]
     int_set = frozenset(int_fields)
     is_int = np.asarray([nm in int_set for nm in names] or [False], np.bool_)[code]
     byte = ~is_int
-    # byte fields in order of first appearance; field-major layout (field_major)
+    # byte fields in order of first appearance or in `order`; field-major layout (field_major)
     bcode, brow = code[byte], row[byte]
-    used = _first_seen(bcode)
+    if order is None:
+        used = _first_seen(bcode)
+    else:
+        seen = np.bincount(bcode, minlength=len(names)).tolist()
+        pos = {nm: c for c, nm in enumerate(names)}
+        used = [pos[nm] for nm in order if nm in pos and seen[pos[nm]]]
+        used += [c for c, k in enumerate(seen) if k and c not in used]
     fmap = np.zeros(len(names), np.int64)
     fmap[used] = np.arange(len(used), dtype=np.int64)
     f = fmap[bcode]
@@ -301,17 +316,17 @@ def pack_layout(
     dest[byte] = offsets[f, brow]
     ints: dict[str, NDArray[np.int64]] = {}
     int_at: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
-    if is_int.any():
-        isel = np.flatnonzero(is_int)
+    named = [c for c, nm in enumerate(names) if nm in int_set]
+    isel = np.flatnonzero(is_int) if named else np.zeros(0, np.int64)
+    if len(named) == 1 and len(isel):  # one integer field: no sort, no mask
+        ints[names[named[0]]] = np.full(n, -1, np.int64)
+        int_at.append((isel, row[isel]))
+    elif len(isel):
         icode, irow = code[isel], row[isel]
-        named = [c for c, nm in enumerate(names) if nm in int_set]
-        for c in named if len(named) == 1 else _first_seen(icode):  # one: no sort, no mask
+        for c in _first_seen(icode):
+            m = icode == c
             ints[names[c]] = np.full(n, -1, np.int64)
-            if len(named) == 1:
-                int_at.append((isel, irow))
-            else:
-                m = icode == c
-                int_at.append((isel[m], irow[m]))
+            int_at.append((isel[m], irow[m]))
     packed = Packed([names[c] for c in used], None, offsets, present, keys, idx, ints, shards)
     return PackLayout(
         packed, (blk.data, src, off, size, dest), int_at, list(names), row, code, blk.tar_offset

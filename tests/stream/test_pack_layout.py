@@ -64,3 +64,26 @@ def test_a_bad_integer_is_named_by_fill(tmp_path: Path) -> None:
     keep, view = numpy_alloc(lay.nbytes)
     with pytest.raises(FormatError, match=r"s-000000\.tar: byte \d+: member k2\.cls .*int_fields=\(\)"):
         lay.fill(keep, view)
+
+
+def test_field_order(tmp_path: Path) -> None:
+    """First appearance among the members as concatenated (``rows`` moves samples, not the
+    order of fields), or the order a caller names."""
+    with tarindex.ShardWriter(str(tmp_path / "s-%06d.tar"), maxcount=10, durable=False) as w:
+        w.write({"__key__": "a", "txt": b"t"})
+        w.write({"__key__": "b", "bin": b"bb", "txt": b"u"})
+    ss = tarindex.ShardSet(str(tmp_path / "s-*.tar"))
+    blk = ss.read_block(0, 0, 2)
+    assert pack_blocks([(blk, None)]).fields == ["txt", "bin"]
+    flipped = pack_blocks([(blk, None)], np.asarray([1, 0], np.int64))  # what it was before
+    assert flipped.fields == ["txt", "bin"] and flipped.keys == ["b", "a"]
+    assert bytes(flipped.data) == b"utbb"
+    assert pack_blocks([(blk, np.asarray([1, 0], np.int64))]).fields == ["bin", "txt"]
+    for order, want in [(["bin", "txt"], ["bin", "txt"]), (["bin"], ["bin", "txt"]), ([], ["txt", "bin"])]:
+        lay = pack_layout([(blk, None)], None, (), order)
+        assert lay is not None and lay.fields == want
+        keep, view = numpy_alloc(lay.nbytes)
+        got = lay.fill(keep, view)
+        assert [bytes(got.data[o[0] : o[-1]]) for o in got.offsets] == [
+            {"txt": b"tu", "bin": b"bb"}[f] for f in want
+        ]
