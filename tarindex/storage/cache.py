@@ -28,8 +28,8 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
   processes (DataLoader workers, ranks) that want the same whole shard make one download: the
   second waits for the lock, then finds the entry. Lock files are empty and not counted.
 - Links are never followed inside ``root``: every file is opened with ``O_NOFOLLOW``, every
-  directory checked with ``lstat``; a symbolic link found where a directory or file of the
-  cache belongs (planted by someone else) is removed, never written through, so nothing
+  directory checked with ``lstat``; a symbolic link (or a directory) found where a directory
+  or file of the cache belongs (planted by someone else) is removed, never written through, so nothing
   lands outside ``root`` and every byte stored is counted and evictable.
 """
 
@@ -214,7 +214,7 @@ class DirCache:
         except OSError:
             return "its checksum record is missing"
         with open(rfd, "rb") as f:
-            rec = f.read()
+            rec = f.read(sums.sums_size(size) + 1)  # (a planted huge file: not read whole)
         got = sums.decode_sums(key, name, rec, size)
         if isinstance(got, str):
             return got
@@ -484,6 +484,8 @@ class DirCache:
                     used = self._evict(self.limit - n, keep=final)
                 self._write_usage(used + n)
                 # the record first: an entry is never there without the record it needs
+                self._clear(final)
+                self._clear(final + SUM_SUFFIX)
                 if rtmp is not None:
                     os.replace(rtmp, final + SUM_SUFFIX)
                 else:
@@ -497,6 +499,19 @@ class DirCache:
             finally:
                 fcntl.flock(lk.fileno(), fcntl.LOCK_UN)
         return True
+
+    def _clear(self, p: str) -> None:
+        """Remove what is not a regular file at ``p`` (a planted directory, link, fifo...)."""
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            import shutil
+
+            shutil.rmtree(p, ignore_errors=True)  # (links inside are removed, not followed)
+        elif not stat.S_ISREG(st.st_mode):
+            self._drop(p)
 
     def _entry_size(self, p: str) -> int:
         try:

@@ -335,7 +335,8 @@ class PieceReader:
             except OSError:
                 return None
             with open(fd, "rb") as f:
-                got = sums.decode_sums(self.key, self.name, f.read(), self.size)
+                rec = f.read(sums.sums_size(self.size) + 1)
+                got = sums.decode_sums(self.key, self.name, rec, self.size)
             if isinstance(got, str) or got[0] != self.grain:
                 return None
             self._crcs = got[1]

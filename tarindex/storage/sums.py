@@ -49,6 +49,7 @@ __all__ = [
     "file_crcs",
     "forget",
     "head_of",
+    "sums_size",
     "is_known",
     "remember",
 ]
@@ -166,6 +167,11 @@ def encode_sums(key: str, name: str, size: int, grain: int, crcs: Sequence[int])
     """The ``<name>.sum`` record of file entry ``(key, name)``."""
     body = array("I", crcs).tobytes()
     return _SUM_HEAD.pack(_SUM_MAGIC, size, grain, bind(key, name), zlib.crc32(body)) + body
+
+
+def sums_size(size: int, grain: int = GRAIN) -> int:
+    """The length in bytes of the ``.sum`` record of a file of ``size`` bytes."""
+    return _SUM_HEAD.size + 4 * (-(-size // grain) if size else 0)
 
 
 def decode_sums(key: str, name: str, rec: bytes, size: int) -> tuple[int, array[int]] | str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -159,7 +160,10 @@ def test_a_chunk_checked_once_is_checked_again_after_any_change(
 def _whole_copy(cache: Path) -> Path:
     """The one whole copy in ``cache``, once its download (in the background) committed it."""
     deadline = time.monotonic() + 30
-    while not (found := list(cache.rglob(WHOLE))) and time.monotonic() < deadline:
+    while True:
+        found = [p for p in cache.glob(f"??/*/{WHOLE}") if p.is_file()]
+        if found or time.monotonic() > deadline:
+            break
         time.sleep(0.01)
     (p,) = found
     return p
@@ -168,6 +172,7 @@ def _whole_copy(cache: Path) -> Path:
 WHOLE_DAMAGE: dict[str, Callable[[Path], None]] = {
     "bit flipped": _flip,
     "cut then extended": _cut_and_extend,
+    "cut": _cut,
     "record damaged": lambda p: _flip_record(Path(str(p) + sums.SUM_SUFFIX)),
     "record missing": lambda p: Path(str(p) + sums.SUM_SUFFIX).unlink(),
 }
@@ -293,3 +298,52 @@ def test_a_download_s_record_or_temp_file_changed_never_hands_out_wrong_bytes(
         w.abort()
         c.unlock(lk)
         local.close()
+
+
+@pytest.mark.parametrize("mode", ["range", "shard"])
+def test_a_directory_planted_where_an_entry_belongs_is_removed_not_an_error(
+    served: tuple[RangeServer, list[str]], tmp_path: Path, mode: str
+) -> None:
+    """A directory (with a file in it) where a chunk, a whole copy or its ``.sum`` belongs:
+    the old code's insert failed with ``IsADirectoryError``, so every read of those bytes
+    failed ("the cache never makes a read fail"); now it is removed and the entry stored."""
+    srv, paths = served
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), chunk_bytes=CHUNK, fetch=mode, shards_ahead=0)
+    url = f"{srv.url}/train-000000.tar"
+    kd = cache / (key := _key(url, paths[0]))[:2] / key
+    names = ["3"] if mode == "range" else [WHOLE, WHOLE + sums.SUM_SUFFIX]
+    for n in names:
+        (kd / n / "x").mkdir(parents=True)
+        (kd / n / "x" / "f").write_bytes(b"planted")
+    assert _all(tarindex.ShardSet(url, remote=opts)) == _all(tarindex.ShardSet(paths[0]))
+    if mode == "shard":
+        _whole_copy(cache)
+    assert all((kd / n).is_file() for n in names)
+
+
+def test_a_whole_download_whose_replies_are_cut_keeps_sound_checksums(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Replies cut mid-body are retried from their start (the sink sees ``at == 0`` again):
+    the crc32s written with the copy are those of its bytes, so the next process's check
+    passes (no warning, no second download)."""
+    srv, paths = served
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), fetch="shard", shards_ahead=0, backoff=0.01)
+    url = f"{srv.url}/train-000001.tar"
+    want = _all(tarindex.ShardSet(paths[1]))
+    tarindex.ShardSet(url, remote=RemoteOptions(fetch="range"))  # the index, in memory now
+    srv.reset()
+    srv.drop = 4  # the download's reply (and the open-time checks') cut half-way
+    assert _all(tarindex.ShardSet(url, remote=opts)) == want
+    assert _whole_copy(cache).read_bytes() == Path(paths[1]).read_bytes()
+    size = os.path.getsize(paths[1])
+    whole = [b for m, _, a, b in srv.log if m == "GET" and a == 0 and b > 8192]
+    assert size in whole and min(whole) < size  # cut (the server logs what it sent), retried
+    remote.forget_process_state()
+    srv.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _all(tarindex.ShardSet(url, remote=opts)) == want
+    assert not any(m == "GET" and (a, b) == (0, size) for m, _, a, b in srv.log)

@@ -343,9 +343,12 @@ class CopySource:
 
     @property
     def complete(self) -> bool:
-        """Whether every byte of the copy is written (reads no longer wait)."""
+        """Whether every byte of the copy is written and checked (reads neither wait nor check).
+
+        A copy whose bytes failed their check never is (its reads go to the server).
+        """
         p = self.pieces
-        return p is None or p.complete
+        return p is None or p.checked
 
     @property
     def settled(self) -> bool:
