@@ -5,7 +5,9 @@ A set of shards numbers its samples ``0 .. total - 1`` in shard order; ``starts`
 indices count from the end, as list indexing does; anything else out of range is a
 :class:`~tarindex.errors.SampleIndexError`, and a non-integer (or a ``bool``) a
 ``TypeError``, by one rule (:func:`check_index`, :func:`check_indices` for a batch) that
-every entry point applies: nothing wraps or truncates. ``per > 0``
+every entry point applies: nothing wraps or truncates. The compiled loops (``sample``,
+``take``, ``batch``) take only ``int`` indices in range and hand anything else back; their
+callers apply this rule then, so a batch the loops accept is not checked twice. ``per > 0``
 says every shard but the last holds ``per`` samples (the writer's ``maxcount``): the shard
 is then ``i // per`` with no search. The compiled loops hold the C side of the same rule
 (``shard_of`` in ``_kernel.c``).
