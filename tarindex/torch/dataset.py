@@ -26,6 +26,7 @@ from ..storage.remote import RemoteOptions
 from ..stream.finish import Finisher
 from ..stream.images import image_spec
 from ..stream.shards import open_shards
+from .collate import fetch_batched  # at import: a `from` import per batch cost ~1.4 us
 from .images import fetch_images
 
 __all__ = ["TarDataset"]
@@ -195,8 +196,6 @@ class TarDataset(torch.utils.data.Dataset[Any]):
                 return fetch_images(  # type: ignore[return-value]
                     self.shards, indices, self.decoder, self.image_spec, self.fields
                 )
-            from .collate import fetch_batched
-
             return fetch_batched(self.shards, indices, fields=self.fields)  # type: ignore[return-value]
         read, fields = self.shards.sample, self.fields
         samples = [read(i, fields) for i in indices]
