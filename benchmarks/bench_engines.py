@@ -466,9 +466,9 @@ def main() -> None:
         spark.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        if a.json:  # also after --no-spark's early return
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
