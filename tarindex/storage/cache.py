@@ -212,7 +212,10 @@ class DirCache:
         try:
             rfd = self.open_entry(p + SUM_SUFFIX)
         except OSError:
-            return "its checksum record is missing"
+            return (
+                f"its checksum record {p}{SUM_SUFFIX} is missing (deleted, or an older "
+                f"tarindex wrote the entry)"
+            )
         with open(rfd, "rb") as f:
             rec = f.read(sums.sums_size(size) + 1)  # (a planted huge file: not read whole)
         got = sums.decode_sums(key, name, rec, size)
@@ -226,9 +229,9 @@ class DirCache:
         self.discard_path(p)
         of = f" ({what})" if what else ""
         warnings.warn(
-            f"{p}: this cache entry{of} failed its check: {why}; it was changed on disk after "
-            f"it was written (another program, a damaged disk). Deleted it and fetched the "
-            f"bytes again; if this repeats, check the disk under {self.root}",
+            f"{p}: this cache entry{of} failed its check: {why}. Deleted it and fetched the "
+            f"bytes again, never served them; if this repeats, something changes files under "
+            f"{self.root} (another program, a damaged disk)",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -102,7 +102,12 @@ def check_bytes(key: str, name: str, head: bytes, data: bytes, known: bool) -> s
     if len(head) != ENTRY_HEAD.size:
         return f"its checksum record is cut ({len(head)} of {ENTRY_HEAD.size} bytes)"
     magic, n, crc, rcrc = ENTRY_HEAD.unpack(head)
-    if magic != _MAGIC or rcrc != zlib.crc32(struct.pack("<8sQI", magic, n, crc)):
+    if magic != _MAGIC:
+        return (
+            "it does not start with a checksum record (its first bytes were changed, or an "
+            "older tarindex wrote it)"
+        )
+    if rcrc != zlib.crc32(struct.pack("<8sQI", magic, n, crc)):
         return "its checksum record (bytes 0..24) is damaged"
     if n != len(data):
         return f"it holds {len(data)} bytes, its record says {n}"
