@@ -448,13 +448,13 @@ class DirCache:
         return os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 
     def _open_nofollow(self, p: str, flags: int) -> int:
-        """Open the cache's own file ``p`` (lock, usage); a link there is removed first."""
+        """Open the cache's own file ``p`` (lock, usage); a link or directory there is removed."""
         try:
             return os.open(p, flags | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            if e.errno != errno.ELOOP:
+            if e.errno not in (errno.ELOOP, errno.EISDIR):
                 raise
-        self._drop(p)
+        self._clear(p)
         return os.open(p, flags | os.O_NOFOLLOW, 0o644)
 
     def _is_entry(self, p: str) -> bool:

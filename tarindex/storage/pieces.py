@@ -420,6 +420,8 @@ def attach(cache: DirCache, key: str, name: str, size: int) -> tuple[int, PieceR
         return None
     try:
         head = os.pread(rec, HEAD.size, 0)
+    except OSError:  # (not a file: a planted directory, removed by the next lock)
+        return None
     finally:
         os.close(rec)
     got = _parse(head) if len(head) == HEAD.size else None

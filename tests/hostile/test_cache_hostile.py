@@ -304,22 +304,26 @@ def test_a_download_s_record_or_temp_file_changed_never_hands_out_wrong_bytes(
 def test_a_directory_planted_where_an_entry_belongs_is_removed_not_an_error(
     served: tuple[RangeServer, list[str]], tmp_path: Path, mode: str
 ) -> None:
-    """A directory (with a file in it) where a chunk, a whole copy or its ``.sum`` belongs:
-    the old code's insert failed with ``IsADirectoryError``, so every read of those bytes
-    failed ("the cache never makes a read fail"); now it is removed and the entry stored."""
+    """A directory (with a file in it) where a chunk, a whole copy, its ``.sum`` or its lock
+    file belongs: the old code's insert (or lock) failed with ``IsADirectoryError``, so every
+    read of those bytes failed ("the cache never makes a read fail"); now it is removed and
+    the entry stored."""
     srv, paths = served
     cache = tmp_path / "cache"
     opts = RemoteOptions(cache_dir=str(cache), chunk_bytes=CHUNK, fetch=mode, shards_ahead=0)
     url = f"{srv.url}/train-000000.tar"
     kd = cache / (key := _key(url, paths[0]))[:2] / key
     names = ["3"] if mode == "range" else [WHOLE, WHOLE + sums.SUM_SUFFIX]
-    for n in names:
-        (kd / n / "x").mkdir(parents=True)
-        (kd / n / "x" / "f").write_bytes(b"planted")
+    planted = [kd / n for n in names]
+    if mode == "shard":
+        planted.append(cache / "locks" / f"{key}.{WHOLE}")  # where its lock and record go
+    for d in planted:
+        (d / "x").mkdir(parents=True)
+        (d / "x" / "f").write_bytes(b"planted")
     assert _all(tarindex.ShardSet(url, remote=opts)) == _all(tarindex.ShardSet(paths[0]))
     if mode == "shard":
         _whole_copy(cache)
-    assert all((kd / n).is_file() for n in names)
+    assert all(d.is_file() for d in planted)
 
 
 def test_a_whole_download_whose_replies_are_cut_keeps_sound_checksums(
