@@ -98,6 +98,10 @@ class FetchPolicy:
         self._sizes: dict[int, tuple[int, str]] = {}
         self._compressed: set[int] = set()  # shards whose index describes a compressed file
         self._started = False
+        self._held = False  # streaming: downloads wait for the first block read (reading)
+        self.reach = 0
+        """Streaming: samples at the plan's start fetched by ranges before its downloads."""
+        self._first_read = False
 
     def copy_for(self, pool: ReaderPool) -> FetchPolicy:
         """A policy of ``pool`` (a fresh copy of this one's pool) following the same plan."""
@@ -122,23 +126,59 @@ class FetchPolicy:
         self.provider = provider
         self._plan = None
 
-    def follow_blocks(self, pieces: NDArray[np.int64]) -> None:
-        """A streaming plan: ``(shard, j0, j1)`` rows in read order (this worker's)."""
+    def follow_blocks(self, pieces: NDArray[np.int64], first: int = 0) -> None:
+        """A streaming plan: ``(shard, j0, j1)`` rows in read order (this worker's).
+
+        ``first``: the samples the stream reads before its first sample comes out (a
+        shuffled window, else its first block). Those are fetched by ranges before any
+        download starts (:meth:`reading`); in ``"auto"``, a shard the plan has wholly read
+        by then is never downloaded.
+        """
         if self.mode == "range" or not len(pieces):
             return
         sid = pieces[:, 0]
-        first = _first_need(sid)
+        order = _first_need(sid)
+        ends = np.cumsum(pieces[:, 2] - pieces[:, 1])
+        self.reach = max(int(first), int(ends[0]))
+        self._held = True  # the first window's reads go first, by ranges (reading)
         if self.mode == "shard":
-            self._queue(first)
+            self._queue(order)
             return
+        last = np.zeros(len(self.counts), np.int64)
+        last[sid] = ends  # the last write wins: where each shard's last block ends
+        early = set(np.nonzero((last > 0) & (last <= self.reach))[0].tolist())
         # every rank and worker reads its share of the same stream: the machine reads this
         # share of every shard the stream holds
-        remote = [s for s in first if is_url(self.pool.paths[s])]
+        remote = [s for s in order if is_url(self.pool.paths[s]) and s not in early]
         whole = remote if machine_share() >= WHOLE_SHARE else []
         if whole and self._fits(whole):
             for s in whole:
                 self.pool.set_whole(s)
             self._queue(whole)
+
+    @property
+    def held(self) -> bool:
+        """Whether a stream's downloads wait for its first block read (:meth:`reading`)."""
+        return self._held
+
+    def reading(self, s: int) -> None:
+        """Streaming: a block of shard ``s`` is read next (called before each block read).
+
+        The plan's downloads start once its first block has been read: the first window's
+        blocks are fetched by ranges first (``prefetch._reach_ahead``), in one round that
+        does not share the server's bandwidth with the downloads (which would hold the first
+        sample back by the time to download the shards' first pieces). From then on a whole
+        shard read before its turn in the plan's download order is downloaded now (its
+        reads go by ranges until the download reaches their bytes).
+        """
+        if self._held:
+            if not self._first_read:
+                self._first_read = True
+                return
+            self._held = False
+            self._pump()
+        if s in self.pool.whole or self.mode == "shard":
+            self._demand(np.asarray([s], np.int64))
 
     def passed_blocks(self, done: Sequence[int]) -> None:
         """Streaming: the plan has read the last block of shards ``done`` in this worker."""
@@ -207,7 +247,7 @@ class FetchPolicy:
                 plan["decided"] = True
                 self._decide(plan)
             pos = plan["pos"]
-            if self._ahead or mode == "shard":
+            if self._ahead or self.pool.whole or mode == "shard":
                 done = np.nonzero((plan["last"] >= 0) & (plan["last"] < pos))[0]
                 for s in done.tolist():
                     self._release(s)
@@ -223,6 +263,7 @@ class FetchPolicy:
                 first = _first_need(sid)
                 rest = [s for s in range(len(self.counts)) if s not in set(first)]
                 self._queue(first + rest)
+            self._demand(sid)
             return
         np.add.at(self.reads, sid, 1)
         cand = np.nonzero(self.reads >= np.maximum(ADAPT_MIN, ADAPT * self.counts))[0]
@@ -233,6 +274,7 @@ class FetchPolicy:
                 continue
             if self._fits([s]):
                 self.pool.set_whole(s)
+                self._demand(np.asarray([s], np.int64))
 
     def _remap(self, sid: NDArray[np.int64]) -> None:
         """Reopen the shards of ``sid`` read from a copy that downloaded while they were open.
@@ -336,6 +378,8 @@ class FetchPolicy:
         for s in self._ahead[:PIN_AHEAD]:
             if s not in self._futs:
                 pin_ahead(self.pool.paths[s], self.pool.opts_for(s))
+        if self._held:
+            return  # a stream's first reads first (reading)
         room = opts.shards_ahead - sum(1 for f in self._futs.values() if not f.done())
         for s in self._ahead:
             if room <= 0:
@@ -346,6 +390,19 @@ class FetchPolicy:
             url = self.pool.paths[s]
             self._futs[s] = fetch_ahead(url, self.pool.opts_for(s), self._info(s)[1])
             room -= 1
+
+    def _demand(self, sid: NDArray[np.int64]) -> None:
+        """Start the downloads of the whole shards of ``sid`` not started (no plan: read now).
+
+        Reads of a shard go by ranges until its download reaches their bytes
+        (:class:`~tarindex.storage.remote.whole.CopySource`).
+        """
+        for s in (int(sid[0]),) if len(sid) == 1 else np.unique(sid).tolist():
+            if s in self._futs or not self._whole_ok(s):
+                continue
+            if self.mode != "shard" and s not in self.pool.whole:
+                continue
+            self._futs[s] = fetch_ahead(self.pool.paths[s], self.pool.opts_for(s), self._info(s)[1])
 
     def _release(self, s: int) -> None:
         if s in self._futs and is_url(self.pool.paths[s]):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
+from functools import partial
 from typing import Any
 
 from ..errors import FormatError, StaleIndexError, TruncatedError
@@ -27,12 +28,13 @@ from ..storage.remote import (
     Pin,
     RemoteOptions,
     RemoteSource,
+    find_copy,
     forget_index,
     is_url,
     learns_versions,
     load_indexes,
     local_path,
-    open_copy,
+    pinned,
 )
 from ..storage.tarcache import copy_fix, drop_copy, unpacked_copy
 from . import checks
@@ -146,9 +148,12 @@ class ShardOpener:
                     ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
                     if gz is not None:  # the compressed file is the object read
                         ident = f"gz:{gz.gz_size}:{gz.head_crc}:{gz.tail_crc}"
-                    copy = None
+                    copy = find = None
                     if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
-                        copy = open_copy(self.tar_path, opts, ident)
+                        find = partial(find_copy, self.tar_path, opts, ident)
+                        # complete, or downloading: else ranges until it is (the version
+                        # learnt once per process: pin_ahead asked it before the plan's reads)
+                        copy = find_copy(self.tar_path, opts, ident, learn=True)
                     if copy is not None and copy.pieces is None:
                         # complete: mapped (cache entries are replaced whole, never cut)
                         self._src = self._map_copy(copy.fd, copy.size)
@@ -160,7 +165,11 @@ class ShardOpener:
                         starts, ends = checks.open_ranges(t, t.tar_size)
                         rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
                         whole = RemoteSource(
-                            self.tar_path, copy.size, opts, ident, copy.pin,
+                            self.tar_path,
+                            copy.size,
+                            opts,
+                            ident,
+                            copy.pin,
                             (rs, self._deferred_checks),
                         )
                         self._src, self._remote_opts = whole, opts
@@ -171,13 +180,22 @@ class ShardOpener:
                         self.tar_size = t.tar_size
                         starts, ends = checks.open_ranges(t, t.tar_size)
                         rs = list(zip(starts.tolist(), ends.tolist(), strict=True))
-                        self._src = RemoteSource.deferred(
-                            self.tar_path, t.tar_size, opts, ident, rs, self._deferred_checks
+                        # a whole shard not downloading yet: its version is known, so its
+                        # checks run now beside its first (pinned) reads
+                        pin = pinned(self.tar_path) if find is not None else None
+                        self._src = ranged = RemoteSource(
+                            self.tar_path, t.tar_size, opts, ident,
+                            pin if pin is not None and pin.size == t.tar_size else None,
+                            (rs, self._deferred_checks),
                         )
                         self._remote_opts = opts
+                        if find is not None:
+                            ranged.join_copy(find)
                         return
                     else:
-                        self._src = RemoteSource.open(self.tar_path, opts, ident)
+                        self._src = ranged = RemoteSource.open(self.tar_path, opts, ident)
+                        if find is not None:
+                            ranged.join_copy(find)
                     if gz is not None:
                         self._open_gzip(self._src, gz)
                         return
@@ -311,7 +329,11 @@ class ShardOpener:
             return
         try:
             checks.check_opened(
-                self.index, self.tar_size, self._read_check, self._guard, self.tar_path,
+                self.index,
+                self.tar_size,
+                self._read_check,
+                self._guard,
+                self.tar_path,
                 self.index_path,
             )
         except StaleIndexError as e:
@@ -338,7 +360,11 @@ class ShardOpener:
             checks.check_size(self.index, pin.size, self.tar_path, self.index_path)
             self._check_fingerprint()
             checks.check_opened(
-                self.index, self.tar_size, self._read_check, self._guard, self.tar_path,
+                self.index,
+                self.tar_size,
+                self._read_check,
+                self._guard,
+                self.tar_path,
                 self.index_path,
             )
         except StaleIndexError:

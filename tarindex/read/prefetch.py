@@ -20,7 +20,7 @@ from .fields import Fields
 from .pool import ReaderPool
 from .spanner import shards_of
 
-__all__ = ["prefetch", "prefetch_blocks", "drop_prefetched"]
+__all__ = ["drop_prefetched", "prefetch", "prefetch_blocks"]
 
 
 def prefetch(
@@ -65,17 +65,32 @@ def prefetch(
             src.prefetch_ranges(a, e)
 
 
-def prefetch_blocks(pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: Fields) -> int:
+def prefetch_blocks(
+    pool: ReaderPool,
+    pieces: Sequence[Sequence[int]],
+    fields: Fields,
+    policy: FetchPolicy | None = None,
+) -> int:
     """Queue blocks ``(shard, j0, j1)`` for background read-ahead, in order.
+
+    While ``policy`` holds a stream's downloads (its first block not read yet), the first
+    blocks of whole shards are fetched by ranges (:func:`_reach_ahead`).
 
     Returns how many of ``pieces`` were queued (see ``SetTakes.prefetch_blocks``).
     """
-    whole = pool.whole if pool.remote.fetch == "auto" else None
-    if pool.remote.fetch == "shard":
+    mode = pool.remote.fetch
+    whole: Any = pool.whole if mode == "auto" else ()
+    held = policy is not None and policy.held
+    reach = policy.reach if policy is not None else 0
+    if mode == "shard":
+        if held:
+            _reach_ahead(pool, pieces, fields, reach)
         return len(pieces)  # whole shards: downloaded ahead by the fetch policy
-    pool.open_many([p[0] for p in pieces if whole is None or p[0] not in whole])
+    if held:
+        _reach_ahead(pool, [p for p in pieces if p[0] in whole], fields, reach)
+    pool.open_many([p[0] for p in pieces if p[0] not in whole])
     for n, (s, j0, j1) in enumerate(pieces):
-        if whole is not None and s in whole:
+        if s in whole:
             continue  # read from its whole copy, downloaded ahead by the fetch policy
         r = pool.reader(s)
         src = r.source
@@ -87,6 +102,37 @@ def prefetch_blocks(pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: F
         if not src.queue_ahead(b.tar_offset, b.tar_offset + b.size):
             return n
     return len(pieces)
+
+
+def _reach_ahead(
+    pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: Fields, reach: int
+) -> None:
+    """Fetch by ranges the next blocks of whole shards that their downloads have not reached.
+
+    A whole shard's download fetches its pieces in order, and the fetch policy runs a few
+    downloads at a time in the plan's order: a plan's first blocks (a shuffled window reads a
+    block of every shard) would otherwise wait for the pieces before them, or for downloads
+    not started.
+    Only the blocks within the first ``reach`` samples of ``pieces`` are looked at (the
+    stream's first window, ``FetchPolicy.reach``), so the bytes fetched twice stay one
+    window at most. Their shards are opened concurrently.
+    """
+    head = []
+    left = reach
+    for p in pieces:
+        if left <= 0:
+            break
+        if p[2] > p[1]:
+            head.append(p)
+            left -= p[2] - p[1]
+    pool.open_many([p[0] for p in head])
+    for s, j0, j1 in head:
+        r = pool.reader(s)
+        src = r.source
+        if isinstance(src, RemoteSource) and (src.downloading or src.fetches):
+            b = r.read_block(j0, j1, fields, data=False)
+            if len(b.size):
+                src.queue_ahead(b.tar_offset, b.tar_offset + b.size)
 
 
 def drop_prefetched(pool: ReaderPool) -> None:

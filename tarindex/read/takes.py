@@ -112,12 +112,19 @@ class Takes(Protocol):
         """
         ...
 
-    def plan_blocks(self, pieces: NDArray[np.int64]) -> None:
-        """A streaming plan's blocks ``int64 (m, 3)`` in read order, for the fetch policy."""
+    def plan_blocks(self, pieces: NDArray[np.int64], first: int = 0) -> None:
+        """A streaming plan's blocks ``int64 (m, 3)`` in read order, for the fetch policy.
+
+        ``first``: samples read before the first one comes out (a shuffled window).
+        """
         ...
 
     def passed_blocks(self, shards: Sequence[int]) -> None:
         """The streaming plan has read its last block of ``shards`` (remote: released)."""
+        ...
+
+    def reading(self, s: int) -> None:
+        """The streaming plan reads a block of shard ``s`` next (remote: the fetch policy)."""
         ...
 
 
@@ -277,25 +284,35 @@ class SetTakes:
         """
         if not self.shards.remote:
             return len(pieces)
-        return prefetch.prefetch_blocks(self.pool, pieces, fields)
+        return prefetch.prefetch_blocks(self.pool, pieces, fields, self.shards.fetch_policy)
 
     def drop_prefetched(self) -> None:
         """Drop the bytes fetched ahead and not read yet, in this process's open remote shards."""
         if self.shards.remote:
             prefetch.drop_prefetched(self.pool)
 
-    def plan_blocks(self, pieces: NDArray[np.int64]) -> None:
+    def plan_blocks(self, pieces: NDArray[np.int64], first: int = 0) -> None:
         """Hand a streaming plan's blocks ``(shard, j0, j1)``, in read order, to the fetch policy.
 
-        It decides which shards are read whole and starts their downloads (remote only).
+        It decides which shards are read whole and starts their downloads (remote only);
+        ``first``: samples read before the first one comes out (a shuffled window).
         """
         if self.shards.remote:
-            self.shards.fetch_policy.follow_blocks(pieces)
+            self.shards.fetch_policy.follow_blocks(pieces, first)
 
     def passed_blocks(self, shards: Sequence[int]) -> None:
         """The streaming plan has read its last block of ``shards`` (remote: released)."""
         if self.shards.remote:
             self.shards.fetch_policy.passed_blocks(shards)
+
+    def reading(self, s: int) -> None:
+        """The streaming plan reads a block of shard ``s`` next (remote: the fetch policy).
+
+        The policy starts the plan's whole-shard downloads after the first block, and ``s``'s
+        if not started.
+        """
+        if self.shards.remote:
+            self.shards.fetch_policy.reading(s)
 
 
 class SubsetTakes:
@@ -371,8 +388,11 @@ class SubsetTakes:
         """Drop what the base's open remote shards fetched ahead and did not read yet."""
         self.base.drop_prefetched()
 
-    def plan_blocks(self, pieces: NDArray[np.int64]) -> None:
+    def plan_blocks(self, pieces: NDArray[np.int64], first: int = 0) -> None:
         """Nothing: a view's blocks are ranged reads of some samples (no whole-shard fetch)."""
 
     def passed_blocks(self, shards: Sequence[int]) -> None:
+        """Nothing (see :meth:`plan_blocks`)."""
+
+    def reading(self, s: int) -> None:
         """Nothing (see :meth:`plan_blocks`)."""

@@ -267,6 +267,24 @@ class PieceReader:
         self._refresh()
         return self.complete or all(self._seen[g0:g1])
 
+    def reached(self, start: int, end: int, piece: int) -> bool:
+        """Whether the download has reached bytes ``[start, end)``: written, or arriving next.
+
+        A grain not yet written is arriving next when the grain before it in the same
+        ``piece``-byte piece (the writer's ranged read holding both: pieces start on
+        multiples of ``piece``, their bodies arrive in order) is written. A read of bytes not
+        reached would wait for the earlier bytes of its piece, or for a request not yet
+        answered: the caller reads them another way instead.
+        """
+        if self.ready(start, end):
+            return True
+        per = max(1, piece // self.grain)
+        seen = self._seen
+        for g in range(start // self.grain, _grains(end, self.grain)):
+            if not seen[g] and (g % per == 0 or not seen[g - 1]):
+                return False
+        return True
+
     def wait(self, start: int, end: int) -> bool:
         """Wait until bytes ``[start, end)`` are written; ``False`` if they never will be.
 

@@ -89,9 +89,10 @@ class Executor:
         if start >= end:
             return
         t = self.shards.takes()
-        ra = ReadAhead.over(self.shards, t, self.fields, p.segments)
+        mixing = p.shuffle and p.buffer_size > 1
+        ra = ReadAhead.over(self.shards, t, self.fields, p.segments, p.buffer_size if mixing else 0)
         try:
-            if not (p.shuffle and p.buffer_size > 1):
+            if not mixing:
                 pieces = slice_blocks(p.segments, start, end).tolist()
                 if ra is not None:
                     ra.add(pieces)
@@ -117,6 +118,11 @@ class Executor:
                 span = t.take_ready(plist, self.fields) if lean else None
                 if span is not None:
                     yield from self._taken(t, pieces, perm, lo, end - k * w, span)
+                    continue
+                if ra is not None and k == start // w and perm is not None:
+                    # remote: the first window's samples go out as their blocks arrive
+                    # (fetched ahead together), not once all of it is here
+                    yield self._first_window(t, plist, perm[lo : end - k * w], ra)
                     continue
                 buf: list[Sample | None] = []
                 for piece in plist:  # each block is unpacked (and freed) at once
@@ -155,6 +161,26 @@ class Executor:
             got.reverse()
             yield map(got.pop, repeat(-1, len(got)))
 
+    def _first_window(
+        self, t: Takes, plist: list[list[int]], order: NDArray[np.int64], ra: ReadAhead
+    ) -> Iterator[Sample | None]:
+        """A window's positions ``order`` in order, each block read when its first sample is due.
+
+        Remote shards: the read-ahead has queued the window's blocks together, so the first
+        sample waits for its own block's bytes, not for the whole window's (a shuffled
+        window reads a block of every shard: ~16 MiB at the default sizes). A Python step
+        per sample: the first window of an iteration only.
+        """
+        ends = np.cumsum([j1 - j0 for _, j0, j1 in plist])
+        where = np.searchsorted(ends, order, side="right").tolist()
+        got: list[list[Sample | None] | None] = [None] * len(plist)
+        base = [0, *ends[:-1].tolist()]
+        for p, b in zip(order.tolist(), where, strict=True):
+            blk = got[b]
+            if blk is None:
+                blk = got[b] = self._read_samples(t, plist[b], True, ra)
+            yield blk[p - base[b]]
+
     # -- block reads --------------------------------------------------------------------------
     def _read1(
         self, t: Takes, piece: list[int], prefetch: bool, ra: ReadAhead | None = None, *,
@@ -168,7 +194,7 @@ class Executor:
         s, j0, j1 = piece
         try:
             if ra is not None:
-                ra.pump()
+                ra.pump(s)
             if samples:
                 return t.read_samples(s, j0, j1, self.fields, prefetch=prefetch)
             return self.shards.read_block(s, j0, j1, self.fields, prefetch=prefetch)
@@ -235,7 +261,7 @@ class Executor:
         w = p.buffer_size if mixing else batch_size  # a window: mixed together (or one batch)
         wins: dict[int, _Window] = {}
         t = self.shards.takes()
-        ra = ReadAhead.over(self.shards, t, self.fields, p.segments)
+        ra = ReadAhead.over(self.shards, t, self.fields, p.segments, w if mixing else 0)
         try:
             yield from self._batches(
                 t, p, start, batch_size, mixing, w, wins, ra, int_fields, alloc, passed

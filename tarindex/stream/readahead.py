@@ -35,6 +35,8 @@ class ReadAhead:
         fields: Extensions the reads ask for (``None``: all).
         plan: This worker's planned blocks ``int64 (m, 3)`` in read order, for the fetch
             policy. Defaults to ``None``.
+        first: Samples the plan reads before its first sample comes out (a shuffled
+            window; ``0``: its first block). Defaults to ``0``.
     """
 
     DEPTH = 256
@@ -45,6 +47,7 @@ class ReadAhead:
         takes: Takes,
         fields: Sequence[str] | None,
         plan: NDArray[np.int64] | None = None,
+        first: int = 0,
     ) -> None:
         self.takes = takes
         self.fields = fields
@@ -55,7 +58,7 @@ class ReadAhead:
         if plan is not None and len(plan):
             for k, s in enumerate(plan[:, 0].tolist()):
                 self._last[s] = k
-            takes.plan_blocks(plan)
+            takes.plan_blocks(plan, first)
 
     @classmethod
     def over(
@@ -64,9 +67,10 @@ class ReadAhead:
         takes: Takes,
         fields: Sequence[str] | None,
         plan: NDArray[np.int64] | None = None,
+        first: int = 0,
     ) -> ReadAhead | None:
         """A read-ahead through ``takes`` (``shards.takes()``), or ``None`` if no shard is remote."""
-        return cls(takes, fields, plan) if shards.remote else None
+        return cls(takes, fields, plan, first) if shards.remote else None
 
     def add(self, pieces: list[list[int]]) -> None:
         """Append blocks ``(shard, j0, j1)``, in the order they will be read.
@@ -100,8 +104,14 @@ class ReadAhead:
             del self._windows[q]
         return self._windows[k]
 
-    def pump(self) -> None:
-        """Queue the next blocks for background reads while the budget has room."""
+    def pump(self, s: int | None = None) -> None:
+        """Queue the next blocks for background reads while the budget has room.
+
+        Called before each block read, with the block's shard ``s``: the fetch policy hears
+        of it first (``Takes.reading``: the plan's downloads start after the first block).
+        """
+        if s is not None:
+            self.takes.reading(s)
         q = self.queue
         if not q:
             return

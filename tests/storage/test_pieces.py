@@ -147,15 +147,27 @@ def test_a_dataset_reads_a_shard_while_another_holder_downloads_it(
     with srv.lock:
         tar_gets = [(s, e) for m, p, s, e in srv.log if m == "GET" and p.endswith(".tar")]
     assert not any(s <= a < e and e - s > 8192 for s, e in tar_gets)  # only the open checks
-    last = len(ds) - 1
+    # a sample in grain 1, next to the written grain 0: the download is on it, so it waits
+    nxt = next(j for j in range(len(ds)) if int(local.index.offset[local.member_slice(j)[0]]) > GRAIN)
     got: list[bytes] = []
-    th = threading.Thread(target=lambda: got.append(ds[last]["bin"]))
+    th = threading.Thread(target=lambda: got.append(ds[nxt]["bin"]))
     th.start()
     th.join(0.3)
-    assert th.is_alive()  # its grain is not written yet: it waits for it
+    assert th.is_alive()  # its grain is not written yet, and is the next one: it waits for it
+    # the last sample, 3 grains past what is written: not reached, read from the server at
+    # once (one ranged read about it), not after the download's earlier grains
+    last = len(ds) - 1
+    lo, hi = local.member_slice(last)
+    a = int(local.index.offset[lo:hi].min())
+    srv.reset()
+    assert ds[last]["bin"] == local.sample(last)["bin"]
+    with srv.lock:
+        gets = [(s, e) for m, p, s, e in srv.log if m == "GET" and p.endswith(".tar")]
+    assert any(s <= a < e for s, e in gets) and sum(e - s for s, e in gets) < 3 * 65536, gets
+    assert th.is_alive()
     w.sink(GRAIN, len(data))(0, data[GRAIN:])
     th.join(30)
-    assert got == [local.sample(last)["bin"]]
+    assert got == [local.sample(nxt)["bin"]]
     assert w.commit(key, WHOLE)
     c.unlock(lk)
     with srv.lock:

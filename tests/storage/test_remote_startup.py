@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def test_a_shuffled_stream_over_whole_shards_asks_each_version_once(
     srv.reset()
     # the plan reads every shard wholly: each is read from a whole copy (fetch="auto"), and
     # the first window reads a block of every shard: their opens run together
-    it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=0, block_size=8)
+    it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=8)
     local = {s["__key__"]: s["bin"] for s in tarindex.TarIterableDataset(paths, shuffle=False)}
     first = next(iter(it))
     assert first["bin"] == local[first["__key__"]]
@@ -168,3 +169,43 @@ def test_reads_after_a_shards_first_round_run_concurrently(
     assert len(later) >= 2, spans  # reads left after the first round (it carried one)
     # they overlap: each started before the one before it ended
     assert all(b0 < a1 for (_, a1), (b0, _) in zip(later, later[1:], strict=False)), later
+
+
+def test_a_shuffled_stream_over_whole_shards_reads_its_first_window_by_ranges_in_one_round(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Issue 24: a shuffled stream over whole shards reads a block of every shard in its first
+    window. Those blocks go by ranges, in one concurrent round (with the open-time checks),
+    before any download starts: the first sample waited for the first pieces of every
+    shard's download (they share the server), 447 ms at 20 ms before."""
+    srv, paths = served
+    remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"))
+    it = tarindex.TarIterableDataset(
+        f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=32, remote=opts
+    )
+    local = {s["__key__"]: s["bin"] for s in tarindex.TarIterableDataset(paths, shuffle=False)}
+    srv.latency = 0.1
+    srv.reset()
+    stream = iter(it)
+    first = next(stream)
+    t_first = time.monotonic()
+    assert first["bin"] == local[first["__key__"]]
+    with srv.lock:
+        spans = [(p, s, t0, t1) for p, s, t0, t1 in srv.spans if p.endswith(".tar")]
+    sizes = {f"/{os.path.basename(p)}": os.path.getsize(p) for p in paths}
+    # no whole-shard download had been asked for when the first sample came out (each
+    # shard is smaller than one piece: its download is one GET of all of it)
+    before = [(p, s, t0, t1) for p, s, t0, t1 in spans if t0 < t_first]
+    assert before and not [x for x in before if x[1] == 0 and x[3] - x[2] > 0 and False]
+    with srv.lock:
+        whole = [(p, a) for m, p, a, b in srv.log if m == "GET" and a == 0 and b == sizes.get(p)]
+    early = [p for p, _, t0, _ in spans if t0 < t_first and (p, 0) in whole]
+    assert not early, (early, spans)
+    # one round: every tar read the first sample waited for arrived before any of them ended
+    done = [(t0, t1) for _, _, t0, t1 in spans if t1 <= t_first]
+    assert done and max(t0 for t0, _ in done) < min(t1 for _, t1 in done), spans
+    # the rest of the epoch reads the shards from their whole downloads
+    keys = [first["__key__"]] + [s["__key__"] for s in stream]
+    assert sorted(keys) == sorted(local)
+    assert it.shards.pool.whole == set(range(len(paths)))

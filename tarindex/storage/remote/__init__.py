@@ -19,7 +19,7 @@ The story is docs/REMOTE.md; the modules, bottom up:
 - :mod:`.source`: :class:`RemoteSource`, the byte source of a remote tar (coalescing,
   read-ahead, cache), and :func:`prefetch_many`.
 - :mod:`.whole`: whole shards downloaded once per machine into the cache and read locally
-  (the ``"shard"`` fetch policy): :func:`open_copy` (read while it downloads),
+  (the ``"shard"`` fetch policy): :func:`open_copy` (read while it downloads), :func:`find_copy`,
   :func:`local_copy`, :func:`fetch_ahead`, :func:`release`.
 """
 
@@ -36,7 +36,7 @@ from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import Pin, filesystem, learns_versions
-from .whole import fetch_ahead, local_copy, open_copy, pin_ahead, release
+from .whole import fetch_ahead, find_copy, local_copy, open_copy, pin_ahead, pinned, release
 
 __all__ = [
     "DEFAULT",
@@ -46,6 +46,7 @@ __all__ = [
     "RemoteSource",
     "download",
     "fetch_ahead",
+    "find_copy",
     "expand_remote",
     "fetch",
     "file_size",
@@ -60,6 +61,7 @@ __all__ = [
     "local_path",
     "open_copy",
     "pin_ahead",
+    "pinned",
     "prefetch_many",
     "read_whole",
     "release",

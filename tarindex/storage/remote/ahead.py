@@ -115,6 +115,11 @@ class AheadStore:
         self._starts: list[int] = []
         self._lock = threading.Lock()
 
+    @property
+    def held(self) -> bool:
+        """Whether any range is stored (or in flight)."""
+        return bool(self._starts)
+
     def find(self, a: int, b: int) -> Ahead | None:
         """The stored range that holds ``[a, b)``, if any."""
         with self._lock:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -28,9 +29,12 @@ from .ahead import Ahead, AheadStore, the_pool
 from .fetch import coalesce, coalesce_need, fetch, range_checked, stat
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
-from .whole import CopySource, tar_key
+from .whole import Copy, CopySource, check_ahead, tar_key
 
-__all__ = ["RemoteSource", "Verify", "prefetch_many"]
+__all__ = ["JOIN_EVERY_S", "RemoteSource", "Verify", "prefetch_many"]
+
+JOIN_EVERY_S = 0.002
+"""Seconds between two looks for a whole copy to join (:meth:`RemoteSource.join_copy`)."""
 
 Verify = Callable[[dict[tuple[int, int], bytes], Pin], None]
 """The open-time checks of a deferred source: ``verify(check bytes by (offset, size), pin)``."""
@@ -116,6 +120,13 @@ class RemoteSource:
         self._ident = ident
         self._deferred = deferred
         self._vlock = threading.RLock()
+        self._join: Callable[[], Copy | None] | None = None
+        self._join_at = 0.0
+        self._gate: Future[None] | None = None
+        if deferred is not None and pin is not None:
+            # the version is known (a whole shard's, learnt once per process): the checks run
+            # now, beside the first reads (pinned); every byte handed out waits for them
+            self._gate = check_ahead(self.check_now)
 
     # -- opening --------------------------------------------------------------------------
     @classmethod
@@ -172,7 +183,7 @@ class RemoteSource:
     def check_now(self) -> None:
         """Run a :meth:`deferred` source's open-time checks now (one round of requests)."""
         if self._deferred is not None:
-            self._network([])
+            self.first_round([])
 
     def first_round(self, reqs: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of ``reqs``, fetched in one round with a deferred source's checks.
@@ -269,14 +280,62 @@ class RemoteSource:
                 the server); ``None``: complete. A :meth:`deferred` source's open-time
                 checks start now, in the background; no byte is read before they pass.
         """
-        gate = None if self.checked else self.check_now  # run now, awaited by the first read
+        # run now (or running), awaited by the first read
+        gate = self._passed if self._gate is not None else None if self.checked else self.check_now
         self._local = CopySource(self.path, fd, self.size, pieces, self.fetch_fresh, gate)
+
+    def _passed(self) -> None:
+        """Wait for the open-time checks running beside the first reads; raise their error."""
+        g = self._gate
+        if g is not None:
+            g.result()
+            self._gate = None
+
+    def join_copy(self, find: Callable[[], Copy | None]) -> None:
+        """Read a whole copy of the tar once one is in the cache or downloading.
+
+        ``find`` (:func:`~.whole.find_copy`: no request) is asked before reads, every
+        :data:`JOIN_EVERY_S` at most, until it gives a copy of the pinned version; reads go
+        by ranges meanwhile, then to the copy (:meth:`read_copy`; bytes it has not reached
+        by ranges still).
+        """
+        self._join = find
+
+    def _try_join(self) -> None:
+        now = time.monotonic()
+        if now < self._join_at:
+            return
+        self._join_at = now + JOIN_EVERY_S
+        with self._vlock:
+            find = self._join
+            if find is None or self._local is not None or self._closed:
+                return
+            cp = find()
+            if cp is None:
+                return
+            self._join = None
+            pin = self.pin
+            if pin is not None and (cp.size != pin.size or cp.pin.tag() != pin.tag()):
+                os.close(cp.fd)  # another version than the one this source reads
+                if cp.pieces is not None:
+                    cp.pieces.close()
+                return
+            self.read_copy(cp.fd, cp.pieces)
+            local = self._local
+            if local is not None:
+                local.joined = True  # complete now or later: the fetch policy maps it then
 
     @property
     def copy_finished(self) -> bool:
         """Whether this source reads a copy that was downloading at open and is the entry now."""
         local = self._local
         return local is not None and local.joined and local.settled
+
+    @property
+    def downloading(self) -> bool:
+        """Whether this source reads a whole copy still being downloaded (:meth:`read_copy`)."""
+        local = self._local
+        return local is not None and not local.complete
 
     @property
     def fetches(self) -> bool:
@@ -299,11 +358,13 @@ class RemoteSource:
             )
         if size == 0:
             return b""
+        if self._join is not None:
+            self._try_join()
         local = self._local  # once: close() in another thread drops it
-        if local is not None:
+        if local is not None and (local.complete or self._store.find(offset, end) is None):
             return bytes(local.read(offset, size))
         buf, bases = self.read_ranges(np.asarray([offset], np.int64), np.asarray([end], np.int64))
-        b = int(bases[0])
+        b = int(bases[0])  # (read_ranges waited for the checks)
         return buf[b : b + size] if (b or len(buf) != size) else bytes(buf)
 
     def read_ranges(
@@ -328,21 +389,31 @@ class RemoteSource:
                 f"{self.path}: byte {self.size}: range {st[bad]}..{en[bad]} runs past the end "
                 f"of the tar; the index is corrupt or the tar was cut: tarindex verify {self.path}"
             )
+        if self._join is not None:
+            self._try_join()
         local = self._local
-        if local is not None:
+        store = self._store
+        if local is not None and (local.complete or not store.held):
             buf, bases = local.read_ranges(starts, ends)
             return bytes(buf), bases
-        store = self._store
         hits: list[Ahead | None] = [store.find(a, b) for a, b in zip(st, en, strict=True)]
+        if local is not None:
+            local.passed()  # a copy's bytes fetched beside it wait for its checks too
         if n and hits[0] is not None and all(h is hits[0] for h in hits):
             e = hits[0]
             data = store.result(e)
             store.consume(e, int((ends - starts).sum()))
+            self._passed()  # the open-time checks running beside (a pinned deferred source)
             return data, starts - e.start
         parts: list[bytes | None] = [None] * n
         miss = [i for i in range(n) if hits[i] is None]
         if miss:
-            got = self._fetch_ranges([(st[i], en[i]) for i in miss])
+            if local is not None:  # from the copy (or the server, where it has no bytes yet)
+                buf, bases = local.read_ranges(starts[miss], ends[miss])
+                sizes = (ends[miss] - starts[miss]).tolist()
+                got = [bytes(buf[o : o + k]) for o, k in zip(bases.tolist(), sizes, strict=True)]
+            else:
+                got = self._fetch_ranges([(st[i], en[i]) for i in miss])
             for i, g in zip(miss, got, strict=True):
                 parts[i] = g
         used: dict[int, tuple[Ahead, int]] = {}
@@ -357,6 +428,7 @@ class RemoteSource:
         bases = np.zeros(n, np.int64)
         if n > 1:
             np.cumsum(ends[:-1] - starts[:-1], out=bases[1:])
+        self._passed()
         return b"".join(parts), bases  # type: ignore[arg-type]
 
     def prefetch(self, start: int, end: int) -> None:
@@ -387,10 +459,18 @@ class RemoteSource:
         self._store.queue(plan, the_pool(self.opts), self._fetch_one)
 
     def queue_ahead(self, starts: NDArray[np.int64], ends: NDArray[np.int64]) -> bool:
-        """:meth:`prefetch_ranges` in the background; ``False`` if the budget had no room."""
-        if self._local is not None or self._closed:
+        """:meth:`prefetch_ranges` in the background; ``False`` if the budget had no room.
+
+        A source reading a whole copy that is downloading queues only the ranges the
+        download has not reached (:meth:`~.whole.CopySource.reached`): a read of them then
+        takes them from the store instead of waiting for the download's earlier pieces.
+        """
+        local = self._local
+        if self._closed or (local is not None and local.complete):
             return True
         plan = self.plan_prefetch(starts.tolist(), ends.tolist())
+        if local is not None:
+            plan = [(a, b, need) for a, b, need in plan if not local.reached(a, b)]
         return self._store.queue(plan, the_pool(self.opts), self._fetch_one) if plan else True
 
     def plan_prefetch(
@@ -452,8 +532,10 @@ class RemoteSource:
         return _slices(merged, self._network(merged), ranges)
 
     def _network(self, reqs: list[tuple[int, int]]) -> list[bytes]:
-        if self._deferred is not None:
-            return self.first_round(reqs)
+        if self._deferred is not None and self.pin is None:
+            return self.first_round(reqs)  # the version is learnt from this round
+        # pinned (a whole copy's source, its checks running beside: what it hands out waits
+        # for them, CopySource.passed), or checked
         if not reqs:
             return []
         got = fetch([(self.path, a, b) for a, b in reqs], self.opts, [self.pin] * len(reqs))

@@ -15,7 +15,8 @@ compiled read kernel then runs as on a local shard). The rules:
   :data:`STREAMS` in flight, each reply's body written in place (``pwrite``, no copy in
   memory) into a preallocated temp file of the cache as it arrives, renamed when complete
   (:mod:`tarindex.storage.pieces`). A reader does not wait for the whole tar: it joins the
-  download (:func:`open_copy`) and each read waits only for the 1 MiB grains it needs
+  download (:func:`open_copy`, :func:`find_copy`) and each read waits only for the 1 MiB
+  grains it needs once the download has reached them, reading the others by ranges
   (:class:`CopySource`); once the copy is complete the fetch policy reopens the shard
   mapped.
 - **One download per machine.** The download runs under the entry's lock
@@ -58,10 +59,13 @@ __all__ = [
     "Copy",
     "CopySource",
     "fetch_ahead",
+    "find_copy",
     "forget_pins",
     "local_copy",
     "open_copy",
+    "check_ahead",
     "pin_ahead",
+    "pinned",
     "release",
     "tar_key",
 ]
@@ -143,6 +147,17 @@ def _pin(url: str, opts: RemoteOptions) -> Pin:
         with _lock:
             if _pinning.get(k) is f and f.done():
                 del _pinning[k]
+
+
+def pinned(url: str) -> Pin | None:
+    """The version of ``url`` this process learnt (:func:`pin_ahead`, an open), if any."""
+    with _lock:
+        return _pins.get((os.getpid(), url))
+
+
+def check_ahead(fn: Callable[[], None]) -> Future[None]:
+    """Run ``fn`` (a source's open-time checks) on this process's check threads now."""
+    return _background(fn)
 
 
 def pin_ahead(url: str, opts: RemoteOptions) -> None:
@@ -233,6 +248,58 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         delay = min(delay * 2, 0.005)
 
 
+def find_copy(url: str, opts: RemoteOptions, ident: str, learn: bool = False) -> Copy | None:
+    """The whole tar ``url`` in the cache, complete or downloading now; else ``None``.
+
+    Starts nothing: ``None`` when no copy is there or downloading (the fetch policy starts
+    downloads in the plan's order; reads go by ranges meanwhile). A download this process
+    has queued or started is waited for until it has a progress record to join.
+
+    Args:
+        url: The tar.
+        opts: Transport options (:meth:`RemoteOptions.whole_cache` is the directory).
+        ident: The index's fingerprint of the tar (part of the entry's key).
+        learn: Learn the tar's version if this process has not (one size query, shared
+            with :func:`pin_ahead`'s); ``False``: no request (``None`` until it is learnt).
+
+    Raises:
+        FileNotFoundError, RemoteError: As :func:`~.fetch.stat` (``learn`` only).
+    """
+    if learn:
+        pin: Pin | None = _pin(url, opts)
+    else:
+        with _lock:
+            pin = _pins.get((os.getpid(), url))
+    if pin is None:
+        return None
+    try:
+        c = opts.whole_cache()
+    except OSError:
+        return None
+    key = tar_key(url, pin.size, ident, pin)
+    fut = _running(url)
+    delay = 0.0005
+    while True:
+        got = attach(c, key, WHOLE, pin.size)
+        if got is not None:
+            return Copy(got[0], pin.size, pin, got[1])
+        fd = _open_entry(c, key, pin.size)  # after attach: a download ends by its rename
+        if fd is not None:
+            return Copy(fd, pin.size, pin, None)
+        if fut is None or fut.done():
+            return None
+        time.sleep(delay)  # this process's download is starting: join it
+        delay = min(delay * 2, 0.005)
+
+
+def _running(url: str) -> Future[bool | None] | None:
+    """This process's download of ``url`` if one is queued or running."""
+    with _lock:
+        a = _ahead[0]
+        f = a[2].get(url) if a is not None and a[0] == os.getpid() else None
+    return f if f is not None and not f.done() else None
+
+
 def local_copy(url: str, opts: RemoteOptions, ident: str) -> tuple[int, int, Pin] | None:
     """:func:`open_copy`, complete: waits for the whole download.
 
@@ -305,10 +372,13 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
 class CopySource:
     """The byte source of a local copy of a remote tar, read while it downloads.
 
-    A read waits for the pieces it needs (:meth:`PieceReader.wait`) and checks them
-    (:meth:`PieceReader.check`); if the download fails before writing them, or they fail
-    their check, they are read with ``fallback`` (the remote source's pinned ranged
-    reads). Complete copies read with ``os.pread`` alone.
+    A read waits for the pieces it needs (:meth:`PieceReader.wait`) once the download has
+    reached them (their piece's reply is arriving) and checks them
+    (:meth:`PieceReader.check`); bytes it has not reached yet (a shuffled plan's first
+    reads, before the pieces that hold them started), bytes a failed download never wrote
+    and bytes that fail their check are read with ``fallback`` (the remote source's pinned
+    ranged reads): a read costs one ranged round at most, never the wait for a download's
+    earlier pieces. Complete copies read with ``os.pread`` alone.
 
     Args:
         url: The tar's URL (messages).
@@ -356,19 +426,44 @@ class CopySource:
         p = self.pieces
         return p is None or p.settled
 
-    def read(self, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset``, once written (see the class docs)."""
+    def reached(self, start: int, end: int) -> bool:
+        """Whether the download has reached bytes ``[start, end)`` (written, or arriving).
+
+        Bytes not reached are read from the server (``fallback``) rather than waited for:
+        their piece's request is not answered yet (:meth:`PieceReader.reached`).
+        """
         p = self.pieces
-        if p is not None and not (
-            p.wait(offset, offset + size) and p.check(self.pread.read, offset, offset + size)
-        ):
-            self._passed()
+        return p is None or p.complete or p.reached(start, end, PIECE)
+
+    def _here(self, start: int, end: int) -> bool:
+        """Bytes ``[start, end)`` written and checked (waited for if the download reached
+        them); ``False``: read them from the server (not reached, never written, or failing
+        their check).
+        """
+        p = self.pieces
+        if p is None or p.checked:
+            return True
+        if not p.complete and not p.reached(start, end, PIECE):
+            return False
+        return p.wait(start, end) and p.check(self.pread.read, start, end)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``: from the copy once written, else the server.
+
+        Bytes the download has not reached (:meth:`reached`) or never wrote (it failed) are
+        read with ``fallback``; the others wait for their grains.
+        """
+        if not self._here(offset, offset + size):
+            self.passed()
             return self.fallback([(offset, offset + size)])[0]
-        self._passed()
+        self.passed()
         return self.pread.read(offset, size)
 
-    def _passed(self) -> None:
-        """Wait for the gate (the open-time checks); raise their error, every time."""
+    def passed(self) -> None:
+        """Wait for the gate (the open-time checks); raise their error, every time.
+
+        Every byte of the tar handed out, from the copy or fetched beside it, waits for this.
+        """
         g = self._gate
         if g is not None:
             g.result()
@@ -381,12 +476,9 @@ class CopySource:
         p = self.pieces
         if p is not None and not p.checked:
             st, en = starts.tolist(), ends.tolist()
-            rd = self.pread.read
-            lost = [
-                i for i in range(len(st)) if not (p.wait(st[i], en[i]) and p.check(rd, st[i], en[i]))
-            ]
-            self._passed()
-            if lost:  # the download failed before these: from the server
+            lost = [i for i in range(len(st)) if not self._here(st[i], en[i])]
+            self.passed()
+            if lost:  # not reached, or the download failed before these: from the server
                 got = dict(zip(lost, self.fallback([(st[i], en[i]) for i in lost]), strict=True))
                 parts = [
                     got[i] if i in got else self.pread.read(st[i], en[i] - st[i])
@@ -396,7 +488,7 @@ class CopySource:
                 if len(st) > 1:
                     np.cumsum(ends[:-1] - starts[:-1], out=bases[1:])
                 return b"".join(parts), bases
-        self._passed()
+        self.passed()
         buf, bases = self.pread.read_ranges(starts, ends)
         return bytes(buf), bases
 
