@@ -436,9 +436,10 @@ class CopySource:
         return p is None or p.complete or p.reached(start, end, PIECE)
 
     def _here(self, start: int, end: int) -> bool:
-        """Bytes ``[start, end)`` written and checked (waited for if the download reached
-        them); ``False``: read them from the server (not reached, never written, or failing
-        their check).
+        """Whether bytes ``[start, end)`` are written and checked (waited for if reached).
+
+        ``False``: read them from the server (not reached, never written, or failing their
+        check).
         """
         p = self.pieces
         if p is None or p.checked:
