@@ -35,6 +35,7 @@ from ..format.spec import HEADER
 from ..storage.remote import (
     RemoteSource,
     fetch_ahead,
+    hold,
     is_url,
     load_indexes,
     pin_ahead,
@@ -102,6 +103,7 @@ class FetchPolicy:
         self.reach = 0
         """Streaming: samples at the plan's start fetched by ranges before its downloads."""
         self._first_read = False
+        self._holding: list[str] = []
 
     def copy_for(self, pool: ReaderPool) -> FetchPolicy:
         """A policy of ``pool`` (a fresh copy of this one's pool) following the same plan."""
@@ -141,6 +143,8 @@ class FetchPolicy:
         ends = np.cumsum(pieces[:, 2] - pieces[:, 1])
         self.reach = max(int(first), int(ends[0]))
         self._held = True  # the first window's reads go first, by ranges (reading)
+        self._holding = [self.pool.paths[s] for s in order if is_url(self.pool.paths[s])]
+        hold(self._holding, True)
         if self.mode == "shard":
             self._queue(order)
             return
@@ -176,6 +180,7 @@ class FetchPolicy:
                 self._first_read = True
                 return
             self._held = False
+            hold(self._holding, False)
             self._pump()
         if s in self.pool.whole or self.mode == "shard":
             self._demand(np.asarray([s], np.int64))

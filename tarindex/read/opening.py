@@ -34,6 +34,7 @@ from ..storage.remote import (
     learns_versions,
     load_indexes,
     local_path,
+    open_copy,
     pinned,
 )
 from ..storage.tarcache import copy_fix, drop_copy, unpacked_copy
@@ -150,10 +151,10 @@ class ShardOpener:
                         ident = f"gz:{gz.gz_size}:{gz.head_crc}:{gz.tail_crc}"
                     copy = find = None
                     if opts.fetch == "shard" and gz is None:  # the whole tar, from the cache
+                        # complete, or downloading (started now unless held: else ranges
+                        # until it runs, find); the version learnt once per process
                         find = partial(find_copy, self.tar_path, opts, ident)
-                        # complete, or downloading: else ranges until it is (the version
-                        # learnt once per process: pin_ahead asked it before the plan's reads)
-                        copy = find_copy(self.tar_path, opts, ident, learn=True)
+                        copy = open_copy(self.tar_path, opts, ident)
                     if copy is not None and copy.pieces is None:
                         # complete: mapped (cache entries are replaced whole, never cut)
                         self._src = self._map_copy(copy.fd, copy.size)

@@ -36,7 +36,7 @@ from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import Pin, filesystem, learns_versions
-from .whole import fetch_ahead, find_copy, local_copy, open_copy, pin_ahead, pinned, release
+from .whole import fetch_ahead, find_copy, hold, local_copy, open_copy, pin_ahead, pinned, release
 
 __all__ = [
     "DEFAULT",
@@ -53,6 +53,7 @@ __all__ = [
     "filesystem",
     "filesystem_pids",
     "forget_process_state",
+    "hold",
     "forget_index",
     "is_url",
     "learns_versions",

@@ -61,6 +61,7 @@ __all__ = [
     "fetch_ahead",
     "find_copy",
     "forget_pins",
+    "hold",
     "local_copy",
     "open_copy",
     "check_ahead",
@@ -149,6 +150,26 @@ def _pin(url: str, opts: RemoteOptions) -> Pin:
                 del _pinning[k]
 
 
+_holds: set[tuple[int, str]] = set()
+"""(pid, URL): downloads an open does not start (a stream's first window reads by ranges)."""
+
+
+def hold(urls: list[str], on: bool) -> None:
+    """Hold (``on``) or let go of the downloads of ``urls`` in this process.
+
+    While held, an open (:func:`open_copy`) joins a download already running or finds the
+    complete copy, and starts none: the reads go by ranges (the fetch policy holds a
+    stream's downloads until its first block is read).
+    """
+    pid = os.getpid()
+    with _lock:
+        for u in urls:
+            if on:
+                _holds.add((pid, u))
+            else:
+                _holds.discard((pid, u))
+
+
 def pinned(url: str) -> Pin | None:
     """The version of ``url`` this process learnt (:func:`pin_ahead`, an open), if any."""
     with _lock:
@@ -227,6 +248,10 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         return Copy(fd, pin.size, pin, None)
     if pin.size > c.limit:
         return None
+    with _lock:
+        held = (os.getpid(), url) in _holds
+    if held:  # a stream's first window first (hold): join a running download, start none
+        return find_copy(url, opts, ident)
     fut = _submit(url, opts, ident, demand=True)
     delay = 0.0005
     while True:
@@ -248,10 +273,11 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         delay = min(delay * 2, 0.005)
 
 
-def find_copy(url: str, opts: RemoteOptions, ident: str, learn: bool = False) -> Copy | None:
+def find_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
     """The whole tar ``url`` in the cache, complete or downloading now; else ``None``.
 
-    Starts nothing: ``None`` when no copy is there or downloading (the fetch policy starts
+    Sends no request and starts nothing: ``None`` when this process has not learnt the
+    tar's version yet, or no copy is there or downloading (the fetch policy starts
     downloads in the plan's order; reads go by ranges meanwhile). A download this process
     has queued or started is waited for until it has a progress record to join.
 
@@ -259,17 +285,9 @@ def find_copy(url: str, opts: RemoteOptions, ident: str, learn: bool = False) ->
         url: The tar.
         opts: Transport options (:meth:`RemoteOptions.whole_cache` is the directory).
         ident: The index's fingerprint of the tar (part of the entry's key).
-        learn: Learn the tar's version if this process has not (one size query, shared
-            with :func:`pin_ahead`'s); ``False``: no request (``None`` until it is learnt).
-
-    Raises:
-        FileNotFoundError, RemoteError: As :func:`~.fetch.stat` (``learn`` only).
     """
-    if learn:
-        pin: Pin | None = _pin(url, opts)
-    else:
-        with _lock:
-            pin = _pins.get((os.getpid(), url))
+    with _lock:
+        pin = _pins.get((os.getpid(), url))
     if pin is None:
         return None
     try:
@@ -283,7 +301,7 @@ def find_copy(url: str, opts: RemoteOptions, ident: str, learn: bool = False) ->
         got = attach(c, key, WHOLE, pin.size)
         if got is not None:
             return Copy(got[0], pin.size, pin, got[1])
-        fd = _open_entry(c, key, pin.size)  # after attach: a download ends by its rename
+        fd = _open_entry(c, key, pin.size, url)  # after attach: a download ends by its rename
         if fd is not None:
             return Copy(fd, pin.size, pin, None)
         if fut is None or fut.done():
