@@ -1,27 +1,18 @@
 """Engines (issue 20): manifests from returned rows, Spark writing vs one ShardWriter process.
 
-One run, side by side, on this machine (2 cores), local disk, warm page cache, every writer
-with ``durable=False`` (no fsync: the same for all):
+One run, side by side, on this machine (2 cores), local disk, warm page cache:
 
 * **manifest from rows**: ``write_manifest_rows`` of 100,000 shard rows (10 per partition),
   as a Spark or Ray driver does after its job; no shard opened. Target < 2 s.
-* **write**: ``N`` samples of ~8 KB random bytes + ``cls`` + ``json``: one ``ShardWriter``
-  process over Python dicts, then ``tarindex.spark.write`` on ``local[2]`` over the same rows
-  in a cached DataFrame of 2 partitions (Spark's start-up excluded: the session is warm).
-  Samples/s each, and the ratio (target >= 1.6x on 2 cores).
-  Best of 2 runs: the first pass over the cached rows costs several times the second.
-  Beside them Spark's own ceiling for any Python writer: a no-op ``mapInArrow`` over the same
-  DataFrame (the JVM -> Python Arrow transfer alone); the 1.6x needs that ceiling above 1.6x
-  one writer.
-* **the row -> sample function form** on the same samples: a DataFrame of keys, file paths,
-  labels and json (each payload in its own file: images on disk and a table of paths, the
-  common real pattern), written by ``tarindex.spark.write(df, out, to_sample=load_sample)``
-  whose function loads the payload in the task; against one ``ShardWriter`` process loading
-  the same files; Spark's ceilings for this form: a no-op ``mapInArrow`` of the path rows,
-  and one that loads every payload and writes nothing.
-* mosaicml's ``dataframe_to_mds`` on the same DataFrame, when ``streaming`` is installed
-  (``pip install -e '.[bench]'``); and ``df.write.format("tarindex")`` (the Python Data
-  Source API) on the same DataFrame.
+* **Spark writing** (:mod:`engines_spark`, which says what each row includes): ``N``
+  samples of 8 KB random bytes + ``cls`` + ``json`` in a parquet table read by Spark,
+  written by ``tarindex.spark.write`` and ``df.write.format("tarindex")`` on ``local[2]``
+  against one process reading the same table and writing it with one ``ShardWriter``
+  (target >= 1.6x), beside Spark's own ceiling (a ``mapInArrow`` that writes nothing) and
+  mosaicml's ``dataframe_to_mds`` on the same DataFrame; and the row -> sample function form
+  (a table of paths, each payload loaded from its file in the task). CPU per sample of the
+  JVM, Spark's Python workers and the driver beside each. Use ``--n 100000`` (each Spark job
+  costs ~0.2-0.3 s of scheduling: at 20,000 samples that is a fifth of one process's time).
 * **Ray read** (``--ray``): the same samples in 4 shards; one epoch through
   ``tarindex.ray.read`` and through ``ray.data.read_webdataset(decoder=None)`` on the same
   shards (``ray.init(num_cpus=2)``, every block consumed by ``iter_batches(batch_size=None)``),
@@ -39,7 +30,7 @@ with ``durable=False`` (no fsync: the same for all):
   read), what moving the bytes through Ray costs.
   Target: the datasource per core >= 0.9x raw ``read_block``.
 
-Usage: ``python benchmarks/bench_engines.py [--n 20000] [--ray] [--json out.json]``.
+Usage: ``python benchmarks/bench_engines.py [--n 100000] [--ray] [--no-spark] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -91,16 +82,6 @@ def one_writer(rows: list[tuple[str, bytes, int, str]], out: str) -> float:
     return len(rows) / (time.perf_counter() - t0)
 
 
-def spark_write(spark: Any, df: Any, n: int, out: str) -> float:
-    import tarindex.spark
-
-    t0 = time.perf_counter()
-    t = tarindex.spark.write(df, out, maxcount=5000, durable=False)
-    dt = time.perf_counter() - t0
-    assert t.n_samples == n
-    return n / dt
-
-
 _TV_STUB = {  # MDS imports torchvision at ``import streaming`` (run.py's _stub_torchvision)
     "torchvision/__init__.py": "from . import datasets, transforms\n__version__ = '0.0-stub'\n",
     "torchvision/datasets/__init__.py": "class VisionDataset:\n    pass\nCIFAR10 = VisionDataset\n",
@@ -130,111 +111,6 @@ def stub_torchvision(root: str) -> None:
         del sys.modules[m]
     sys.path.insert(0, d)
     os.environ["PYTHONPATH"] = os.pathsep.join([d, os.environ.get("PYTHONPATH", "")])
-
-
-def _count_batches(batches: Any) -> Any:
-    import pyarrow as pa
-
-    k = 0
-    for b in batches:
-        k += b.num_rows
-    yield pa.RecordBatch.from_pylist([{"n": k}])
-
-
-def spark_noop(df: Any, n: int) -> float:
-    """Spark's own ceiling for any Python writer: a ``mapInArrow`` that only counts the rows
-    (the JVM -> Python Arrow transfer of the same DataFrame, nothing written)."""
-    t0 = time.perf_counter()
-    got = df.mapInArrow(_count_batches, "n long").collect()
-    dt = time.perf_counter() - t0
-    assert sum(r.n for r in got) == n
-    return n / dt
-
-
-def payload_files(rows: list[tuple[str, bytes, int, str]], root: str) -> list[tuple[str, str, int, str]]:
-    """The same samples as a table of paths: each payload in its own file (images on disk,
-    a table of ids, paths and labels: the common real pattern), ``(key, path, cls, json)``."""
-    os.makedirs(root, exist_ok=True)
-    out = []
-    for k, b, c, j in rows:
-        p = os.path.join(root, f"{k}.bin")
-        with open(p, "wb") as f:
-            f.write(b)
-        out.append((k, p, c, j))
-    return out
-
-
-def load_sample(j: int, row: Any) -> dict[str, Any]:
-    """The row -> sample function: loads the payload in the task (``row`` a dict)."""
-    with open(row["path"], "rb") as f:
-        data = f.read()
-    return {"__key__": row["__key__"], "bin": data, "cls": row["cls"], "json": row["json"]}
-
-
-def one_writer_loading(rows: list[tuple[str, str, int, str]], out: str) -> float:
-    """One ShardWriter process over the path rows, loading each payload as the function does."""
-    t0 = time.perf_counter()
-    with tarindex.ShardWriter(f"{out}/s-%06d.tar", maxcount=5000, durable=False) as w:
-        for j, (k, p, c, js) in enumerate(rows):
-            w.write(load_sample(j, {"__key__": k, "path": p, "cls": c, "json": js}))
-    return len(rows) / (time.perf_counter() - t0)
-
-
-def spark_write_fn(df: Any, n: int, out: str) -> float:
-    import tarindex.spark
-
-    t0 = time.perf_counter()
-    t = tarindex.spark.write(df, out, to_sample=load_sample, maxcount=5000, durable=False)
-    dt = time.perf_counter() - t0
-    assert t.n_samples == n
-    return n / dt
-
-
-def _load_batches(batches: Any) -> Any:
-    import pyarrow as pa
-
-    k = 0
-    for b in batches:
-        for p in b.column("path").to_pylist():
-            with open(p, "rb") as f:
-                k += len(f.read()) > 0
-    yield pa.RecordBatch.from_pylist([{"n": k}])
-
-
-def spark_noop_loading(df: Any, n: int) -> float:
-    """Spark's ceiling for the function form: a ``mapInArrow`` that loads every payload and
-    writes nothing (transfer of the path rows + the loads)."""
-    t0 = time.perf_counter()
-    got = df.mapInArrow(_load_batches, "n long").collect()
-    dt = time.perf_counter() - t0
-    assert sum(r.n for r in got) == n
-    return n / dt
-
-
-def mds_write(df: Any, n: int, out: str) -> float | None:
-    try:
-        from streaming.base.converters import dataframe_to_mds  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    t0 = time.perf_counter()
-    dataframe_to_mds(
-        df, merge_index=True,
-        mds_kwargs={"out": out, "columns": {"__key__": "str", "bin": "bytes", "cls": "int64",
-                                            "json": "str"}, "size_limit": 1 << 26},
-    )
-    return n / (time.perf_counter() - t0)
-
-
-def format_write(spark: Any, df: Any, n: int, out: str) -> float:
-    import tarindex.spark
-
-    tarindex.spark.register(spark)
-    t0 = time.perf_counter()
-    (df.write.format("tarindex").option("maxcount", 5000).option("durable", "false")
-     .mode("append").save(out))
-    dt = time.perf_counter() - t0
-    assert len(tarindex.ShardSet(f"{out}/data.json")) == n
-    return n / dt
 
 
 def ray_read(rows: list[tuple[str, bytes, int, str]], root: str) -> dict[str, Any]:
@@ -403,67 +279,12 @@ def main() -> None:
                   f"samples/s ({got['ray_tasks_webdataset']} read tasks)")
         if a.no_spark:
             return
-        from pyspark.sql import SparkSession
+        from engines_spark import report, spark_figures
 
         stub_torchvision(root)
-        spark = (
-            SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-            .config("spark.driver.memory", "4g").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        schema = "__key__ string, bin binary, cls long, json string"
-        df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), schema).cache()
-        assert df.count() == a.n
-        # the first full pass over the cached rows is several times slower: best of 2
-        res["spark_per_s"] = max(
-            spark_write(spark, df, a.n, os.path.join(root, f"spark{k}")) for k in range(2)
-        )
-        ratio = res["spark_per_s"] / res["shardwriter_per_s"]
-        res["spark_noop_per_s"] = max(spark_noop(df, a.n) for _ in range(2))
-        print(f"tarindex.spark.write local[2]: {res['spark_per_s']:,.0f} samples/s "
-              f"({ratio:.2f}x one ShardWriter)")
-        print(f"Spark's ceiling, a no-op mapInArrow on the same DataFrame: "
-              f"{res['spark_noop_per_s']:,.0f} rows/s "
-              f"({res['spark_noop_per_s'] / res['shardwriter_per_s']:.2f}x one ShardWriter; "
-              f"tarindex.spark.write is {res['spark_per_s'] / res['spark_noop_per_s']:.2f}x of it)")
-        res["spark_format_per_s"] = max(
-            format_write(spark, df, a.n, os.path.join(root, f"fmt{k}")) for k in range(2)
-        )
-        print(f"df.write.format('tarindex') local[2]: {res['spark_format_per_s']:,.0f} samples/s "
-              f"({res['spark_format_per_s'] / res['shardwriter_per_s']:.2f}x one ShardWriter)")
-        # the row -> sample function form: a table of paths, payloads loaded in the tasks
-        prows = payload_files(rows, os.path.join(root, "files"))
-        res["shardwriter_loading_per_s"] = max(
-            one_writer_loading(prows, os.path.join(root, f"onel{k}")) for k in range(2)
-        )
-        pdf = spark.createDataFrame(
-            spark.sparkContext.parallelize(prows, 2), "__key__ string, path string, cls long, json string"
-        ).cache()
-        assert pdf.count() == a.n
-        res["spark_fn_per_s"] = max(
-            spark_write_fn(pdf, a.n, os.path.join(root, f"sparkfn{k}")) for k in range(2)
-        )
-        res["spark_fn_noop_per_s"] = max(spark_noop(pdf, a.n) for _ in range(2))
-        res["spark_fn_noop_loading_per_s"] = max(spark_noop_loading(pdf, a.n) for _ in range(2))
-        one = res["shardwriter_loading_per_s"]
-        print(f"row -> sample function (payload loaded from a file per row): one ShardWriter "
-              f"process {one:,.0f} samples/s; tarindex.spark.write(to_sample=) local[2] "
-              f"{res['spark_fn_per_s']:,.0f} samples/s ({res['spark_fn_per_s'] / one:.2f}x); "
-              f"Spark's ceilings: no-op mapInArrow of the path rows "
-              f"{res['spark_fn_noop_per_s']:,.0f} rows/s ({res['spark_fn_noop_per_s'] / one:.2f}x), "
-              f"loading every payload and writing nothing "
-              f"{res['spark_fn_noop_loading_per_s']:,.0f} rows/s "
-              f"({res['spark_fn_noop_loading_per_s'] / one:.2f}x)")
-        res["load_spark"] = os.getloadavg()[0]
-        print(f"load average during the Spark figures: {res['load_spark']:.1f}")
-        mds = mds_write(df, a.n, os.path.join(root, "mds"))
-        res["mds_per_s"] = mds
-        if mds is None:
-            print("mosaicml dataframe_to_mds: not installed (pip install mosaicml-streaming)")
-        else:
-            print(f"mosaicml dataframe_to_mds local[2]: {mds:,.0f} samples/s "
-                  f"(tarindex {res['spark_per_s'] / mds:.2f}x)")
-        spark.stop()
+        got = spark_figures(root, a.n)
+        res.update(got)
+        report(res)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if a.json:  # also after --no-spark's early return

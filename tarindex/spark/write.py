@@ -52,7 +52,10 @@ def write(
 
     Partition ``k`` of ``df`` becomes ``out/attempt-{k:05d}-{attempt}/part-{k:05d}-%06d.tar``
     (:func:`~tarindex.write.partition.write_partition`), in the DataFrame's row order; the
-    dataset's sample order is partition by partition. Empty partitions write nothing.
+    dataset's sample order is partition by partition. Empty partitions write nothing. One
+    Spark task (one Python worker, one core) per partition: a small table (a table of paths
+    in one parquet file is one partition) is written by one task unless repartitioned
+    first (``df.repartition(k)``).
 
     Rows to samples: by default column ``key`` (strings, valid keys: FORMAT.md §4) is the
     sample key and every other column is one member named by its column (``jpg``: binary,
