@@ -190,10 +190,11 @@ def gather_packed(
         SampleIndexError, TypeError: As :func:`gather`.
         FormatError, StaleIndexError, TruncatedError: As :func:`gather`.
     """
-    given = indices
-    if type(indices) is not list:
-        indices = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-    seq: list[int] = indices  # ints, or what the loop hands back to the rule below
+    if isinstance(indices, np.ndarray):  # not 1-d: one item the loop hands back to the rule
+        seq: list[int] = indices.tolist() if indices.ndim == 1 else [indices]  # type: ignore[list-item]
+    else:  # a generator is read once: the rule checks the list made of it
+        seq = indices = indices if type(indices) is list else list(indices)
+    given = indices  # ints, or what the loop hands back to the rule below
     fkey = field_set(fields)  # "bin" is one field
     ikey = frozenset(int_fields)
     checked = False

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, SupportsIndex, cast
 
 import numpy as np
@@ -99,6 +99,10 @@ def check_indices(
         idx = np.asarray(indices)
     except (ValueError, OverflowError):  # ragged, or ints numpy cannot hold in one dtype
         idx = np.asarray(list(indices), dtype=object)
+    if idx.ndim == 0 and isinstance(indices, Iterable) and not isinstance(indices, np.ndarray):
+        # numpy holds a set, dict, generator or bytes as one object, not its items: each
+        # item is an index (it read the first alone before)
+        return check_indices(list(indices), n, negative)
     if idx.ndim > 1:
         raise TypeError(
             f"sample indices of shape {idx.shape}: a batch of indices is one-dimensional "
@@ -111,9 +115,11 @@ def check_indices(
     if kind == "u" and int(idx.max()) >= n:  # before any cast: 2**64 - 1 must not wrap
         raise _bad_index(int(idx[idx >= n][0]), n, negative)
     if kind not in "iu" or (  # a float, str or bool array; or Python objects numpy made
-        # float or object (ints past int64 among others) or int (a bool among ints): each
-        # element by the scalar rule
-        not isinstance(indices, np.ndarray) and any(isinstance(i, _BOOLS) for i in indices)
+        # float or object (ints past int64 among others) or int (a bool among ints; an int
+        # subclass, whose __int__ numpy reads and the scalar rule does not): each element by
+        # the scalar rule
+        not isinstance(indices, np.ndarray)
+        and any(type(i) is not int and not isinstance(i, np.integer) for i in indices)
     ):
         items = idx.tolist() if isinstance(indices, np.ndarray) else list(indices)
         return np.fromiter((check_index(i, n, negative) for i in items), np.int64, idx.size)
