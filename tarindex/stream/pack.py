@@ -164,7 +164,7 @@ class PackLayout:
         packed: Packed,
         copy: tuple[Sequence[Any], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                     NDArray[np.int64]],
-        int_at: list[tuple[NDArray[np.int64], NDArray[np.int64]]],
+        int_at: list[tuple[NDArray[np.int64], NDArray[np.int64] | None]],
         names: list[str],
         member_row: NDArray[np.int64],
         member_code: NDArray[np.int64],
@@ -181,13 +181,14 @@ class PackLayout:
         self.global_index = packed.global_index
         """``int64 (B,)`` (:attr:`Packed.global_index`)."""
         self.ints = packed.ints
-        """Integer fields: ``int64 (B,)`` columns of ``-1`` that :meth:`fill` fills in place."""
+        """Integer fields: ``int64 (B,)`` columns :meth:`fill` fills in place (``-1`` where a
+        sample has none; undefined before :meth:`fill`)."""
         self.shards = packed.shards
         """Shard path of each sample (:attr:`Packed.shards`)."""
         self.nbytes = int(self.offsets[-1, -1]) if self.fields else 0
         """Bytes of the batch buffer :meth:`fill` needs."""
         self._copy = copy
-        self._int_at = int_at  # per field of ints, in order: (its members, their rows)
+        self._int_at = int_at  # per field of ints: (its members, their rows; None: row b is b)
         self._names = names
         self._member_row = member_row
         self._member_code = member_code
@@ -202,7 +203,7 @@ class PackLayout:
         mean every sample.
         """
         rows = self._int_at[list(self.ints).index(name)][1]
-        if len(rows) == len(self.keys):
+        if rows is None or len(rows) == len(self.keys):
             return None
         got = np.zeros(len(self.keys), np.bool_)
         got[rows] = True
@@ -240,7 +241,10 @@ class PackLayout:
                 f"pass int_fields=() to keep it as bytes"
             )
         for (members, rows), col in zip(self._int_at, self.ints.values(), strict=True):
-            col[rows] = vals[members]
+            if rows is None:  # one per sample, in order
+                np.take(vals, members, out=col, mode="clip")  # in range: no buffer
+            else:
+                col[rows] = vals[members]
         return Packed(
             self.fields, keep, self.offsets, self.present, self.keys, self.global_index,
             self.ints, self.shards,
@@ -315,12 +319,16 @@ def pack_layout(
     dest = np.full(len(code), -1, np.int64)  # -1: an integer member, parsed instead
     dest[byte] = offsets[f, brow]
     ints: dict[str, NDArray[np.int64]] = {}
-    int_at: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
+    int_at: list[tuple[NDArray[np.int64], NDArray[np.int64] | None]] = []
     named = [c for c, nm in enumerate(names) if nm in int_set]
     isel = np.flatnonzero(is_int) if named else np.zeros(0, np.int64)
     if len(named) == 1 and len(isel):  # one integer field: no sort, no mask
-        ints[names[named[0]]] = np.full(n, -1, np.int64)
-        int_at.append((isel, row[isel]))
+        if rows is None and len(isel) == n:  # in every sample (FORMAT.md §2.2), in order
+            ints[names[named[0]]] = np.empty(n, np.int64)
+            int_at.append((isel, None))
+        else:
+            ints[names[named[0]]] = np.full(n, -1, np.int64)
+            int_at.append((isel, row[isel]))
     elif len(isel):
         icode, irow = code[isel], row[isel]
         for c in _first_seen(icode):

@@ -51,6 +51,14 @@ def test_int_present(tmp_path: Path) -> None:
     assert lay.int_present("cls") is None  # every sample has one
     has = lay.int_present("lab")
     assert has is not None and has.tolist() == [False, True, True, False, True, True]
+    got = lay.fill(*numpy_alloc(lay.nbytes))
+    assert got.ints["cls"].tolist() == list(range(6))
+    assert got.ints["lab"].tolist() == [-1, 101, 102, -1, 104, 105]
+    one = pack_layout([(ss.read_block(1, 0, 4), None)], None, ("cls",))  # every sample, in order
+    assert one is not None and one.int_present("cls") is None
+    assert one.fill(*numpy_alloc(one.nbytes)).ints["cls"].tolist() == [6, 7, 8, 9]
+    twice = pack_blocks([(ss.read_block(1, 0, 4), np.asarray([3, 3, 0], np.int64))], None, ("cls",))
+    assert twice.ints["cls"].tolist() == [9, 9, 6]  # a sample taken twice
     assert pack_layout([], None) is None
 
 
