@@ -78,9 +78,10 @@ class DirCache:
         OSError: If ``root`` cannot be created.
     """
 
-    TOUCH_S = 60.0
+    TOUCH_S = 600.0
     """A hit moves its entry's mtime (the LRU order) only if it is older than this (seconds):
-    a touch changes the file's ``ctime``, which makes every process check it again."""
+    a touch changes the file's ``ctime``, which makes every process check it again (each hit
+    in the next :data:`~tarindex.storage.sums.RACY_S` seconds pays a crc32)."""
 
     def __init__(self, root: str, limit: int) -> None:
         self.root = os.path.abspath(os.fspath(root))
