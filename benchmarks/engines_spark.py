@@ -34,7 +34,8 @@ index fsync'd before it counts, as a user's default; the same samples, the same 
   one that loads every payload and writes nothing.
 * **CPU per sample** of each row, by process: the JVM, Spark's Python workers, this (driver)
   process (``/proc``: user + system time; Linux). Load-independent where wall-clock is not:
-  the machine's 2 cores are shared with other sessions.
+  the machine's 2 cores are shared with other sessions. A Python worker that exits between
+  two readings takes its time out of the sum (a baseline row can show a few us below 0).
 * mosaicml's ``dataframe_to_mds`` on the same payload DataFrame (when ``streaming`` is
   installed, ``pip install -e '.[bench]'``): once, best of one (it is ~10x slower). It does no
   fsync.
