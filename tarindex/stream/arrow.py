@@ -60,8 +60,9 @@ KEY = "__key__"
 INDEX = "__index__"
 """The global sample index column (``int64``)."""
 _MAX_BINARY = (1 << 31) - 1  # Arrow ``binary`` offsets are int32
-_INT64: Any = None  # pyarrow's int64 and binary types, made once (pyarrow imported when called)
-_BINARY: Any = None
+_INT64: Any = None  # pyarrow's int64, binary and string types, made once (pyarrow imported
+_BINARY: Any = None  # when called)
+_STRING: Any = None
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,9 @@ def block_table(
     """
     import pyarrow as pa
 
-    global _INT64, _BINARY
+    global _INT64, _BINARY, _STRING
     if _INT64 is None:
-        _INT64, _BINARY = pa.int64(), pa.binary()
+        _INT64, _BINARY, _STRING = pa.int64(), pa.binary(), pa.string()
     parts = []
     key_parts = []
     want = None if every_member else frozenset(columns)  # one hash lookup per read_block
@@ -251,6 +252,7 @@ def block_table(
         key_parts.append(key_bytes(shards.reader(s), j, j1))
         i += j1 - j
     blk = Block.concat(parts)
+    key_col = _keys(key_parts, blk)  # while the key bytes read_block decoded are in the caches
     ints = frozenset(int_fields)
     lay = pack_layout([(blk, None)], None, ints, columns)  # no sort for the fields' order
     if lay is None:
@@ -270,7 +272,7 @@ def block_table(
     keep, view = numpy_alloc(lay.nbytes)
     buf = pa.py_buffer(keep)
     off = lay.offsets
-    bounds = off[:, [0, -1]].tolist()  # each byte column's [lo, hi) in the buffer
+    bounds = off[:, ::n].tolist()  # each byte column's [lo, hi) in the buffer (n + 1 columns)
     for f, (lo, hi) in enumerate(bounds):
         if hi - lo > _MAX_BINARY:
             raise FormatError(
@@ -278,10 +280,10 @@ def block_table(
                 f"holds {hi - lo} bytes, over Arrow binary's 2 GiB; pass a smaller block_rows"
             )
     rel = pa.py_buffer((off - off[:, :1]).astype(np.int32))  # each column's offsets from 0
-    full = lay.present.all(axis=1).tolist()
+    full = [k == n for k in lay.field_counts()]
     step = 4 * (n + 1)
     arrays: list[Any] = [  # pa.array of the index measured ~1 ms a block here, this ~10 us
-        _keys(key_parts, lay.keys, lay.shards),
+        key_col,
         pa.Array.from_buffers(
             _INT64, n, [None, pa.py_buffer(np.ascontiguousarray(lay.global_index, np.int64))]
         ),
@@ -322,13 +324,11 @@ def _validity(present: NDArray[np.bool_]) -> Any:
     return None if present.all() else pa.py_buffer(np.packbits(present, bitorder="little"))
 
 
-def _keys(
-    parts: list[tuple[bytes, NDArray[np.int64]]], keys: list[str], shards: list[str | None]
-) -> Any:
+def _keys(parts: list[tuple[bytes, NDArray[np.int64]]], blk: Block) -> Any:
     """The ``string`` key column: one UTF-8 buffer and its offsets, no Arrow object per key.
 
     Made from the keys' stored bytes (:func:`~tarindex.read.keys.key_bytes` of each
-    part, in order), checked to be UTF-8 (ASCII, the usual case, at once).
+    part, in order; ``blk`` their samples), checked to be UTF-8 (ASCII, the usual case, at once).
 
     Raises:
         FormatError: If a key is not UTF-8 (read with ``surrogateescape``, FORMAT.md §2.5).
@@ -347,11 +347,11 @@ def _keys(
         except UnicodeDecodeError as e:
             k = int(np.searchsorted(off, e.start, side="right")) - 1
             raise FormatError(
-                f"{shards[k]}: key {keys[k]!r} is not UTF-8; an Arrow string column cannot "
-                f"hold it: rename the sample"
+                f"{blk.paths[int(blk.shard[k])]}: key {blk.keys[k]!r} is not UTF-8; an Arrow "
+                f"string column cannot hold it: rename the sample"
             ) from None
     return pa.Array.from_buffers(
-        pa.string(), len(keys), [None, pa.py_buffer(off.astype(np.int32)), pa.py_buffer(data)]
+        _STRING, len(blk.keys), [None, pa.py_buffer(off.astype(np.int32)), pa.py_buffer(data)]
     )
 
 

@@ -150,6 +150,7 @@ class PackLayout:
         "ints",
         "shards",
         "nbytes",
+        "_counts",
         "_copy",
         "_int_at",
         "_names",
@@ -169,6 +170,7 @@ class PackLayout:
         member_row: NDArray[np.int64],
         member_code: NDArray[np.int64],
         tar_off: NDArray[np.int64],
+        counts: list[int] | None,
     ) -> None:
         self.fields = packed.fields
         """Byte fields, in order of first appearance (:attr:`Packed.fields`)."""
@@ -187,6 +189,7 @@ class PackLayout:
         """Shard path of each sample (:attr:`Packed.shards`)."""
         self.nbytes = int(self.offsets[-1, -1]) if self.fields else 0
         """Bytes of the batch buffer :meth:`fill` needs."""
+        self._counts = counts  # members of each byte field, when pack_layout counted them
         self._copy = copy
         self._int_at = int_at  # per field of ints: (its members, their rows; None: row b is b)
         self._names = names
@@ -194,6 +197,17 @@ class PackLayout:
         self._member_code = member_code
         self._tar_off = tar_off
         self._filled = False
+
+    def field_counts(self) -> list[int]:
+        """Members of each byte field, in :attr:`fields`' order (the sums of :attr:`present`'s rows).
+
+        ``B`` where every sample has the field: an extension appears at most once among a
+        sample's members (FORMAT.md §2.2, checked with the tables). Counted by
+        :func:`pack_layout` when given an ``order`` (no further pass), else summed here.
+        """
+        if self._counts is None:
+            self._counts = self.present.sum(axis=1).tolist()
+        return self._counts
 
     def int_present(self, name: str) -> NDArray[np.bool_] | None:
         """``bool (B,)``: which samples have a ``name`` member (one of :attr:`ints`).
@@ -304,12 +318,13 @@ def pack_layout(
     # byte fields in order of first appearance or in `order`; field-major layout (field_major)
     bcode, brow = code[byte], row[byte]
     if order is None:
-        used = _first_seen(bcode)
+        used, counts = _first_seen(bcode), None
     else:
         seen = np.bincount(bcode, minlength=len(names)).tolist()
         pos = {nm: c for c, nm in enumerate(names)}
         used = [pos[nm] for nm in order if nm in pos and seen[pos[nm]]]
         used += [c for c, k in enumerate(seen) if k and c not in used]
+        counts = [seen[c] for c in used]
     fmap = np.zeros(len(names), np.int64)
     fmap[used] = np.arange(len(used), dtype=np.int64)
     f = fmap[bcode]
@@ -337,7 +352,8 @@ def pack_layout(
             int_at.append((isel[m], irow[m]))
     packed = Packed([names[c] for c in used], None, offsets, present, keys, idx, ints, shards)
     return PackLayout(
-        packed, (blk.data, src, off, size, dest), int_at, list(names), row, code, blk.tar_offset
+        packed, (blk.data, src, off, size, dest), int_at, list(names), row, code, blk.tar_offset,
+        counts,
     )
 
 

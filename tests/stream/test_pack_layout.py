@@ -95,3 +95,17 @@ def test_field_order(tmp_path: Path) -> None:
         assert [bytes(got.data[o[0] : o[-1]]) for o in got.offsets] == [
             {"txt": b"tu", "bin": b"bb"}[f] for f in want
         ]
+
+
+def test_field_counts(tmp_path: Path) -> None:
+    # the members of each byte field, counted by pack_layout for an `order` (block_table's
+    # validity: B means every sample has it) or summed from `present`, in `fields`' order
+    ss = shards(tmp_path)
+    blk = ss.read_block(0, 0, 6)
+    parts = [(blk, None), (blk, np.asarray([1, 1], np.int64))]  # k1 (bin, lab, txt) thrice
+    for order in (None, ["txt", "bin"], ["lab", "bin"]):
+        lay = pack_layout(parts, None, ("cls",), order)
+        assert lay is not None
+        want = dict(zip(lay.fields, lay.present.sum(axis=1).tolist(), strict=True))
+        assert dict(zip(lay.fields, lay.field_counts(), strict=True)) == want
+        assert want == {"bin": 8, "lab": 6, "txt": 5}  # all 8 rows have bin (k0: empty)
