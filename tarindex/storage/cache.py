@@ -17,7 +17,10 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
   made or indexed for longer than that is never deleted under its writer).
 - The byte limit is kept on disk, not in a process's memory: ``<root>/usage`` holds the bytes
   of all entries, read and rewritten under an exclusive ``flock`` of ``<root>/lock`` by every
-  insert. When an insert would pass the limit, the directory is scanned and the least
+  insert. The temp files in ``tmp/`` count too: a whole-shard download reserves its size when
+  it starts (:meth:`DirCache.reserve`: its temp file preallocated under the lock), so entries
+  plus downloads in flight stay within the limit (a download that does not fit beside the
+  running ones does not start). When an insert would pass the limit, the directory is scanned and the least
   recently used entries (oldest mtime; a hit touches its entry, at most every
   :attr:`DirCache.TOUCH_S` seconds, so a checked entry stays checked) are deleted until it
   fits; a ``.sum`` record goes with its entry.
@@ -332,6 +335,75 @@ class DirCache:
             return False
         return self._commit(tmp, self.path(key, name), n, rec)
 
+    def reserve(self, n: int) -> str | None:
+        """A temp file of ``n`` bytes (preallocated), counted against the limit from now on.
+
+        For a download written in place (:class:`~tarindex.storage.pieces.PieceWriter`): under
+        the cache's lock, the entries, the other temp files and ``n`` must fit the limit;
+        least recently used entries (released ones first: :meth:`release`) are evicted until
+        they do. The file is made inside the lock, so the next reservation or insert counts
+        it; renamed into place by :meth:`put_file`, it becomes the entry it was counted as.
+
+        Returns:
+            The temp file's path (from :meth:`temp_path`), or ``None`` if ``n`` does not fit
+            beside the temp files of downloads running now, or the disk is full.
+
+        Raises:
+            OSError: The file cannot be made for another reason than a full disk.
+        """
+        import fcntl
+
+        if n > self.limit:
+            return None
+        tmp = self.temp_path()
+        lock = self._open_nofollow(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT)
+        with open(lock, "a+b") as lk:
+            fcntl.flock(lk.fileno(), fcntl.LOCK_EX)
+            try:
+                self._clean_tmp()
+                temps = self._temp_bytes()
+                used = self._read_usage()
+                if used + temps + n > self.limit:
+                    used = self._evict(self.limit - temps - n, keep="")
+                    self._write_usage(used)
+                if used + temps + n > self.limit:
+                    return None  # running downloads hold the room: read by ranges
+                fd = self._create(tmp)
+                try:
+                    if n:
+                        try:
+                            os.posix_fallocate(fd, 0, n)
+                        except OSError as e:
+                            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                                raise
+                            os.ftruncate(fd, n)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                self._drop(tmp)
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    return None
+                raise
+            finally:
+                fcntl.flock(lk.fileno(), fcntl.LOCK_UN)
+        return tmp
+
+    def _temp_bytes(self, exclude: str = "") -> int:
+        """Bytes of the temp files (downloads and inserts in progress), but ``exclude``."""
+        total = 0
+        try:
+            it = list(os.scandir(os.path.join(self.root, "tmp")))
+        except OSError:
+            return 0
+        for e in it:
+            if e.path == exclude:
+                continue
+            try:
+                total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+        return total
+
     def temp_path(self) -> str:
         """A fresh temp file name in the cache's ``tmp/`` (for :meth:`put_file`)."""
         self._real_dir(os.path.join(self.root, "tmp"))
@@ -484,8 +556,10 @@ class DirCache:
             try:
                 old = self._entry_size(final) + self._entry_size(final + SUM_SUFFIX)
                 used = self._read_usage() - old
-                if used + n > self.limit:
-                    used = self._evict(self.limit - n, keep=final)
+                # the other temp files count: downloads in flight (reserve) hold their room
+                temps = self._temp_bytes(exclude=tmp)
+                if used + temps + n > self.limit:
+                    used = self._evict(self.limit - temps - n, keep=final)
                 self._write_usage(used + n)
                 # the record first: an entry is never there without the record it needs
                 self._clear(final)

@@ -14,7 +14,8 @@ first. The rules (docs/REMOTE.md, "One download per machine"):
   reads the flag ``1`` reads the data and the crc after it from the same page cache), then
   the crc32 of each grain (4 bytes, little-endian; the ``.sum`` record of the entry). The
   temp file is preallocated (``posix_fallocate``) to its full size, so a write never
-  extends it.
+  extends it, and reserved in the cache's limit when made (:meth:`DirCache.reserve`): a
+  download that does not fit beside the entries and the downloads in flight does not start.
 - **Readers** (:func:`attach`) open the temp file named by the record and read a range only
   once every grain it touches is flagged (:meth:`PieceReader.wait`) and its bytes match the
   grain's crc32 (:meth:`PieceReader.check`, once per grain and reader: a flag set by
@@ -74,7 +75,8 @@ class PieceWriter:
         grain: Bytes per flag. Defaults to :data:`GRAIN`.
 
     Raises:
-        OSError: The temp file cannot be made or preallocated (``ENOSPC``: the disk is full).
+        OSError: The temp file cannot be made or preallocated (``ENOSPC``: the disk is full,
+            or it does not fit the cache's limit beside the downloads in flight).
     """
 
     def __init__(self, cache: DirCache, lock_fd: int, size: int, grain: int = GRAIN) -> None:
@@ -82,20 +84,21 @@ class PieceWriter:
         self.lock_fd = lock_fd
         self.size = size
         self.grain = grain
-        self.tmp = cache.temp_path()
-        self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        # counted against the cache's limit from now on, preallocated (DirCache.reserve)
+        tmp = cache.reserve(size)
+        if tmp is None:
+            raise OSError(
+                errno.ENOSPC,
+                f"{cache.root}: {size} bytes do not fit the cache's limit ({cache.limit} bytes) "
+                f"beside the downloads running now",
+            )
+        self.tmp = tmp
+        self.fd = os.open(self.tmp, os.O_RDWR | os.O_NOFOLLOW)
         self._lock = threading.Lock()
         self._done = bytearray(_grains(size, grain))
         self.grains = Grains(size, grain)
         """The crc32 of each grain, as the sinks write them (the entry's ``.sum`` record)."""
         try:
-            if size:
-                try:
-                    os.posix_fallocate(self.fd, 0, size)
-                except OSError as e:
-                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                        raise
-                    os.ftruncate(self.fd, size)
             name = os.path.basename(self.tmp).encode()
             head = HEAD.pack(_MAGIC, size, grain, name)
             os.ftruncate(lock_fd, 0)

@@ -219,6 +219,52 @@ def test_the_cache_stays_within_its_bound(
     assert remote.stats()["shards"] == before  # (its cached chunks span these small tars)
 
 
+def test_downloads_in_flight_count_against_the_cache_bound(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Issue 24: a whole-shard download reserves its size when it starts (its preallocated
+    temp file), so the entries and the downloads in flight together stay within
+    ``cache_bytes``: 4 downloads ahead of a 2-shard cache used to hold 4 shards at once."""
+    srv, paths = served
+    sizes = [os.path.getsize(p) for p in paths]
+    limit = max(sizes) * 2 + 1  # two shards at most
+    cache = tmp_path / "bounded"
+    # whole shards only (no ranged chunk cache: its inserts are not downloads)
+    opts = RemoteOptions(
+        whole_cache_dir=str(cache), cache_bytes=limit, fetch="shard", shards_ahead=4
+    )
+    srv.latency = 0.1  # downloads stay in flight a while
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            n = 0
+            for f in cache.rglob("*"):
+                try:
+                    if f.is_file() and (f.parent.name == "tmp" or f.name == "whole"):
+                        n += f.stat().st_size
+                except OSError:
+                    pass
+            peak[0] = max(peak[0], n)
+            time.sleep(0.001)
+
+    th = threading.Thread(target=watch)
+    th.start()
+    try:
+        it = tarindex.TarIterableDataset(
+            f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=8, remote=opts
+        )
+        keys = [s["__key__"] for s in it]
+    finally:
+        stop.set()
+        th.join()
+    assert sorted(keys) == [f"{i:08d}" for i in range(sum(SIZES))]
+    # whole shards were downloaded (two at once at least), never more than the bound holds
+    # (the entries' .sum records, 4 bytes per MiB, are written beside a reserved download)
+    assert 2 * min(sizes) <= peak[0] <= limit + 4096 < 4 * min(sizes), (peak[0], limit)
+
+
 @pytest.mark.timeout(180)
 def test_two_dataloader_workers_download_each_shard_once(
     served: tuple[RangeServer, list[str]],

@@ -266,7 +266,7 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
             fd = _open_entry(c, key, pin.size, url)
             if fd is not None:
                 return Copy(fd, pin.size, pin, None)
-            if ok is False:
+            if ok is not None:  # did not fit, or made and evicted since: read by ranges
                 return None
             fut = _submit(url, opts, ident, demand=True)  # another's download ended: ours
         time.sleep(delay)
