@@ -481,8 +481,11 @@ class ShardSet:
         state["_policy"] = self._policy.copy_for(state["_pool"])
         del state["_readers"]
         state.pop("_keyidx", None)  # per process, made again on first lookup
+        del state["_starts_list"], state["_starts_bytes"]  # copies of starts, made again
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._starts_list = self.starts.tolist()
+        self._starts_bytes = self.starts.tobytes()
         self._readers = self._pool.readers
