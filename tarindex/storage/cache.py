@@ -47,23 +47,10 @@ import warnings
 from collections.abc import Sequence
 
 from . import sums
+from .cachetmp import clean_tmp, preallocate, temp_bytes
 from .sums import ENTRY_HEAD, SUM_SUFFIX
 
 __all__ = ["DirCache"]
-
-_TMP_GRACE_S = 600.0
-"""A temp file older than this is deleted by a scan even if its writer's pid is alive."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 class DirCache:
     """A byte-bounded LRU of files in a directory, safe across processes (see module docs).
@@ -370,13 +357,7 @@ class DirCache:
                     return None  # running downloads hold the room: read by ranges
                 fd = self._create(tmp)
                 try:
-                    if n:
-                        try:
-                            os.posix_fallocate(fd, 0, n)
-                        except OSError as e:
-                            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                                raise
-                            os.ftruncate(fd, n)
+                    preallocate(fd, n)
                 finally:
                     os.close(fd)
             except OSError as e:
@@ -389,20 +370,7 @@ class DirCache:
         return tmp
 
     def _temp_bytes(self, exclude: str = "") -> int:
-        """Bytes of the temp files (downloads and inserts in progress), but ``exclude``."""
-        total = 0
-        try:
-            it = list(os.scandir(os.path.join(self.root, "tmp")))
-        except OSError:
-            return 0
-        for e in it:
-            if e.path == exclude:
-                continue
-            try:
-                total += e.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-        return total
+        return temp_bytes(os.path.join(self.root, "tmp"), exclude)
 
     def temp_path(self) -> str:
         """A fresh temp file name in the cache's ``tmp/`` (for :meth:`put_file`)."""
@@ -651,43 +619,9 @@ class DirCache:
                     out.append((st.st_mtime, st.st_size + extra, p))
         return out
 
-    @staticmethod
-    def _held(p: str) -> bool:
-        """Whether the temp file ``p`` is held by :meth:`hold_temp` in a live process."""
-        import fcntl
-
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
-
     def _clean_tmp(self) -> None:
-        """Delete temp files whose writer is gone (killed mid-write) or that are very old.
-
-        A file held by :meth:`hold_temp` is never deleted.
-        """
-        now = time.time()
-        try:
-            it = list(os.scandir(os.path.join(self.root, "tmp")))
-        except OSError:
-            return
-        for e in it:
-            try:
-                pid = int(e.name.split(".", 1)[0])
-                st = e.stat(follow_symlinks=False)
-            except (ValueError, OSError):
-                continue
-            if (not _pid_alive(pid) or now - st.st_mtime > _TMP_GRACE_S) and not self._held(
-                e.path
-            ):
-                self._drop(e.path)
+        """Delete the temp files of dead writers or very old ones (:func:`.cachetmp.clean_tmp`)."""
+        clean_tmp(os.path.join(self.root, "tmp"))
 
     def _evict(self, room: int, keep: str) -> int:
         """Delete LRU entries until the rest hold at most ``room`` bytes; return their total."""
