@@ -18,7 +18,8 @@ NAMEDTUPLE_API = {"_fields", "_replace", "_asdict", "_make"}
 # torch has no public API for a shared-memory storage by name with torch's own reference count
 # and cleanup of segments a killed worker leaves (torch.from_file leaks them in /dev/shm): the
 # transport uses torch's, and falls back to the public share_memory_() when they are missing.
-# To reuse a worker's segment it reads torch's count of a storage's users in the process.
+# To reuse a worker's segment it reads torch's count of a storage's users in the process; to
+# pass a received batch on by name it keys the segments it mapped by torch's storage id.
 # These are torch's attributes, not another tarindex object's state.
 THIRD_PARTY = {
     "torch/transport.py": {
@@ -29,6 +30,7 @@ THIRD_PARTY = {
         "torch._C",
         "torch._C._storage_Use_Count",
         "t.untyped_storage()._cdata",
+        "storage._cdata",
     },
 }
 

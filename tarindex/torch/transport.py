@@ -17,6 +17,13 @@ segment costs its pages: torch ``fallocate`` s the file and every page faults on
 1024x768 JPEG's decode); a reused one is already mapped. A batch the main process keeps alive
 keeps its segment out of the pool (a new one is made), so nothing is written under a reader.
 
+A batch the main process received by name goes on by name too when it pickles the batch again
+(a ``torch.multiprocessing`` queue to another process): the segment gains a holder, so the worker
+does not reuse it while that process holds it. Pickled as a tensor instead, torch's default
+``file_descriptor`` sharing would copy it into new shared memory and unmap the segment under any
+numpy array or view the main process made of the batch (a segfault, or another batch's bytes once
+a new segment is mapped at that address).
+
 When those private APIs are missing (another torch version) or :func:`use_public_sharing` is
 on, buffers are ordinary tensors moved to shared memory with the public
 ``Tensor.share_memory_()`` and pickled by torch's own reductions.
@@ -45,6 +52,10 @@ _REF_TAG = "tarindex-shm-v1"
 _BY_NAME: set[int] = set()
 """data_ptr of the buffers :func:`alloc_buffer` made by name in this worker, not sent yet."""
 _public = [os.environ.get("TARINDEX_PUBLIC_SHM", "") not in ("", "0")]
+_RECEIVED: dict[int, tuple[Any, int, bytes, bytes, int]] = {}
+"""The segments :func:`open_ref` mapped in this process, by storage (``_cdata``): a weak reference
+to the storage, its ``data_ptr`` then, and its (manager, handle, size) name."""
+_RECEIVED_LOCK = threading.Lock()  # the DataLoader's pin-memory thread unpickles batches too
 
 
 def use_public_sharing(on: bool = True) -> None:
@@ -150,16 +161,24 @@ def alloc_buffer(nbytes: int) -> torch.Tensor:
 def share_ref(data: torch.Tensor) -> tuple[str, bytes, bytes, int] | None:
     """Pickle-time: the by-name handle of a buffer :func:`alloc_buffer` made, else ``None``.
 
-    The sender takes one reference on the segment; :func:`open_ref` drops it once the
-    receiver holds its own mapping, as ``torch.multiprocessing.reductions`` does. ``None``
-    means: pickle the tensor itself (torch's reductions share it).
+    Also a segment :func:`open_ref` mapped here (a batch the main process passes on to another
+    process), as often as it is pickled. The sender takes one reference on the segment;
+    :func:`open_ref` drops it once the receiver holds its own mapping, as
+    ``torch.multiprocessing.reductions`` does. ``None`` means: pickle the tensor itself
+    (torch's reductions share it).
     """
     storage = data.untyped_storage()
     ptr = storage.data_ptr()
-    if ptr not in _BY_NAME:
-        return None
-    _BY_NAME.discard(ptr)
-    manager, handle, size = storage._share_filename_cpu_()
+    if ptr in _BY_NAME:
+        _BY_NAME.discard(ptr)
+        manager, handle, size = storage._share_filename_cpu_()
+    else:
+        with _RECEIVED_LOCK:
+            got = _RECEIVED.get(storage._cdata)
+        # still that storage, on that mapping (torch's fd sharing may have moved it since)
+        if got is None or got[0].expired() or got[1] != ptr:
+            return None
+        manager, handle, size = got[2:]
     storage._shared_incref()  # type: ignore[no-untyped-call]
     return (_REF_TAG, manager, handle, int(size))
 
@@ -168,10 +187,20 @@ def open_ref(ref: Any) -> torch.Tensor:
     """Unpickle-time: map the buffer named by :func:`share_ref` (or pass a tensor through)."""
     if isinstance(ref, torch.Tensor):
         return ref
-    from torch.multiprocessing.reductions import rebuild_storage_filename
+    from torch.multiprocessing.reductions import StorageWeakRef, rebuild_storage_filename
 
     _, manager, handle, size = ref
     storage = rebuild_storage_filename(  # type: ignore[no-untyped-call]
         torch.UntypedStorage, manager, handle, size
     )
+    with _RECEIVED_LOCK:  # the live ones only: a freed storage's entry goes
+        for k in [k for k, v in _RECEIVED.items() if v[0].expired()]:
+            del _RECEIVED[k]
+        _RECEIVED[storage._cdata] = (
+            StorageWeakRef(storage),  # type: ignore[no-untyped-call]
+            storage.data_ptr(),
+            manager,
+            handle,
+            size,
+        )
     return torch.empty(0, dtype=torch.uint8).set_(storage)
