@@ -13,10 +13,16 @@ rules (docs/REMOTE.md, "Cache"):
   ``<name>.sum`` file beside them: magic, the file's size, the grain, the crc32 of
   ``key/name``, one crc32 per :data:`~tarindex.storage.pieces.GRAIN` bytes (computed as the
   download writes them), and a crc32 of the record.
-- **Checked on first use in a process.** An entry is checked when a process first reads it;
+- **Bytes entries are checked on every read** (they are read whole anyway): a store through
+  another process's shared writable mapping changes a file's bytes without a ``ctime`` (it is
+  stamped only when a clean page faults; on ext4 not again while the page stays mapped).
+- **File entries are checked on first use in a process.** One is checked when a process first
+  opens it (it is mapped, not read, after);
   the process then remembers that this file (device, inode, size, ``ctime``) passed, while
-  its ``ctime`` stays the same. Every write, truncation or ``utime`` sets ``ctime`` (no one
-  can set it back), so a file changed after its check is checked again. As in git's "racy"
+  its ``ctime`` stays the same. Every ``write``, truncation or ``utime`` sets ``ctime`` (no
+  one can set it back), so a file changed so after its check is checked again (a store
+  through a mapping may not be seen: a reader maps a file entry after its check, and sees
+  such stores as it would in any local tar). As in git's "racy"
   rule, a pass is remembered only for a file whose ``ctime`` is over :data:`RACY_S` seconds
   old, so a change within the same clock tick as the last one is never missed. The cache
   therefore touches an entry for its LRU order at most every ``DirCache.TOUCH_S`` seconds.

@@ -139,14 +139,15 @@ def test_a_chunk_of_another_entry_put_in_its_place_is_refused(
 def test_a_chunk_checked_once_is_checked_again_after_any_change(
     served: tuple[RangeServer, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A pass is remembered per process (no crc on later hits) only while the file's ctime
-    stays the same: a write after the check is caught at the next read."""
-    monkeypatch.setattr(sums, "RACY_S", 0.0)  # remember passes of files written just now
+    """A chunk's crc is checked on every get (no pass remembered: a store through another
+    process's mapping changes bytes without a ctime, test_cache_sums_hostile.py): a write
+    after the check is caught at the next read."""
+    monkeypatch.setattr(sums, "RACY_S", 0.0)  # a pass of a file written just now would count
     c = DirCache(str(tmp_path / "c"), 1 << 20)
     c.put("ab" * 32, "0", b"x" * 5000)
     assert c.get("ab" * 32, "0", 5000) == b"x" * 5000
     p = Path(c.path("ab" * 32, "0"))
-    assert sums.is_known(str(p), os.stat(p))  # remembered: the next hit skips the crc
+    assert not sums.is_known(str(p), os.stat(p))  # not remembered: every hit is checked
     assert c.get("ab" * 32, "0", 5000) == b"x" * 5000
     time.sleep(0.05)  # a later clock tick than the pass remembered (RACY_S is 0 here)
     with open(p, "r+b") as f:  # in place, same length

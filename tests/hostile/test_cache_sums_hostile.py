@@ -1,0 +1,71 @@
+"""Hostile writers against the cache's checksums (storage/sums.py, 5636dc8).
+
+A process remembers that an entry passed its check while the file's ``ctime`` stays the same.
+Another process can change a file's bytes without changing its ``ctime``: a write through a
+shared writable mapping faults (and stamps ``ctime``) only on a clean page, and on this
+machine's ext4 no later store stamps it again. A bytes entry (a chunk of a remote tar, an
+index) remembered so was served with the bytes changed since, unchecked: silent wrong bytes.
+Its bytes are read whole on every get anyway, so their crc32 is now checked on every get.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tarindex.storage import sums
+from tarindex.storage.cache import DirCache
+
+KEY = "5f" + "0123456789abcdef" * 3 + "0123456789abcd"  # an entry key: a hex digest
+WRITER = textwrap.dedent(
+    """
+    import mmap, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    m = mmap.mmap(fd, os.fstat(fd).st_size)
+    m[100:101] = m[100:101]  # dirty the page with the same byte: ctime stamped now
+    print("ready", flush=True)
+    sys.stdin.readline()  # the reader checked and remembered the entry meanwhile
+    m[100:101] = bytes([m[100] ^ 0x40])  # the same page, another byte: no fault, no ctime
+    print("written", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def test_bytes_changed_through_a_shared_mapping_are_never_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sums, "RACY_S", 0.2)  # a pass is remembered 0.2 s after the ctime
+    cache = DirCache(str(tmp_path / "cache"), 1 << 30)
+    data = bytes(range(256)) * 64
+    assert cache.put(KEY, "chunk-0", data)
+    path = cache.path(KEY, "chunk-0")
+    w = subprocess.Popen(
+        [sys.executable, "-c", WRITER, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert w.stdout is not None and w.stdin is not None
+        assert w.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # the ctime the writer's first store stamped is now over RACY_S old
+        ctime = os.stat(path).st_ctime_ns
+        assert cache.get(KEY, "chunk-0") == data  # checked, remembered
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline() == "written\n"
+        if os.stat(path).st_ctime_ns != ctime:
+            pytest.skip("this filesystem stamps ctime on every store through a mapping")
+        with pytest.warns(RuntimeWarning, match="failed its check"):
+            got = cache.get(KEY, "chunk-0")
+        assert got is None, "bytes changed under the cache were served"
+    finally:
+        w.kill()
+        w.wait()
