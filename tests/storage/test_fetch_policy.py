@@ -383,3 +383,47 @@ def test_a_tar_changed_since_its_index_is_refused_at_its_first_read(
         ds[SIZES[0] + SIZES[1]]
     with pytest.raises(StaleIndexError, match=r"train-000002\.tar"):  # and never later
         ds.__getitems__([SIZES[0] + SIZES[1] + 1, 1])
+
+
+@pytest.mark.timeout(120)
+def test_a_process_exits_promptly_with_a_download_running(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Issue 24: exit does not wait for whole-shard downloads in flight (they ran on
+    ``ThreadPoolExecutor`` threads, joined at exit: a process that finished its epoch waited
+    for every download), and leaves the cache consistent: the cut download is never
+    trusted, the next process downloads the shard again and reads the right bytes."""
+    import subprocess
+    import sys
+
+    srv, paths = served
+    cache = tmp_path / "whole"
+    url = f"{srv.url}/train-000000.tar"
+    t = tarindex.ShardReader(paths[0]).index
+    ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+    code = (
+        "import sys, time, tarindex\n"
+        "from tarindex.storage import remote\n"
+        f"opts = tarindex.RemoteOptions(whole_cache_dir={str(cache)!r})\n"
+        f"f = remote.fetch_ahead({url!r}, opts, {ident!r})\n"
+        "time.sleep(1.0)\n"
+        "assert not f.done()\n"
+        "print('exiting', flush=True)\n"
+    )
+    srv.trickle = 0.0005  # a body takes minutes
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    srv.trickle = 0.0
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "exiting"
+    assert took < 20, took  # the old code waited for the download (minutes here)
+    remote.forget_process_state()
+    opts = RemoteOptions(whole_cache_dir=str(cache))
+    got = remote.local_copy(url, opts, ident)  # the cut one is not an entry: downloaded again
+    assert got is not None
+    fd, size, _ = got
+    try:
+        assert os.pread(fd, size, 0) == Path(paths[0]).read_bytes()
+    finally:
+        os.close(fd)

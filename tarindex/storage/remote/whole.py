@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -86,7 +87,7 @@ _pins: dict[tuple[int, str], Pin] = {}
 _pinning: dict[tuple[int, str], Future[Pin]] = {}
 """(pid, URL) -> the version this process pinned (a read-ahead's stat, reused by the open)."""
 _lock = threading.Lock()
-_ahead: list[tuple[int, ThreadPoolExecutor, dict[str, Future[bool | None]]] | None] = [None]
+_ahead: list[tuple[int, _Downloads, dict[str, Future[bool | None]]] | None] = [None]
 _gates: list[tuple[int, ThreadPoolExecutor] | None] = [None]
 
 
@@ -548,17 +549,61 @@ def _failure(url: str) -> BaseException | None:
     return f.exception()
 
 
-def _executor(opts: RemoteOptions | None = None) -> ThreadPoolExecutor:
+class _Downloads:
+    """This process's download threads: daemon threads, so process exit never waits for them.
+
+    ``ThreadPoolExecutor`` joins its threads at interpreter exit, after their running work:
+    a process that finished its epoch (or was interrupted) waited for every download in
+    flight. A download cut by exit leaves a temp file that is never renamed into place (a
+    dead writer's: deleted by the next clean-up) and a progress record its readers see
+    ended (the lock is released with the process): never trusted, downloaded again when
+    needed.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = (
+            queue.SimpleQueue()
+        )
+        self.threads: list[threading.Thread] = []
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
+        """Run ``fn(*args)`` on a download thread; its future."""
+        f: Future[T] = Future()
+        self.jobs.put((lambda: fn(*args), f))  # type: ignore[arg-type]
+        with self.lock:
+            if not self.idle and len(self.threads) < self.n:
+                t = threading.Thread(
+                    target=self._work, name=f"tarindex-shard_{len(self.threads)}", daemon=True
+                )
+                self.threads.append(t)
+                t.start()
+        return f
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                self.idle += 1
+            fn, f = self.jobs.get()
+            with self.lock:
+                self.idle -= 1
+            if not f.set_running_or_notify_cancel():
+                continue
+            try:
+                f.set_result(fn())
+            except BaseException as e:
+                f.set_exception(e)
+
+
+def _executor(opts: RemoteOptions | None = None) -> _Downloads:
     """This process's download threads (made on first use, again after a fork)."""
     with _lock:
         a = _ahead[0]
         if a is None or a[0] != os.getpid():
             n = max(1, opts.shards_ahead if opts is not None else 4) + 8
-            a = _ahead[0] = (
-                os.getpid(),
-                ThreadPoolExecutor(n, thread_name_prefix="tarindex-shard"),
-                {},
-            )
+            a = _ahead[0] = (os.getpid(), _Downloads(n), {})
         return a[1]
 
 
