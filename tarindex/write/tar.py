@@ -9,6 +9,8 @@ members and rolls from one shard to the next.
 
 from __future__ import annotations
 
+import bisect
+import errno
 import gzip
 import os
 import time
@@ -36,9 +38,11 @@ from ..format.zstd_dict import DictEntry, entry_for
 from ..storage.indexfile import fsync_dir, index_path_for, temp_path_for, write_atomic
 
 __all__ = [
+    "DIRECT_WRITE_BYTES",
     "GZIP_SUFFIXES",
     "SHARD_ID_COMMENT",
     "TarShardWriter",
+    "WRITE_BUFFER_BYTES",
     "check_mtime",
     "finished_size",
     "padded_to",
@@ -46,6 +50,11 @@ __all__ = [
 
 _ZEROS = bytes(BLOCK)  # a member's zero padding is a slice of it
 
+WRITE_BUFFER_BYTES = 1 << 20
+"""A shard's writes gather up to this many bytes (1 MiB) before going to the file."""
+DIRECT_WRITE_BYTES = 64 << 10
+"""A sample (or other write) of this many bytes (64 KiB) or more goes to the file at once,
+behind the buffered bytes, in one ``os.writev``: its data is not copied into the buffer."""
 
 
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
@@ -120,7 +129,13 @@ class TarShardWriter:
         self.gzip = self.path.endswith(GZIP_SUFFIXES)
         """Whether the tar is written gzip-compressed (a ``.tar.gz``/``.tgz`` path)."""
         self.pos = 0
+        """Bytes of the tar so far, the ones still in the write buffer included."""
         self.count = 0
+        self._buf = bytearray()  # bytes after ``_flushed``, not yet in the file
+        self._flushed = 0  # bytes in the file
+        # (tar offset, sample key, or what else) of each write in the buffer, to name a failure
+        self._marks: list[tuple[int, str, str | None]] = []
+        self._error: OSError | None = None  # a failed flush: the shard takes no more bytes
         self._names: list[bytes] = []
         self._offsets: list[int] = []
         self._sizes: list[int] = []
@@ -134,16 +149,79 @@ class TarShardWriter:
         # (Ctrl-C, a write_shards worker's Stop) cannot leave a temp file no writer object knows
         self._raw, self._f = _open_temp(self.tmp, self.gzip)
 
-    def _failed(self, e: OSError) -> OSError:
-        """``e`` (ENOSPC, EFBIG, EIO, ...) naming the shard and the byte (the caller aborts it)."""
-        return OSError(e.errno, f"{self.path}: byte {self.pos}: writing the shard failed: {e.strerror}")
+    def _write(self, pieces: list[Any], key: str, what: str | None = None) -> None:
+        """Append ``pieces`` (bytes-like) to the tar: the sample ``key``, or ``what`` else.
 
-    def _write(self, data: bytes) -> None:
+        Small writes gather in a buffer of up to :data:`WRITE_BUFFER_BYTES` that goes to the
+        file in one system call; a write of :data:`DIRECT_WRITE_BYTES` or more goes at once,
+        behind the buffer, in one ``os.writev`` (its data is not copied). :attr:`pos` counts
+        both; :meth:`close` flushes the buffer before the end blocks and the fsync, and any
+        failure there aborts the shard, so an index never describes bytes not in the file.
+
+        Raises:
+            OSError: As :meth:`_flush`, when this write flushes or an earlier flush failed.
+        """
+        if self._error is not None:  # the file stops short of earlier bytes: never append
+            raise self._error
+        self._marks.append((self.pos, key, what))
+        n = 0
+        for p in pieces:
+            n += len(p)
+        if n >= DIRECT_WRITE_BYTES:
+            self._flush(pieces)
+        else:
+            buf = self._buf
+            for p in pieces:
+                buf += p
+            if len(buf) >= WRITE_BUFFER_BYTES:
+                self._flush([])
+        self.pos += n
+
+    def _flush(self, extra: list[Any]) -> None:
+        """Write the buffer, then ``extra``, to the file (one ``os.writev``, resumed if short).
+
+        Raises:
+            OSError: ``ENOSPC``, ``EFBIG``, ``EIO``...: the message names the shard, the byte
+                the file stopped at and the sample (or shard id, dictionary, end blocks) whose
+                bytes those are; the caller aborts the shard. Every later flush (and so
+                :meth:`close`) raises the same error: the file never gets bytes after a gap.
+        """
+        if self._error is not None:  # the file stops short of earlier bytes: never append
+            raise self._error
+        rest: list[Any] = [self._buf, *extra] if self._buf else list(extra)
+        done = 0
         try:
-            self._f.write(data)
+            if self.gzip:
+                for p in rest:
+                    self._f.write(p)
+                    done += len(p)
+            else:
+                fd = self._raw.fileno()
+                while rest:
+                    n = os.writev(fd, rest[:_IOV_MAX])
+                    if n == 0:  # not seen on a file; never spin
+                        raise OSError(errno.EIO, os.strerror(errno.EIO))
+                    done += n
+                    i = 0
+                    while i < len(rest) and n >= len(rest[i]):
+                        n -= len(rest[i])
+                        i += 1
+                    rest = rest[i:]
+                    if n:
+                        rest[0] = memoryview(rest[0])[n:]
         except OSError as e:
-            raise self._failed(e) from e
-        self.pos += len(data)
+            at = self._flushed + done
+            starts = [m[0] for m in self._marks]
+            _, key, what = self._marks[max(bisect.bisect_right(starts, at) - 1, 0)]
+            failed = what or f"sample {key!r}"
+            self._error = OSError(
+                e.errno,
+                f"{self.path}: byte {at}: writing the shard failed ({failed}): {e.strerror}",
+            )
+            raise self._error from e
+        self._flushed += done
+        self._buf = bytearray()
+        self._marks.clear()
 
     def prepare(
         self, key: str, members: list[tuple[str, bytes]]
@@ -192,7 +270,8 @@ class TarShardWriter:
     def _start(self) -> None:
         if self.pos == 0:
             sid = SHARD_ID_COMMENT + self.shard_id.hex().encode()
-            self._write(build_global_header([(b"comment", sid)], self.mtime))
+            header = build_global_header([(b"comment", sid)], self.mtime)
+            self._write([header], "", "the shard id header")
 
     def write_zstd_dict(self, data: bytes) -> None:
         """Store the shard's zstd dictionary: a member in no sample, before the first sample.
@@ -212,33 +291,42 @@ class TarShardWriter:
                 f"{MAX_ZSTD_DICT_BYTES}"
             )
         self._start()
-        self._write(build_member_header(ZSTD_DICT_MEMBER, len(data), self.mtime))
-        self.zstd_dict = entry_for(data, self.pos)
-        self._write(data)
-        self._write(bytes(padded(len(data)) - len(data)))
+        header = build_member_header(ZSTD_DICT_MEMBER, len(data), self.mtime)
+        entry = entry_for(data, self.pos + len(header))
+        self._write([header, data, _ZEROS[: -len(data) % BLOCK]], "", "the zstd dictionary")
+        self.zstd_dict = entry
 
     def write_prepared(self, key: str, prepared: list[tuple[bytes, bytes, bytes]]) -> None:
-        """Append one sample built by :meth:`prepare` (for the same ``key``)."""
+        """Append one sample built by :meth:`prepare` (for the same ``key``).
+
+        Its headers, data and padding go to the write buffer, or straight to the file if
+        large (see :meth:`_write`).
+
+        Raises:
+            OSError: If a flush fails; the message names the shard, the byte and the sample.
+        """
         self._start()
+        pieces: list[bytes] = []
+        offsets: list[int] = []
+        pos = self.pos
+        for _, header, data in prepared:
+            size = len(data)
+            pieces.append(header)
+            pos += len(header)
+            offsets.append(pos)
+            pieces.append(data)
+            pad = -size % BLOCK
+            if pad:
+                pieces.append(_ZEROS[:pad])
+            pos += size + pad
+        self._write(pieces, key)
         self._keys.add(key)
-        write, pos = self._f.write, self.pos
-        try:
-            for name, header, data in prepared:
-                size = len(data)
-                write(header)
-                pos += len(header)
-                self._names.append(name)
-                self._offsets.append(pos)
-                self._sizes.append(size)
-                self._crcs.append(zlib.crc32(data))
-                write(data)
-                pad = -size % BLOCK
-                if pad:
-                    write(_ZEROS[:pad])
-                pos += size + pad
-                self.pos = pos
-        except OSError as e:
-            raise self._failed(e) from e
+        crc32 = zlib.crc32
+        for (name, _, data), off in zip(prepared, offsets, strict=True):
+            self._names.append(name)
+            self._offsets.append(off)
+            self._sizes.append(len(data))
+            self._crcs.append(crc32(data))
         self.count += 1
 
     def close(self) -> None:
@@ -253,7 +341,9 @@ class TarShardWriter:
         try:
             end = self.pos
             stop = end + 2 * BLOCK
-            self._write(ZERO_BLOCK * 2 + bytes(padded_to(stop, TAR_RECORD_BYTES) - stop))
+            end_blocks = ZERO_BLOCK * 2 + bytes(padded_to(stop, TAR_RECORD_BYTES) - stop)
+            self._write([end_blocks], "", "the end-of-archive blocks")
+            self._flush([])  # every byte in the file before the fsync and the index
             if self.gzip:
                 self._f.close()  # the gzip trailer; the file itself stays open
             self._raw.flush()
@@ -327,7 +417,8 @@ def _open_temp(tmp: str, gz: bool) -> tuple[BinaryIO, Any]:
     """
     raw: BinaryIO | None = None
     try:
-        raw = open(tmp, "w+b")
+        # unbuffered for a plain tar: TarShardWriter buffers itself and writes with os.writev
+        raw = open(tmp, "w+b", buffering=-1 if gz else 0)
         return raw, (gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if gz else raw)
     except BaseException:  # also after open returned, before ``raw`` was stored
         if raw is not None:
@@ -337,6 +428,9 @@ def _open_temp(tmp: str, gz: bool) -> tuple[BinaryIO, Any]:
         except FileNotFoundError:
             pass
         raise
+
+
+_IOV_MAX = 1024  # os.writev's pieces per call (IOV_MAX on Linux and macOS)
 
 
 def padded_to(n: int, multiple: int) -> int:
