@@ -10,8 +10,8 @@ docs/REMOTE.md, "Fetch policy". :attr:`RemoteOptions.fetch` says:
   mostly (:data:`WHOLE_SHARE` of their samples or more) are fetched whole, ahead of need in
   the plan's first-need order, and released once the plan is past them, if the plan's
   largest working set fits the cache's limit; otherwise ranges. Without a plan: ranges,
-  until this process has read :data:`ADAPT` of a shard's samples, :data:`ADAPT_MIN` at
-  least (and could read most of
+  until this process has read :data:`ADAPT` of a shard's distinct samples, :data:`ADAPT_MIN`
+  at least (and could read most of
   it: a subset that holds less of it stays on ranges), then that shard whole.
 
 The machine's share of a plan: a rank's plan times ``LOCAL_WORLD_SIZE / WORLD_SIZE`` (the
@@ -48,7 +48,7 @@ __all__ = ["ADAPT", "ADAPT_MIN", "PIN_AHEAD", "WHOLE_SHARE", "FetchPolicy", "mac
 
 ADAPT = 1 / 16
 """Without a plan (``"auto"``): a shard is fetched whole once this process has read this
-fraction of its samples by ranges (and at least :data:`ADAPT_MIN` of them)."""
+fraction of its distinct samples by ranges (and at least :data:`ADAPT_MIN` of them)."""
 
 ADAPT_MIN = 64
 """Without a plan: samples of a shard read by ranges before it may be fetched whole."""
@@ -92,6 +92,8 @@ class FetchPolicy:
     def _fresh(self) -> None:
         n = len(self.counts)
         self.reads = np.zeros(n, np.int64)
+        """Without a plan: distinct samples of each shard this process has read."""
+        self._seen = np.zeros(int(self.starts[-1]), np.bool_)  # 1 byte per sample
         self._plan: dict[str, Any] | None = None
         self._tries: list[Any] = []
         self._ahead: list[int] = []  # shards to fetch whole, in order of need
@@ -270,7 +272,13 @@ class FetchPolicy:
                 self._queue(first + rest)
             self._demand(sid)
             return
-        np.add.at(self.reads, sid, 1)
+        # distinct samples read per shard: a job re-reading a few samples (a validation
+        # subset every step, the same keys) stays on ranges however often it reads them
+        seen = self._seen
+        fresh = ~seen[idx]
+        if fresh.any():
+            seen[idx[fresh]] = True
+            np.add.at(self.reads, sid[fresh], 1)
         cand = np.nonzero(self.reads >= np.maximum(ADAPT_MIN, ADAPT * self.counts))[0]
         for s in cand.tolist():
             if s in self.pool.whole or not is_url(self.pool.paths[s]):

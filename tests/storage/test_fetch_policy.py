@@ -89,6 +89,28 @@ def test_sparse_random_access_stays_on_ranges(served: tuple[RangeServer, list[st
     )
 
 
+def test_re_reading_a_few_samples_stays_on_ranges(served: tuple[RangeServer, list[str]]) -> None:
+    """Issue 24: without a plan the policy counts the distinct samples read per shard. A job
+    that reads the same few samples again and again (a fixed validation batch, the same keys
+    through ``get``) stays on ranges: counting reads switched the shard to a whole download
+    once ADAPT_MIN reads had gone by."""
+    srv, paths = served
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    local = tarindex.ShardSet(paths)
+    keys = [local.sample(i)["__key__"] for i in range(5)]
+    for _ in range(3 * ADAPT_MIN // 5):
+        for i in range(5):
+            assert ds[i]["bin"] == local.sample(i)["bin"]
+        for k in keys:
+            assert ds.get(k)["bin"] == local.get(k)["bin"]
+    assert ds.shards.pool.whole == set()
+    assert _whole_downloads(srv, paths) == {}
+    # distinct samples do switch it (the rule of the next test)
+    for i in range(ADAPT_MIN + 5):
+        ds[i]
+    assert ds.shards.pool.whole == {0}
+
+
 def test_reading_most_of_a_shard_switches_it_to_a_whole_download(
     served: tuple[RangeServer, list[str]],
 ) -> None:
