@@ -136,10 +136,10 @@ def test_a_forked_child_does_not_keep_a_killed_holders_lock(tmp_path: Path) -> N
         lock = PatternLock({pattern!r})
         child = os.fork()
         if child == 0:  # fork's after-child hook has dropped the lock's descriptor here
-            print("child ready", flush=True)
+            os.write(1, b"child ready\\n")  # one write a line: print writes pieces unbuffered
             time.sleep(60)
             os._exit(0)
-        print("pid", child, flush=True)
+        os.write(1, f"pid {{child}}\\n".encode())
         time.sleep(60)
         """
     )
