@@ -173,7 +173,8 @@ def test_options_refused(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []  # nothing left by the failures
 
 
-def test_100k_rows_make_a_manifest_fast(tmp_path: Path) -> None:
+def test_100k_rows_make_a_manifest(tmp_path: Path) -> None:
+    # its speed (< 2 s) is a figure of benchmarks/bench_engines.py, not a timed assertion here
     out = str(tmp_path / "big")
     rows = [
         ShardRow(k // 10, f"a{k // 10}", k % 10,
@@ -181,11 +182,8 @@ def test_100k_rows_make_a_manifest_fast(tmp_path: Path) -> None:
                  1000, 3000, 10_240_000, 70_000, k, k ^ 0xFFFF, f"{k:032x}")
         for k in range(100_000)
     ]
-    t0 = time.perf_counter()
     t = write_manifest_rows(rows, f"{out}/data.json")
-    dt = time.perf_counter() - t0
     assert t.n_shards == 100_000 and t.n_samples == 100_000_000
-    assert dt < 6.0, f"100k rows took {dt:.2f} s (benchmark target < 2 s on an idle machine)"
     back = decode_manifest(open(f"{out}/data.json", "rb").read())
     assert back.paths[12_345] == "attempt-01234-a1234/part-01234-000005.tar"
     assert int(back.head_crc[99_999]) == 99_999
