@@ -22,6 +22,7 @@ machine share the cache directory.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -147,6 +148,8 @@ class FetchPolicy:
         self._held = True  # the first window's reads go first, by ranges (reading)
         self._holding = [self.pool.paths[s] for s in order if is_url(self.pool.paths[s])]
         hold(self._holding, True)
+        # a stream dropped after its first sample never calls reading again: let go with it
+        weakref.finalize(self, hold, list(self._holding), False)
         if self.mode == "shard":
             self._queue(order)
             return

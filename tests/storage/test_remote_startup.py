@@ -209,3 +209,28 @@ def test_a_shuffled_stream_over_whole_shards_reads_its_first_window_by_ranges_in
     keys = [first["__key__"]] + [s["__key__"] for s in stream]
     assert sorted(keys) == sorted(local)
     assert it.shards.pool.whole == set(range(len(paths)))
+
+
+def test_a_stream_dropped_after_its_first_sample_lets_go_of_its_holds(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """A stream holds its shards' downloads until its second read (its first window goes by
+    ranges); one dropped after ``next(iter(...))`` never reads again. Its holds went on for
+    the process's life: every later open of those URLs read by ranges (a full CI run had
+    ``download_whole`` fetch a shard five times through a server that ignores Range)."""
+    import gc
+
+    from tarindex.storage.remote import whole
+
+    srv, _ = served
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"))
+    it = tarindex.TarIterableDataset(
+        f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=32, remote=opts
+    )
+    url = f"{srv.url}/train-000000.tar"
+    stream = iter(it)
+    next(stream)
+    assert (os.getpid(), url) in whole._holds  # held while the stream lives
+    del stream, it
+    gc.collect()
+    assert (os.getpid(), url) not in whole._holds

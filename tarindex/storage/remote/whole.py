@@ -111,10 +111,14 @@ def tar_key(url: str, size: int, ident: str, pin: Pin | None) -> str:
 
 
 def forget_pins() -> None:
-    """Forget the versions this process pinned (the next open stats each tar again)."""
+    """Forget the versions this process pinned and its holds (:func:`hold`).
+
+    The next open stats each tar again.
+    """
     with _lock:
         _pins.clear()
         _pinning.clear()
+        _holds.clear()
 
 
 def _pin(url: str, opts: RemoteOptions) -> Pin:
