@@ -116,8 +116,14 @@ class FetchPolicy:
 
     @property
     def mode(self) -> str:
-        """:attr:`RemoteOptions.fetch` of the set."""
-        return self.pool.remote.fetch
+        """:attr:`RemoteOptions.fetch` of the set; ``"range"`` with ``download_whole``.
+
+        ``download_whole`` (a server that ignores Range) already downloads each shard whole
+        into ``cache_dir`` at its open; the policy's downloads are ranged pieces, which such a
+        server answers with the whole file each (a test saw one shard sent 3-5 times).
+        """
+        opts = self.pool.remote
+        return "range" if opts.download_whole else opts.fetch
 
     # -- plans ----------------------------------------------------------------------------------
     def follow(self, provider: Any) -> None:
