@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tarindex
+from tarindex.storage import remote
 from tarindex.write.tar import TarShardWriter
+
+from .remote_server import RangeServer, serve
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 # processes the tests start (Ray and Spark workers, spawned DataLoader workers) unpickle the
@@ -78,3 +81,18 @@ def make_shards(tmp_path: Path) -> MakeShards:
 
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Iterator[tuple[RangeServer, str]]:
+    """One shard of 64 samples x 64 KiB (~4 MiB: 5 grains) served over HTTP."""
+    remote.forget_process_state()
+    d = tmp_path / "srv"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    with tarindex.ShardWriter(str(d / "big-%06d.tar"), maxcount=64, mtime=0) as w:
+        for i in range(64):
+            w.write({"__key__": f"{i:04d}", "bin": rng.bytes(65536)})
+    with serve(str(d)) as srv:
+        yield srv, str(d / "big-000000.tar")
+    remote.forget_process_state()

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tarindex
@@ -227,21 +226,6 @@ def test_a_damaged_copy_of_a_server_without_ranges_is_downloaded_again(
     with pytest.warns(RuntimeWarning, match=rf"{re.escape(str(copy))}: this cache entry"):
         assert _all(tarindex.ShardSet(url, remote=opts)) == want
     assert _whole_copy(cache).read_bytes() == Path(paths[1]).read_bytes()
-
-
-@pytest.fixture
-def big(tmp_path: Path) -> Iterator[tuple[RangeServer, str]]:
-    """One shard of 64 samples x 64 KiB (~4 MiB: 5 grains) served over HTTP."""
-    remote.forget_process_state()
-    d = tmp_path / "srv"
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    with tarindex.ShardWriter(str(d / "big-%06d.tar"), maxcount=64, mtime=0) as w:
-        for i in range(64):
-            w.write({"__key__": f"{i:04d}", "bin": rng.bytes(65536)})
-    with serve(str(d)) as srv:
-        yield srv, str(d / "big-000000.tar")
-    remote.forget_process_state()
 
 
 def _in_grain(r: tarindex.ShardReader, g: int) -> int:

@@ -9,7 +9,6 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
 
-from ..remote_server import RangeServer, serve
+from ..remote_server import RangeServer
 
 KEY = "ab" * 32
 SIZE = 3 * GRAIN + 5
@@ -102,21 +101,6 @@ def test_a_reader_sees_every_grain_then_the_entry(tmp_path: Path) -> None:
     assert attach(c, KEY, "whole", SIZE) is None  # the record is cleared
     rd.close()
     os.close(fd)
-
-
-@pytest.fixture
-def big(tmp_path: Path) -> Iterator[tuple[RangeServer, str]]:
-    """One shard of 64 samples x 64 KiB (~4 MiB: 5 grains) served over HTTP."""
-    remote.forget_process_state()
-    d = tmp_path / "srv"
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    with tarindex.ShardWriter(str(d / "big-%06d.tar"), maxcount=64, mtime=0) as w:
-        for i in range(64):
-            w.write({"__key__": f"{i:04d}", "bin": rng.bytes(65536)})
-    with serve(str(d)) as srv:
-        yield srv, str(d / "big-000000.tar")
-    remote.forget_process_state()
 
 
 @pytest.mark.timeout(60)
