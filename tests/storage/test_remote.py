@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,19 +36,6 @@ def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServe
     paths = make_shards(SIZES)
     with serve(str(tmp_path / "train")) as srv:
         yield srv, paths
-
-
-def _quiet(srv: RangeServer, still: float = 0.3) -> None:
-    """Wait until ``srv`` has logged no new request for ``still`` seconds (at most 5 s)."""
-    end = time.monotonic() + 5
-    n = -1
-    while time.monotonic() < end:
-        with srv.lock:
-            m = len(srv.log)
-        if m == n:
-            return
-        n = m
-        time.sleep(still)
 
 
 def _fresh() -> None:
@@ -236,8 +223,8 @@ def test_server_ignoring_range_is_refused_or_downloaded_whole(
     msg = r"train-000000\.tar: .*ignores HTTP Range.*download_whole=True"
     with pytest.raises(RangeNotSupportedError, match=msg):
         ss.sample(0)
-    del ss
-    _quiet(srv)  # replies the refused set still had in flight are not the download's
+    # the server counts a reply before its headers go out, so the refused replies are all
+    # counted by now (the reset once raced a count made after the headers: issue 24)
     srv.reset()
     opts = RemoteOptions(download_whole=True, cache_dir=str(tmp_path / "cache"))
     ss2 = tarindex.ShardSet(url, remote=opts)
@@ -245,14 +232,31 @@ def test_server_ignoring_range_is_refused_or_downloaded_whole(
     assert [ss2.sample(i)["bin"] for i in range(SIZES[0])] == [
         local.sample(i)["bin"] for i in range(SIZES[0])
     ]
-    # probe + one download (not one per read); a full CI run under load twice counted one
-    # more whole reply, from a request not yet traced (issue 24's note): at most one more
-    assert srv.bytes_for(".tar") <= 3 * os.path.getsize(paths[0])
+    assert srv.bytes_for(".tar") <= 2 * os.path.getsize(paths[0])  # probe + one download
     _fresh()
     srv.reset()
     ss3 = tarindex.ShardSet(url, remote=opts)  # a later run: from the cache
     assert ss3.sample(3)["bin"] == local.sample(3)["bin"]
     assert srv.bytes_for(".tar") <= os.path.getsize(paths[0])  # only the probe of Range
+
+
+def test_the_loopback_server_counts_a_reply_before_its_headers_go_out(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    """A client may act on a reply's headers (refuse a whole reply to a ranged GET) while the
+    server's thread is held up: the count made after the headers then landed after a test's
+    ``reset``, charging the next reads with the refused replies (issue 24: the 3x flake of
+    test_server_ignoring_range_is_refused_or_downloaded_whole)."""
+    srv, paths = served
+    srv.ignore_range, srv.pause = True, 1.0
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+    try:
+        conn.request("GET", "/train-000000.tar", headers={"Range": "bytes=512-1023"})
+        r = conn.getresponse()  # the headers only: the body waits out the pause
+        assert r.status == 200
+        assert srv.bytes_for(".tar") == os.path.getsize(paths[0])
+    finally:
+        conn.close()
 
 
 def test_missing_remote_index_says_how_to_build_one(
