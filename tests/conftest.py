@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -77,6 +78,28 @@ def make_shards(tmp_path: Path) -> MakeShards:
         return out
 
     return make
+
+
+ServeShards = Callable[[list[int]], tuple[RangeServer, list[str]]]
+
+
+@pytest.fixture
+def serve_shards(make_shards: MakeShards, tmp_path: Path) -> Iterator[ServeShards]:
+    """Factory: ``serve_shards(sizes)`` -> ``(server, shard paths)``.
+
+    :func:`make_shards`'s ``train`` shards (``sizes`` samples each) served over HTTP on
+    127.0.0.1 (tests/remote_server.py) until the test ends; what the process learnt of remote
+    shards (indexes, pins, Range checks) is forgotten before and after.
+    """
+    remote.forget_process_state()
+    with contextlib.ExitStack() as servers:
+
+        def start(sizes: list[int]) -> tuple[RangeServer, list[str]]:
+            paths = make_shards(sizes)
+            return servers.enter_context(serve(str(tmp_path / "train"))), paths
+
+        yield start
+    remote.forget_process_state()
 
 
 def have(tool: str) -> bool:

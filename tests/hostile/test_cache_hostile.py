@@ -13,7 +13,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,8 @@ from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
 
-from ..conftest import MakeShards
-from ..remote_server import RangeServer, serve
+from ..conftest import ServeShards
+from ..remote_server import RangeServer
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -37,12 +37,8 @@ CHUNK = 4096
 
 
 @pytest.fixture
-def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
-    remote.forget_process_state()
-    paths = make_shards(SIZES)
-    with serve(str(tmp_path / "train")) as srv:
-        yield srv, paths
-    remote.forget_process_state()
+def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
+    return serve_shards(SIZES)
 
 
 def _all(ss: tarindex.ShardSet) -> list[bytes]:

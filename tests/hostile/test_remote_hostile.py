@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,8 @@ from tarindex.storage.cache import DirCache
 from tarindex.storage.remote import RemoteOptions, read_whole
 from tarindex.storage.remote.options import cache_key
 
-from ..conftest import MakeShards
-from ..remote_server import RangeServer, serve
+from ..conftest import ServeShards
+from ..remote_server import RangeServer
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -32,10 +31,8 @@ SIZES = [40, 35]
 
 
 @pytest.fixture
-def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
-    paths = make_shards(SIZES)
-    with serve(str(tmp_path / "train")) as srv:
-        yield srv, paths
+def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
+    return serve_shards(SIZES)
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
 
-from ..conftest import MakeShards
-from ..remote_server import RangeServer, serve
+from ..conftest import ServeShards
+from ..remote_server import RangeServer
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -33,12 +32,8 @@ PAT = "train-{000000..000003}.tar"
 
 
 @pytest.fixture
-def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
-    remote.forget_process_state()
-    paths = make_shards(SIZES)
-    with serve(str(tmp_path / "train")) as srv:
-        yield srv, paths
-    remote.forget_process_state()
+def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
+    return serve_shards(SIZES)
 
 
 def _tar_gets(srv: RangeServer) -> dict[str, list[tuple[int, int]]]:

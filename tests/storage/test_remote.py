@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from tarindex.errors import (
 from tarindex.storage import remote
 from tarindex.storage.remote import RemoteOptions
 
-from ..conftest import MakeShards
+from ..conftest import MakeShards, ServeShards
 from ..remote_server import RangeServer, serve
 
 pytest.importorskip("fsspec")
@@ -32,10 +31,8 @@ PAT = "train-{000000..000002}.tar"
 
 
 @pytest.fixture
-def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
-    paths = make_shards(SIZES)
-    with serve(str(tmp_path / "train")) as srv:
-        yield srv, paths
+def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
+    return serve_shards(SIZES)
 
 
 def _fresh() -> None:

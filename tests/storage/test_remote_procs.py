@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.sums import ENTRY_HEAD
 
-from ..conftest import MakeShards
-from ..remote_server import RangeServer, serve
+from ..conftest import ServeShards
+from ..remote_server import RangeServer
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -34,10 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
-    paths = make_shards(SIZES)
-    with serve(str(tmp_path / "train")) as srv:
-        yield srv, paths
+def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
+    return serve_shards(SIZES)
 
 
 def who(sample: dict[str, Any]) -> tuple[str, bytes, int, list[int]]:

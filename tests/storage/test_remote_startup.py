@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from tarindex.storage import remote
 from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import coalesce
 
-from ..conftest import MakeShards
-from ..remote_server import RangeServer, serve
+from ..conftest import ServeShards
+from ..remote_server import RangeServer
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -32,12 +31,8 @@ PAT = "train-{000000..000003}.tar"
 
 
 @pytest.fixture
-def served(make_shards: MakeShards, tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
-    remote.forget_process_state()
-    paths = make_shards(SIZES)
-    with serve(str(tmp_path / "train")) as srv:
-        yield srv, paths
-    remote.forget_process_state()
+def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
+    return serve_shards(SIZES)
 
 
 def _log(srv: RangeServer) -> list[tuple[str, str, int, int]]:
