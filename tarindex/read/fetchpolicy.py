@@ -396,12 +396,14 @@ class FetchPolicy:
         starts here (a shuffled plan needs many shards at once) joins or starts it without
         a round trip of its own.
         """
+        if self._held:
+            # a stream's first reads first (reading); the versions of the shards they read
+            # are learnt from their replies (no size query on the way to the first sample)
+            return
         opts = self.pool.remote
         for s in self._ahead[:PIN_AHEAD]:
             if s not in self._futs:
                 pin_ahead(self.pool.paths[s], self.pool.opts_for(s))
-        if self._held:
-            return  # a stream's first reads first (reading)
         room = opts.shards_ahead - sum(1 for f in self._futs.values() if not f.done())
         for s in self._ahead:
             if room <= 0:

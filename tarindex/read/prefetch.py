@@ -125,14 +125,24 @@ def _reach_ahead(
         if p[2] > p[1]:
             head.append(p)
             left -= p[2] - p[1]
-    pool.open_many([p[0] for p in head])
-    for s, j0, j1 in head:
-        r = pool.reader(s)
-        src = r.source
-        if isinstance(src, RemoteSource) and (src.downloading or src.fetches):
-            b = r.read_block(j0, j1, fields, data=False)
-            if len(b.size):
-                src.queue_ahead(b.tar_offset, b.tar_offset + b.size)
+    if not head:
+        return
+    # a shard's blocks are queued together (a shard not read yet fetches them all in its
+    # first round, with its open-time checks), shards in the order the pieces first need
+    # them; the first one's before the others are opened (its round goes out first)
+    first = head[0][0]
+    for group in ([first], list(dict.fromkeys(p[0] for p in head if p[0] != first))):
+        pool.open_many(group)
+        for s in group:
+            r = pool.reader(s)
+            src = r.source
+            if not isinstance(src, RemoteSource) or not (src.downloading or src.fetches):
+                continue
+            rs = [r.read_block(j0, j1, fields, data=False) for t, j0, j1 in head if t == s]
+            rs = [b for b in rs if len(b.size)]
+            if rs:
+                a = np.concatenate([b.tar_offset for b in rs])
+                src.queue_ahead(a, a + np.concatenate([b.size for b in rs]))
 
 
 def drop_prefetched(pool: ReaderPool) -> None:

@@ -45,6 +45,26 @@ TAKE_BYTES = 256 << 10
 _Window = tuple[Block | None, NDArray[np.int64], Any]
 
 
+def _by_need(
+    pieces: NDArray[np.int64], perm: NDArray[np.int64] | None, lo: int
+) -> NDArray[np.int64]:
+    """A window's blocks ``(m, 3)`` in the order its positions ``perm[lo:]`` first need them.
+
+    The read-ahead of remote shards fetches them in this order, so the window's first sample
+    does not wait behind blocks it yields later (blocks it does not yield go last).
+    """
+    if perm is None or len(pieces) < 2:
+        return pieces
+    ends = np.cumsum(pieces[:, 2] - pieces[:, 1])
+    where = np.searchsorted(ends, perm[lo:], side="right")
+    u, first = np.unique(where, return_index=True)
+    need = u[np.argsort(first)]
+    need = need[need < len(pieces)]
+    rest = np.setdiff1d(np.arange(len(pieces)), need)
+    out: NDArray[np.int64] = pieces[np.concatenate([need, rest])]
+    return out
+
+
 class Executor:
     """Reads plan positions of one worker's plan over ``shards``.
 
@@ -105,8 +125,8 @@ class Executor:
             lean = self.on_error == "raise"  # a window's samples copied out as yielded
             k_end = (end - 1) // w + 1
             nxt = p.window(start // w)
-            if ra is not None:
-                ra.add(nxt[0].tolist())
+            if ra is not None:  # the first window's blocks in the order its samples need them
+                ra.add(_by_need(nxt[0], nxt[1], start % w).tolist())
             for k in range(start // w, k_end):
                 pieces, perm = nxt
                 if k + 1 < k_end:

@@ -115,6 +115,9 @@ def test_import_tarindex_leaves_the_remote_stack_to_first_use() -> None:
 def test_a_shuffled_stream_over_whole_shards_asks_each_version_once(
     served: tuple[RangeServer, list[str]],
 ) -> None:
+    """Issue 24: the first sample sends no size query (``HEAD``): the version of each shard
+    the first window reads is learnt from its first round's replies, and its download later
+    asks none either. The rest of the epoch asks each other tar's version once at most."""
     srv, paths = served
     remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
     srv.reset()
@@ -122,12 +125,42 @@ def test_a_shuffled_stream_over_whole_shards_asks_each_version_once(
     # the first window reads a block of every shard: their opens run together
     it = tarindex.TarIterableDataset(f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=8)
     local = {s["__key__"]: s["bin"] for s in tarindex.TarIterableDataset(paths, shuffle=False)}
-    first = next(iter(it))
+    stream = iter(it)
+    first = next(stream)
     assert first["bin"] == local[first["__key__"]]
     log = _log(srv)
-    heads = [p for m, p, *_ in log if m == "HEAD"]
-    assert heads and len(heads) == len(set(heads)), heads  # one size query per tar at most
+    assert not [p for m, p, *_ in log if m == "HEAD"], log  # no size query before it
     assert sum(p.endswith(".tidx") for _, p, *_ in log) == len(paths)
+    keys = [first["__key__"]] + [s["__key__"] for s in stream]
+    assert sorted(keys) == sorted(local)
+    heads = [p for m, p, *_ in _log(srv) if m == "HEAD"]
+    assert len(heads) == len(set(heads)), heads  # one size query per tar at most
+    # the first sample's shard: its version came with its first round
+    assert f"/{os.path.basename(first['__shard__'])}" not in heads, heads
+
+
+def test_a_version_learnt_from_the_first_round_pins_the_rest_of_the_epoch(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """The version a shuffled stream's first window learns from its replies (no ``HEAD``)
+    pins every later read and download of those shards: an object replaced after the first
+    sample is ``StaleIndexError``, never the new object's bytes under the old index."""
+    srv, paths = served
+    remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"))
+    it = tarindex.TarIterableDataset(
+        f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=32, remote=opts
+    )
+    srv.reset()
+    stream = iter(it)
+    next(stream)
+    assert not [p for m, p, *_ in _log(srv) if m == "HEAD"]
+    for p in paths:  # a new version of every tar (same bytes: only the ETag changes)
+        st = os.stat(p)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(tarindex.errors.StaleIndexError, match="train-0000"):
+        for _ in stream:
+            pass
 
 
 def test_reads_after_a_shards_first_round_run_concurrently(

@@ -26,7 +26,7 @@ from .transport import (
     filesystem,
     fs_path,
     get_ranges,
-    get_whole,
+    get_wholes,
     head,
     is_permanent,
     no_range,
@@ -40,6 +40,7 @@ __all__ = [
     "fetch",
     "file_size",
     "read_whole",
+    "read_wholes",
     "stat",
 ]
 
@@ -242,10 +243,51 @@ def read_whole(url: str, opts: RemoteOptions, bound: Callable[[bytes], int] | in
         RemoteError: The body is longer than the bound (not retried), or the retries ran out.
         FormatError: ``bound`` refused the first bytes.
     """
-    limit = bound if callable(bound) else (lambda _head: int(bound))
-    data = _retried(url, "read it", opts, lambda: get_whole(url, opts, limit))
-    STATS.bytes += len(data)  # type: ignore[arg-type]
-    return data  # type: ignore[return-value]
+    return read_wholes([url], opts, [bound])[0]
+
+
+def read_wholes(
+    urls: Sequence[str], opts: RemoteOptions, bounds: Sequence[Callable[[bytes], int] | int]
+) -> list[bytes]:
+    """:func:`read_whole` of each URL, all at once (HTTP, S3: one batch on the event loop).
+
+    Each failing read is retried as :func:`read_whole` retries; the first error that ends
+    one (in the order of ``urls``) is raised.
+
+    Raises:
+        As :func:`read_whole`.
+    """
+    limits = [b if callable(b) else (lambda _head, n=int(b): n) for b in bounds]
+    out: list[bytes | None] = [None] * len(urls)
+    todo = list(range(len(urls)))
+    backoff = _Backoff(opts)
+    for attempt in range(opts.retries + 1):
+        if attempt:
+            backoff.wait(len(todo))
+        STATS.requests += len(todo)
+        got = get_wholes([urls[i] for i in todo], opts, [limits[i] for i in todo])
+        failed = []
+        for i, g in zip(todo, got, strict=True):
+            url = urls[i]
+            if isinstance(g, (FileNotFoundError, StaleIndexError, RemoteError)):
+                raise g
+            if isinstance(g, BaseException):
+                if is_permanent(g):
+                    raise RemoteError(f"{url}: cannot read it: {describe(g)} (not retried)") from g
+                if attempt == opts.retries:
+                    raise RemoteError(
+                        f"{url}: cannot read it: still failing after {opts.retries} retries; "
+                        f"last error: {describe(g)}; check the server, or raise "
+                        f"RemoteOptions(retries=, deadline=)"
+                    ) from g
+                failed.append(i)
+                continue
+            STATS.bytes += len(g)
+            out[i] = g
+        todo = failed
+        if not todo:
+            break
+    return out  # type: ignore[return-value]
 
 
 def coalesce_need(

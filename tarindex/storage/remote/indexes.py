@@ -18,7 +18,7 @@ from ...errors import FormatError, IndexMissingError, RemoteError
 from ...format.index import decode_index, index_size, read_header
 from ...format.spec import GZIP_RECORD, GZIP_WINDOW, HEADER, MIN_GZIP_SPACING
 from ...format.url import url_scheme
-from .fetch import read_whole
+from .fetch import read_wholes
 from .options import DEFAULT, RemoteOptions, cache_key, protocol_of
 from .transport import filesystem, fs_path
 
@@ -166,27 +166,23 @@ def load_indexes(
 
 
 def _fetch_indexes(urls: list[str], tars: list[str], opts: RemoteOptions) -> list[bytes]:
-    """Whole index files, concurrently (a thread per file, at most ``concurrency``)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(k: int) -> bytes:
+    """Whole index files, all at once (one batch of requests over HTTP and S3)."""
+    try:
+        return read_wholes(urls, opts, [index_bound(u) for u in urls])
+    except FileNotFoundError as e:
+        k = next((k for k, u in enumerate(urls) if str(e).startswith(u + ":")), 0)
         u, t = urls[k], tars[k]
-        try:
-            return read_whole(u, opts, index_bound(u))
-        except FileNotFoundError:
-            raise IndexMissingError(
-                f"{u}: no index for remote shard {t}; build one beside it (on a machine that "
-                f"can write there: tarindex index on the file, then upload "
-                f"{os.path.basename(u)}), or keep it locally: tarindex index {t} --out DIR, "
-                f"then read with options=OpenOptions(index_dir=DIR)"
-            ) from None
-        except RemoteError as e:
-            raise RemoteError(f"{u}: cannot fetch the index: {e}") from e
-
-    if len(urls) == 1:
-        return [one(0)]
-    with ThreadPoolExecutor(min(len(urls), max(1, opts.concurrency), 32)) as ex:
-        return list(ex.map(one, range(len(urls))))
+        raise IndexMissingError(
+            f"{u}: no index for remote shard {t}; build one beside it (on a machine that "
+            f"can write there: tarindex index on the file, then upload "
+            f"{os.path.basename(u)}), or keep it locally: tarindex index {t} --out DIR, "
+            f"then read with options=OpenOptions(index_dir=DIR)"
+        ) from None
+    except RemoteError as e:
+        bad = next((u for u in urls if str(e).startswith(u + ":")), None)
+        if bad is None:
+            raise
+        raise RemoteError(f"{bad}: cannot fetch the index: {e}") from e
 
 
 def expand_remote(pattern: str, opts: RemoteOptions = DEFAULT) -> list[str]:

@@ -29,7 +29,7 @@ from .ahead import Ahead, AheadStore, the_pool
 from .fetch import coalesce, coalesce_need, fetch, range_checked, stat
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
-from .whole import Copy, CopySource, check_ahead, tar_key
+from .whole import Copy, CopySource, check_ahead, learnt, tar_key
 
 __all__ = ["JOIN_EVERY_S", "RemoteSource", "Verify", "prefetch_many"]
 
@@ -218,6 +218,7 @@ class RemoteSource:
         pin = _agreed(self.path, seen, self.size)
         parts = _slices(merged, got, ranges)
         verify({(a, b - a): g for (a, b), g in zip(checks, parts, strict=False)}, pin)
+        learnt(self.path, pin)  # the shard's download and later opens ask no version
         self.pin = pin
         self.key = tar_key(self.path, self.size, self._ident, pin)
         self._deferred = None
@@ -463,7 +464,9 @@ class RemoteSource:
 
         A source reading a whole copy that is downloading queues only the ranges the
         download has not reached (:meth:`~.whole.CopySource.reached`): a read of them then
-        takes them from the store instead of waiting for the download's earlier pieces.
+        takes them from the store instead of waiting for the download's earlier pieces. A
+        :meth:`deferred` source not read yet fetches them all in its first round, with its
+        open-time checks (one round, not one per range).
         """
         local = self._local
         if self._closed or (local is not None and local.complete):
@@ -471,7 +474,13 @@ class RemoteSource:
         plan = self.plan_prefetch(starts.tolist(), ends.tolist())
         if local is not None:
             plan = [(a, b, need) for a, b, need in plan if not local.reached(a, b)]
-        return self._store.queue(plan, the_pool(self.opts), self._fetch_one) if plan else True
+        if not plan:
+            return True
+        if self._deferred is not None and self.pin is None and len(plan) > 1:
+            # not opened yet: every range goes in the one round that carries the checks (a
+            # range each would queue behind that round: two rounds)
+            return self._store.queue_together(plan, the_pool(self.opts), self._fetch_ranges)
+        return self._store.queue(plan, the_pool(self.opts), self._fetch_one)
 
     def plan_prefetch(
         self, starts: Sequence[int], ends: Sequence[int]

@@ -543,6 +543,43 @@ def head(url: str, opts: RemoteOptions) -> Pin:
     return Pin(int(size))
 
 
+def get_wholes(
+    urls: Sequence[str], opts: RemoteOptions, bounds: Sequence[Callable[[bytes], int]]
+) -> list[bytes | BaseException]:
+    """One attempt at reading each whole object of ``urls``, all at once (:func:`get_whole`).
+
+    HTTP and S3: one batch of requests on the filesystem's event loop (no thread per
+    object); other protocols: a thread per object.
+
+    Returns:
+        Per URL its bytes, or the exception that ended its attempt.
+    """
+    out: list[bytes | BaseException | None] = [None] * len(urls)
+    groups: dict[int, list[int]] = {}
+    for i, u in enumerate(urls):
+        groups.setdefault(id(filesystem(u, opts)), []).append(i)
+    for idx in groups.values():
+        kind = _kind(urls[idx[0]])
+        if kind in ("http", "s3"):
+            fs = filesystem(urls[idx[0]], opts)
+            one = _http_whole if kind == "http" else _s3_whole
+            got = _run(fs, [one(fs, urls[i], bounds[i]) for i in idx], opts)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            def attempt(i: int) -> bytes | BaseException:
+                try:
+                    return get_whole(urls[i], opts, bounds[i])
+                except Exception as e:
+                    return e
+
+            with ThreadPoolExecutor(min(len(idx), max(1, opts.concurrency), 32)) as ex:
+                got = list(ex.map(attempt, idx))
+        for i, g in zip(idx, got, strict=True):
+            out[i] = g
+    return out  # type: ignore[return-value]
+
+
 def get_whole(url: str, opts: RemoteOptions, bound: Callable[[bytes], int]) -> bytes:
     """One attempt at reading the whole object ``url``, never more than it may hold.
 

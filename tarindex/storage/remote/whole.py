@@ -66,6 +66,7 @@ __all__ = [
     "local_copy",
     "open_copy",
     "check_ahead",
+    "learnt",
     "pin_ahead",
     "pinned",
     "release",
@@ -181,6 +182,18 @@ def pinned(url: str) -> Pin | None:
         return _pins.get((os.getpid(), url))
 
 
+def learnt(url: str, pin: Pin) -> None:
+    """Keep the version of ``url`` a deferred source's first round pinned (its checks passed).
+
+    Its downloads and later opens in this process then send no size query of their own
+    (:func:`open_copy`, :func:`find_copy`). A version already known is kept: a source that
+    saw another one reads its own pin, and a download pinned to the other is refused by
+    the server (``If-Match``) if the object changed.
+    """
+    with _lock:
+        _pins.setdefault((os.getpid(), url), pin)
+
+
 def check_ahead(fn: Callable[[], None]) -> Future[None]:
     """Run ``fn`` (a source's open-time checks) on this process's check threads now."""
     return _background(fn)
@@ -237,7 +250,8 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
 
     Returns:
         The copy, or ``None`` if the tar does not fit the cache (larger than its limit, or
-        the disk is full).
+        the disk is full), or if ``url`` is held (:func:`hold`) and no copy of the version
+        this process knows is there or downloading (:func:`find_copy`: no request).
 
     Raises:
         FileNotFoundError: The tar does not exist.
@@ -245,6 +259,11 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
             ran in this process (names the URL).
         RemoteError: As :func:`~.fetch.fetch`, from a download this process ran.
     """
+    with _lock:
+        held = (os.getpid(), url) in _holds
+    if held:  # a stream's first window first (hold): join a running download, start none;
+        # no size query either (the first round's replies name the version: learnt)
+        return find_copy(url, opts, ident)
     pin = _pin(url, opts)
     c = opts.whole_cache()
     key = tar_key(url, pin.size, ident, pin)
@@ -253,10 +272,6 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         return Copy(fd, pin.size, pin, None)
     if pin.size > c.limit:
         return None
-    with _lock:
-        held = (os.getpid(), url) in _holds
-    if held:  # a stream's first window first (hold): join a running download, start none
-        return find_copy(url, opts, ident)
     fut = _submit(url, opts, ident, demand=True)
     delay = 0.0005
     while True:
