@@ -14,7 +14,9 @@ docs/REMOTE.md: ``shift`` (a ranged reply holds the bytes ``shift`` further on, 
 ``weak_etag`` (ETags are weak, ``W/"..."``: as RFC 9110 says, never equal for ``If-Match``),
 ``trickle`` (seconds between the bytes of each body), ``pause`` (seconds a GET waits between
 its headers and its body, as a loaded server's thread can; a reply is counted before its
-headers go out), ``endless`` (GETs of paths ending in it send the file and then zeros, with no
+headers go out), ``on_body`` (``None`` or a function called as ``on_body(path, range, offset)``
+before each MiB of a GET's body is read from the file: a test changes the file mid-reply),
+``endless`` (GETs of paths ending in it send the file and then zeros, with no
 length, until the client hangs up or 256 MiB went out).
 """
 
@@ -28,7 +30,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -53,6 +55,7 @@ class RangeServer(ThreadingHTTPServer):
         self.weak_etag = False
         self.trickle = 0.0
         self.pause = 0.0
+        self.on_body: Callable[[str, str, int], None] | None = None
         self.endless: str | None = None
         self.lock = threading.Lock()
         self.requests = 0
@@ -283,6 +286,8 @@ class _Handler(BaseHTTPRequestHandler):
                         return
                     out += 1
                     continue
+                if srv.on_body is not None:
+                    srv.on_body(self.path, self.headers.get("Range") or "", start + out)
                 chunk = f.read(min(1 << 20, n - out))
                 if not chunk:
                     break

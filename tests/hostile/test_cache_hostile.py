@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 import tarindex
+from tarindex.errors import StaleIndexError
 from tarindex.storage import remote, sums
 from tarindex.storage.cache import DirCache
 from tarindex.storage.pieces import GRAIN, HEAD, PieceWriter
 from tarindex.storage.remote import RemoteOptions
-from tarindex.storage.remote.fetch import stat
+from tarindex.storage.remote.fetch import DOWNLOAD_CHUNK, stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
 
 from ..conftest import ServeShards
@@ -222,6 +223,76 @@ def test_a_damaged_copy_of_a_server_without_ranges_is_downloaded_again(
     with pytest.warns(RuntimeWarning, match=rf"{re.escape(str(copy))}: this cache entry"):
         assert _all(tarindex.ShardSet(url, remote=opts)) == want
     assert _whole_copy(cache).read_bytes() == Path(paths[1]).read_bytes()
+
+
+def test_a_shard_replaced_while_it_is_downloaded_whole_is_not_trusted(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    """``download_whole``: the plain GET is not pinned, so a shard rewritten in place after
+    the first MiB of its reply went out reached the cache as a mix of two versions and was
+    served (sample 2 of the old bytes, sample 40 of the new). The version after the download
+    is compared with the one before: the copy is discarded and the shard opened again."""
+    srv, path = big
+    srv.ignore_range = True
+    url = f"{srv.url}/big-000000.tar"
+    cache = tmp_path / "cache"
+    opts = RemoteOptions(cache_dir=str(cache), download_whole=True)
+    old = _all(tarindex.ShardSet(path))
+    data = Path(path).read_bytes()
+    at = [data.index(old[j]) + 1000 for j in (2, 40)]  # inside payloads: no check covers them
+    assert at[0] < 1 << 20 < at[1]
+    rewrites = [1]  # how many downloads see the file rewritten under them
+
+    def rewrite(p: str, rng: str, offset: int) -> None:
+        if p.endswith(".tar") and not rng and offset == 1 << 20 and rewrites[0] > 0:
+            rewrites[0] -= 1
+            with open(path, "r+b") as f:
+                for a in at:
+                    f.seek(a)
+                    f.write(os.urandom(16))
+
+    srv.on_body = rewrite
+    got = _all(tarindex.ShardSet(url, remote=opts))
+    assert rewrites == [0]
+    assert got == _all(tarindex.ShardSet(path))  # the object as it is now, never a mix
+    assert got[2] != old[2] and got[40] != old[40]
+    assert _whole_copy(cache).read_bytes() == Path(path).read_bytes()
+    # rewritten under every download: refused, naming the URL and the fix; nothing cached
+    remote.forget_process_state()
+    rewrites[0] = 1000
+    other = RemoteOptions(cache_dir=str(tmp_path / "other"), download_whole=True)
+    msg = r"big-000000\.tar: the remote object changed while it was downloaded whole .*open the"
+    with pytest.raises(StaleIndexError, match=msg):
+        _all(tarindex.ShardSet(url, remote=other))
+    assert not list((tmp_path / "other").rglob(WHOLE))
+
+
+def test_a_tar_replaced_while_it_is_streamed_to_a_file_is_refused(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    """:func:`remote.download` (``tarindex index URL``, compressed remote tars) reads a server
+    that ignores Range with one plain GET (once its first ranged read of ``DOWNLOAD_CHUNK``
+    bytes came back longer): a tar rewritten in place during that GET is refused."""
+    srv, _ = big
+    srv.ignore_range = True
+    path = os.path.join(srv.root, "huge-000000.tar")
+    with tarindex.ShardWriter(path, maxcount=1, mtime=0) as w:
+        w.write({"__key__": "0", "bin": os.urandom(DOWNLOAD_CHUNK + (1 << 20))})
+    url = f"{srv.url}/huge-000000.tar"
+
+    def rewrite(p: str, rng: str, offset: int) -> None:
+        if p.endswith(".tar") and not rng and offset == 1 << 20:
+            with open(path, "r+b") as f:
+                f.seek(DOWNLOAD_CHUNK)
+                f.write(os.urandom(16))
+
+    srv.on_body = rewrite
+    with pytest.raises(StaleIndexError, match=r"huge-000000\.tar: the remote object changed "
+                       r"while it was downloaded \("):
+        remote.download(url, str(tmp_path / "copy.tar"))
+    srv.on_body = None
+    assert remote.download(url, str(tmp_path / "copy.tar")) == os.path.getsize(path)
+    assert (tmp_path / "copy.tar").read_bytes() == Path(path).read_bytes()
 
 
 def _in_grain(r: tarindex.ShardReader, g: int) -> int:

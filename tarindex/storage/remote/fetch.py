@@ -37,6 +37,7 @@ __all__ = [
     "coalesce",
     "coalesce_need",
     "download",
+    "expect_version",
     "fetch",
     "file_size",
     "read_whole",
@@ -224,6 +225,29 @@ def stat(url: str, opts: RemoteOptions = DEFAULT) -> Pin:
     return _retried(url, "get its size", opts, lambda: head(url, opts))  # type: ignore[return-value]
 
 
+def expect_version(url: str, pin: Pin, opts: RemoteOptions, what: str) -> None:
+    """Check (one size query) that ``url`` is still the version ``pin`` after ``what``.
+
+    For bytes a plain GET brought whole (a server that ignores Range): its reply cannot be
+    pinned as a ranged read is (``If-Match``), and the object may be replaced while the body
+    is on its way, so the copy is trusted only if the version after it is the one before it.
+
+    Raises:
+        StaleIndexError: Another size or version now (names the URL, both versions and the
+            fix); the caller discards what it downloaded.
+        RemoteError: As :func:`stat`.
+    """
+    now = stat(url, opts)
+    if now.size != pin.size or now.tag() != pin.tag():
+        raise StaleIndexError(
+            f"{url}: the remote object changed while {what} ({pin.size} bytes, version "
+            f"{pin.tag() or '?'} before; {now.size} bytes, version {now.tag() or '?'} after): "
+            f"the downloaded bytes are not trusted and were discarded; open the dataset again "
+            f"once the object stops changing (and rebuild the index if the tar was rewritten: "
+            f"tarindex index URL)"
+        )
+
+
 def file_size(url: str, opts: RemoteOptions = DEFAULT) -> int:
     """Size in bytes of the remote file ``url``; :func:`stat`'s size, raising as it does."""
     return stat(url, opts).size
@@ -353,6 +377,7 @@ def download(url: str, dest: str, opts: RemoteOptions = DEFAULT) -> int:
                 with fs.open(fs_path(url), "rb", block_size=0) as r:
                     while chunk := r.read(DOWNLOAD_CHUNK):
                         f.write(chunk)
+                expect_version(url, pin, opts, "it was downloaded")
                 break
             f.write(data)
             pos = end

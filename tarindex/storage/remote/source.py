@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from ...errors import RangeNotSupportedError, RemoteError, TruncatedError
 from ..pieces import PieceReader
 from .ahead import Ahead, AheadStore, the_pool
-from .fetch import coalesce, coalesce_need, fetch, range_checked, stat
+from .fetch import coalesce, coalesce_need, expect_version, fetch, range_checked, stat
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
 from .whole import Copy, CopySource, check_ahead, learnt, tar_key
@@ -139,6 +139,8 @@ class RemoteSource:
         Raises:
             FileNotFoundError: The tar does not exist.
             RangeNotSupportedError: The server ignores Range (without ``download_whole``).
+            StaleIndexError: With ``download_whole``, the object changed while it was
+                downloaded (the copy is discarded).
             RemoteError: As :func:`~.fetch.fetch` (a 503 on the size query is retried).
         """
         pin = stat(url, opts)
@@ -260,6 +262,9 @@ class RemoteSource:
                     )
                 STATS.bytes += n
                 self.bytes_fetched += n
+                if self.pin is not None:  # a plain GET, not pinned: the version after it
+                    self.requests += 1
+                    expect_version(self.path, self.pin, self.opts, "it was downloaded whole")
                 if not c.put_file(self.key, "whole", tmp, crcs=True):
                     raise RemoteError(
                         f"{self.path}: {self.size} bytes do not fit the cache's limit "
