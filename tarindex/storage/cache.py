@@ -99,9 +99,11 @@ class DirCache:
             size: Expected length in bytes. Defaults to ``None`` (any length).
             what: What the bytes are, for the warning (``"bytes A..B of URL"``).
 
-        An entry of another length, or whose bytes fail their checksum, is deleted with a
+        An entry of another length (than ``size``, than its checksum record says, or longer
+        than the cache may hold), or whose bytes fail their checksum, is deleted with a
         ``RuntimeWarning`` naming its file and the bytes, and ``None`` returned (a miss:
-        the caller fetches the bytes again); it is never served.
+        the caller fetches the bytes again); it is never served. Only an entry whose length
+        passed is read: a file planted or grown past its record is not.
         """
         p = self.path(key, name)
         try:
@@ -114,12 +116,16 @@ class DirCache:
             n = st.st_size - ENTRY_HEAD.size
             if size is not None and n != size:
                 bad: str | None = f"it holds {n} bytes of data, not {size}"
+            elif st.st_size > self.limit:  # put never stores one
+                bad = f"it holds {st.st_size} bytes, more than the cache (cache_bytes={self.limit})"
             else:
                 head = os.pread(fd, ENTRY_HEAD.size, 0)
-                data = os.pread(fd, max(n, 0), ENTRY_HEAD.size)
-                # every get: read whole anyway, and a store through another process's
-                # shared mapping changes bytes without a ctime (sums.py)
-                bad = sums.check_bytes(key, name, head, data, False)
+                bad = sums.check_head(head, n)
+                if bad is None:
+                    data = os.pread(fd, n, ENTRY_HEAD.size)
+                    # every get: read whole anyway, and a store through another process's
+                    # shared mapping changes bytes without a ctime (sums.py)
+                    bad = sums.check_bytes(key, name, head, data, False)
         finally:
             os.close(fd)
         if bad is not None:

@@ -49,6 +49,7 @@ __all__ = [
     "Grains",
     "bind",
     "check_bytes",
+    "check_head",
     "check_file",
     "decode_sums",
     "encode_sums",
@@ -105,20 +106,37 @@ def check_bytes(key: str, name: str, head: bytes, data: bytes, known: bool) -> s
             has not changed since: only the record's fields are compared, not the crc of
             ``data``.
     """
+    bad = check_head(head, len(data))
+    if bad is not None:
+        return bad
+    n, crc = ENTRY_HEAD.unpack(head)[1:3]
+    if not known and zlib.crc32(data, bind(key, name)) != crc:
+        return f"bytes {ENTRY_HEAD.size}..{ENTRY_HEAD.size + n} differ from their checksum"
+    return None
+
+
+def check_head(head: bytes, n: int) -> str | None:
+    """Why a bytes entry with record ``head`` and ``n`` bytes of data is bad, or ``None``.
+
+    The record's fields only, before the data are read: a file grown past its record is
+    refused without reading it (:meth:`DirCache.get <tarindex.storage.cache.DirCache.get>`).
+
+    Args:
+        head: Its first :data:`ENTRY_HEAD` ``.size`` bytes.
+        n: The length of its data (the file's size less the record), in bytes.
+    """
     if len(head) != ENTRY_HEAD.size:
         return f"its checksum record is cut ({len(head)} of {ENTRY_HEAD.size} bytes)"
-    magic, n, crc, rcrc = ENTRY_HEAD.unpack(head)
+    magic, want, crc, rcrc = ENTRY_HEAD.unpack(head)
     if magic != _MAGIC:
         return (
             "it does not start with a checksum record (its first bytes were changed, or an "
             "older tarindex wrote it)"
         )
-    if rcrc != zlib.crc32(struct.pack("<8sQI", magic, n, crc)):
+    if rcrc != zlib.crc32(struct.pack("<8sQI", magic, want, crc)):
         return "its checksum record (bytes 0..24) is damaged"
-    if n != len(data):
-        return f"it holds {len(data)} bytes, its record says {n}"
-    if not known and zlib.crc32(data, bind(key, name)) != crc:
-        return f"bytes {ENTRY_HEAD.size}..{ENTRY_HEAD.size + n} differ from their checksum"
+    if want != n:
+        return f"it holds {n} bytes, its record says {want}"
     return None
 
 

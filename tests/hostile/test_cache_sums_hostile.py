@@ -11,10 +11,14 @@ Its bytes are read whole on every get anyway, so their crc32 is now checked on e
 from __future__ import annotations
 
 import os
+import re
+import struct
 import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import pytest
@@ -69,3 +73,30 @@ def test_bytes_changed_through_a_shared_mapping_are_never_served(
     finally:
         w.kill()
         w.wait()
+
+
+@pytest.mark.parametrize("how", ["grown past its record", "its record says the planted length"])
+def test_a_planted_huge_entry_is_refused_without_being_read(tmp_path: Path, how: str) -> None:
+    """A cached index is read by ``get`` without an expected size: a file of 64 MiB (sparse)
+    planted in its place was read whole before its record was looked at (and one larger than
+    memory would have failed the read). Its record's length, and the cache's bound, are now
+    checked first: refused and deleted, with the warning, after reading 24 bytes."""
+    big = 64 << 20
+    # grown past its record: the record refuses it, within a cache that could hold it
+    c = DirCache(str(tmp_path / "cache"), 1 << 30 if how == "grown past its record" else 1 << 20)
+    assert c.put(KEY, "tidx", b"an index" * 100)
+    p = c.path(KEY, "tidx")
+    if how == "its record says the planted length":  # a sound record: the cache's bound
+        magic = sums.head_of(KEY, "tidx", b"")[:8]
+        rec = struct.pack("<8sQI", magic, big - sums.ENTRY_HEAD.size, 0)
+        Path(p).write_bytes(rec + struct.pack("<I", zlib.crc32(rec)))
+    os.truncate(p, big)
+    tracemalloc.start()
+    try:
+        with pytest.warns(RuntimeWarning, match=re.escape(p)):
+            assert c.get(KEY, "tidx", what="the cached index of URL") is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated"
+    assert not os.path.exists(p)
