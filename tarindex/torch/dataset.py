@@ -28,6 +28,7 @@ from ..stream.images import image_spec
 from ..stream.shards import open_shards
 from .collate import fetch_batched  # at import: a `from` import per batch cost ~1.4 us
 from .images import fetch_images
+from .transport import expect_workers
 
 __all__ = ["TarDataset"]
 
@@ -150,6 +151,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
                 "alone for one image tensor per batch"
             )
         self.batched = batched
+        if batched:
+            expect_workers()  # a fork starts torch's shm manager first (transport.py)
         self.finisher = Finisher(self.shards, self.decoder, self.select, self.transform)
 
     def __len__(self) -> int:

@@ -16,6 +16,11 @@ segment costs its pages: torch ``fallocate`` s the file and every page faults on
 ~6 ms of the worker's CPU for a ``(64, 3, 224, 224)`` batch (~0.1 ms an image, 7% of a
 1024x768 JPEG's decode); a reused one is already mapped. A batch the main process keeps alive
 keeps its segment out of the pool (a new one is made), so nothing is written under a reader.
+Raw-byte batches differ in size from batch to batch, so a segment is made a little larger than
+asked (:func:`segment_size`: the next of 8 steps per power of two, at most 1/8 more) and any
+free segment from the size asked to twice it serves: the buffer is its first ``nbytes``, and
+it is sent as that many bytes. Before this, every raw batch of a shuffled ``DataLoader`` made
+a segment (and dropped an old one): 37% of a worker's CPU over local tars.
 
 A batch the main process received by name goes on by name too when it pickles the batch again
 (a ``torch.multiprocessing`` queue to another process): the segment gains a holder, so the worker
@@ -23,6 +28,15 @@ does not reuse it while that process holds it. Pickled as a tensor instead, torc
 ``file_descriptor`` sharing would copy it into new shared memory and unmap the segment under any
 numpy array or view the main process made of the batch (a segfault, or another batch's bytes once
 a new segment is mapped at that address).
+
+The segments are named through torch's shared-memory manager (``torch_shm_manager``), a
+program each process starts on its first by-name segment unless it inherited one: ~0.2 s on a
+quiet machine (it loads libtorch), 0.5-1 s per worker with two workers starting at once on 2
+cores, paid in each worker of a first epoch before its first batch. So once a dataset that
+sends batches by name was made here (:func:`expect_workers`), the first ``fork`` of this
+process starts the manager here first (:func:`os.register_at_fork`), once per process, and
+forked workers inherit it (torch's own path when a process shares a tensor by file name before
+forking); spawned workers start their own.
 
 When those private APIs are missing (another torch version) or :func:`use_public_sharing` is
 on, buffers are ordinary tensors moved to shared memory with the public
@@ -43,12 +57,14 @@ __all__ = [
     "POOL_SEGMENTS",
     "alloc_buffer",
     "by_name_available",
+    "expect_workers",
     "open_ref",
+    "segment_size",
     "share_ref",
     "use_public_sharing",
 ]
 
-_REF_TAG = "tarindex-shm-v1"
+_REF_TAG = "tarindex-shm-v2"  # v2: the bytes sent (a segment may be longer)
 _BY_NAME: set[int] = set()
 """data_ptr of the buffers :func:`alloc_buffer` made by name in this worker, not sent yet."""
 _public = [os.environ.get("TARINDEX_PUBLIC_SHM", "") not in ("", "0")]
@@ -65,6 +81,37 @@ def use_public_sharing(on: bool = True) -> None:
     """
     _public[0] = bool(on)
     os.environ["TARINDEX_PUBLIC_SHM"] = "1" if on else "0"
+
+
+_MANAGER: list[Any] = []
+"""This process's tiny segment that started (and keeps) torch's shm manager, or ``None`` if
+that failed; empty: not tried."""
+_EXPECT = [False]
+
+
+def expect_workers() -> None:
+    """Note that this process may fork DataLoader workers that send batches by name.
+
+    Costs nothing now; this process's next ``fork`` starts torch's shm manager first (the
+    module docstring), unless this is a worker or the by-name path is off.
+    """
+    _EXPECT[0] = True
+
+
+def _before_fork() -> None:
+    """``os.register_at_fork(before=...)``: start the shm manager here once, if expected."""
+    if not _EXPECT[0] or _MANAGER or torch.utils.data.get_worker_info() is not None:
+        return
+    try:
+        if by_name_available():
+            _MANAGER.append(torch.UntypedStorage._new_using_filename_cpu(1))
+            return
+    except Exception:  # no manager program: each worker tries (and reports) its own
+        pass
+    _MANAGER.append(None)
+
+
+os.register_at_fork(before=_before_fork)
 
 
 def by_name_available() -> bool:
@@ -115,17 +162,34 @@ def _counts_ok() -> bool:
     return _COUNTS_OK[0]
 
 
+def segment_size(nbytes: int) -> int:
+    """The size of a new segment for a buffer of ``nbytes`` (``> 0``) bytes, in bytes.
+
+    ``nbytes`` rounded up to the next multiple of an eighth of its power of two (at most
+    1/8 more, and a multiple of 4 KiB from 32 KiB up), so batches of nearby sizes share
+    segments.
+    """
+    step = max(1, 1 << max(0, nbytes.bit_length() - 4))
+    return -(-nbytes // step) * step
+
+
 def _pooled(nbytes: int) -> torch.Tensor | None:
-    """A segment of ``nbytes`` this worker made whose batch is gone everywhere, or ``None``."""
+    """The smallest free segment of ``nbytes`` to ``2 * nbytes`` bytes, or ``None``.
+
+    Free: this worker made it, and its batch is gone everywhere.
+    """
+    best = None
     for t, alone in _POOL:
-        if t.numel() == nbytes and _holders(t) == 1 and _use_count(t) == alone:
-            return t
-    return None
+        n = t.numel()
+        if nbytes <= n <= 2 * nbytes and (best is None or n < best.numel()):
+            if _holders(t) == 1 and _use_count(t) == alone:
+                best = t
+    return best
 
 
 def _new_segment(nbytes: int) -> torch.Tensor:
     t = torch.empty(0, dtype=torch.uint8).set_(
-        torch.UntypedStorage._new_using_filename_cpu(nbytes)
+        torch.UntypedStorage._new_using_filename_cpu(segment_size(nbytes))
     )
     if _counts_ok():
         if len(_POOL) >= POOL_SEGMENTS:  # full: drop a free segment (of another size), if any
@@ -142,7 +206,7 @@ def alloc_buffer(nbytes: int) -> torch.Tensor:
 
     In the main process (no DataLoader worker) it is ordinary memory. In a worker it may be a
     segment of an earlier batch that no process uses any more (the module docstring): its
-    bytes are that batch's, not zeros.
+    bytes are that batch's, not zeros; the tensor is the segment's first ``nbytes`` bytes.
     """
     if torch.utils.data.get_worker_info() is None or nbytes <= 0:
         return torch.empty(max(nbytes, 0), dtype=torch.uint8)
@@ -152,23 +216,28 @@ def alloc_buffer(nbytes: int) -> torch.Tensor:
             if t is None:
                 t = _new_segment(nbytes)
             _BY_NAME.add(t.untyped_storage().data_ptr())
-            return t.view(-1)
+            return t[:nbytes]
     t = torch.empty(nbytes, dtype=torch.uint8)
     t.share_memory_()  # type: ignore[no-untyped-call]
     return t
 
 
-def share_ref(data: torch.Tensor) -> tuple[str, bytes, bytes, int] | None:
+def share_ref(data: torch.Tensor) -> tuple[str, bytes, bytes, int, int] | None:
     """Pickle-time: the by-name handle of a buffer :func:`alloc_buffer` made, else ``None``.
 
     Also a segment :func:`open_ref` mapped here (a batch the main process passes on to another
     process), as often as it is pickled. The sender takes one reference on the segment;
     :func:`open_ref` drops it once the receiver holds its own mapping, as
     ``torch.multiprocessing.reductions`` does. ``None`` means: pickle the tensor itself
-    (torch's reductions share it).
+    (torch's reductions share it). ``data`` is a contiguous tensor from the segment's start
+    (what :func:`alloc_buffer` gave, or a view of it); the receiver gets its bytes, not the
+    segment's tail.
     """
     storage = data.untyped_storage()
     ptr = storage.data_ptr()
+    if data.storage_offset() or not data.is_contiguous():
+        return None
+    used = data.numel() * data.element_size()
     if ptr in _BY_NAME:
         _BY_NAME.discard(ptr)
         manager, handle, size = storage._share_filename_cpu_()
@@ -180,16 +249,20 @@ def share_ref(data: torch.Tensor) -> tuple[str, bytes, bytes, int] | None:
             return None
         manager, handle, size = got[2:]
     storage._shared_incref()  # type: ignore[no-untyped-call]
-    return (_REF_TAG, manager, handle, int(size))
+    return (_REF_TAG, manager, handle, int(size), int(used))
 
 
 def open_ref(ref: Any) -> torch.Tensor:
-    """Unpickle-time: map the buffer named by :func:`share_ref` (or pass a tensor through)."""
+    """Unpickle-time: map the buffer named by :func:`share_ref` (or pass a tensor through).
+
+    Returns:
+        ``torch.uint8``, the bytes the sender's tensor held (the segment's first ones).
+    """
     if isinstance(ref, torch.Tensor):
         return ref
     from torch.multiprocessing.reductions import StorageWeakRef, rebuild_storage_filename
 
-    _, manager, handle, size = ref
+    _, manager, handle, size, used = ref
     storage = rebuild_storage_filename(  # type: ignore[no-untyped-call]
         torch.UntypedStorage, manager, handle, size
     )
@@ -203,4 +276,4 @@ def open_ref(ref: Any) -> torch.Tensor:
             handle,
             size,
         )
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)[:used]
