@@ -272,18 +272,23 @@ class DirCache:
         """Insert entry ``(key, name)`` atomically, evicting LRU entries to stay within the limit.
 
         The file holds a :data:`~tarindex.storage.sums.ENTRY_HEAD` record (24 bytes: the data's
-        crc32, tied to ``key/name``) before the data, checked by :meth:`get`.
+        crc32, tied to ``key/name``) before the data, checked by :meth:`get`. Its room is
+        reserved (:meth:`reserve`) before a byte is written, so concurrent inserts and
+        downloads, in any processes, never hold more than the limit together.
 
         Returns:
-            ``True`` if the entry was stored; ``False`` if it is larger than the whole limit
-            or the disk is full (the cache never makes a read fail).
+            ``True`` if the entry was stored; ``False`` if it is larger than the whole limit,
+            does not fit beside the downloads and inserts running now, or the disk is full
+            (the cache never makes a read fail).
         """
         n = len(data) + ENTRY_HEAD.size
-        if n > self.limit:
+        tmp = self.reserve(n)
+        if tmp is None:
             return False
-        tmp = self.temp_path()
         try:
-            with open(self._create(tmp), "wb") as f:
+            # into the reserved (preallocated) file: its size, counted, never changes
+            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW)
+            with open(fd, "wb") as f:
                 f.write(sums.head_of(key, name, data))
                 f.write(data)
             return self._commit(tmp, self.path(key, name), n)
@@ -329,7 +334,8 @@ class DirCache:
     def reserve(self, n: int) -> str | None:
         """A temp file of ``n`` bytes (preallocated), counted against the limit from now on.
 
-        For a download written in place (:class:`~tarindex.storage.pieces.PieceWriter`): under
+        For a download written in place (:class:`~tarindex.storage.pieces.PieceWriter`) and
+        every :meth:`put`: under
         the cache's lock, the entries, the other temp files and ``n`` must fit the limit;
         least recently used entries (released ones first: :meth:`release`) are evicted until
         they do. The file is made inside the lock, so the next reservation or insert counts
