@@ -12,7 +12,11 @@ docs/REMOTE.md, "Fetch policy". :attr:`RemoteOptions.fetch` says:
   largest working set fits the cache's limit; otherwise ranges. Without a plan: ranges,
   until this process has read :data:`ADAPT` of a shard's distinct samples, :data:`ADAPT_MIN`
   at least (and could read most of
-  it: a subset that holds less of it stays on ranges), then that shard whole.
+  it: a subset that holds less of it stays on ranges), then that shard whole; and once its
+  distinct samples, spread over several shards, reach :data:`SPREAD` of those shards'
+  samples (a shuffled epoch: ``DataLoader(shuffle=True)``, a random ``ds[i]`` pass), every
+  shard it has read whole, downloaded in the order the reads first came to them,
+  :attr:`RemoteOptions.shards_ahead` at once.
 
 The machine's share of a plan: a rank's plan times ``LOCAL_WORLD_SIZE / WORLD_SIZE`` (the
 environment torchrun sets; both default to 1), since ranks and DataLoader workers on one
@@ -45,7 +49,16 @@ from ..storage.remote import (
 from .pool import ReaderPool
 from .spanner import shards_of
 
-__all__ = ["ADAPT", "ADAPT_MIN", "PIN_AHEAD", "WHOLE_SHARE", "FetchPolicy", "machine_share"]
+__all__ = [
+    "ADAPT",
+    "ADAPT_MIN",
+    "PIN_AHEAD",
+    "SPREAD",
+    "SPREAD_MIN",
+    "WHOLE_SHARE",
+    "FetchPolicy",
+    "machine_share",
+]
 
 ADAPT = 1 / 16
 """Without a plan (``"auto"``): a shard is fetched whole once this process has read this
@@ -53,6 +66,15 @@ fraction of its distinct samples by ranges (and at least :data:`ADAPT_MIN` of th
 
 ADAPT_MIN = 64
 """Without a plan: samples of a shard read by ranges before it may be fetched whole."""
+
+SPREAD = 1 / 64
+"""Without a plan (``"auto"``): once this process has read this fraction of the distinct
+samples of the shards it has read (two shards at least, :data:`SPREAD_MIN` samples at least),
+the job reads at random across them (a shuffled epoch), and every one of them is fetched
+whole. A sparse job (1% of the samples, ``get(key)``) stays below it: on ranges."""
+
+SPREAD_MIN = 32
+"""Without a plan: distinct samples read before :data:`SPREAD` may switch shards whole."""
 
 PIN_AHEAD = 64
 """Shards whose versions the whole-shard read-ahead learns ahead of their downloads, at most."""
@@ -107,6 +129,10 @@ class FetchPolicy:
         """Streaming: samples at the plan's start fetched by ranges before its downloads."""
         self._first_read = False
         self._holding: list[str] = []
+        self._touched: list[int] = []  # no plan: the shards read, in the order first read
+        self._weighed = 0  # no plan, spread: _touched[:_weighed] were queued or turned down
+        self._distinct = 0  # no plan: distinct samples read
+        self._spread = False  # no plan: the reads spread over the shards (SPREAD)
 
     def copy_for(self, pool: ReaderPool) -> FetchPolicy:
         """A policy of ``pool`` (a fresh copy of this one's pool) following the same plan."""
@@ -287,7 +313,13 @@ class FetchPolicy:
         fresh = ~seen[idx]
         if fresh.any():
             seen[idx[fresh]] = True
-            np.add.at(self.reads, sid[fresh], 1)
+            got = sid[fresh]
+            self._touched += [s for s in _first_need(got) if not self.reads[s]]
+            np.add.at(self.reads, got, 1)
+            self._distinct += len(got)
+            self._spread_out(reach)
+        elif self._ahead:
+            self._pump_spread()
         cand = np.nonzero(self.reads >= np.maximum(ADAPT_MIN, ADAPT * self.counts))[0]
         for s in cand.tolist():
             if s in self.pool.whole or not is_url(self.pool.paths[s]):
@@ -297,6 +329,47 @@ class FetchPolicy:
             if self._fits([s]):
                 self.pool.set_whole(s)
                 self._demand(np.asarray([s], np.int64))
+
+    def _spread_out(self, reach: NDArray[np.int64] | None) -> None:
+        """No plan: whole downloads of the shards read once the reads spread over them.
+
+        A shuffled epoch reads a few samples of every shard per batch: the per-shard rule
+        (:data:`ADAPT`) would switch each shard late, after one ranged request per sample
+        for a sixteenth of it. Once the distinct samples read reach :data:`SPREAD` of the
+        shards read (a sparse job stays below), every shard read so far, and every shard
+        read from then on, is queued for a whole download in the order the reads first
+        came to it; :meth:`_pump_spread` runs ``shards_ahead`` at once.
+        """
+        touched = self._touched
+        if not self._spread:
+            if len(touched) < 2 or self._distinct < SPREAD_MIN:
+                return
+            if self._distinct < SPREAD * int(self.counts[touched].sum()):
+                return
+            self._spread = True
+        new = []
+        for s in touched[self._weighed :]:
+            if s in self.pool.whole or s in self._futs or not self._whole_ok(s):
+                continue
+            if reach is not None and reach[s] < WHOLE_SHARE * self.counts[s]:
+                continue  # a subset holding little of it
+            new.append(s)
+        self._weighed = len(touched)
+        if new and self._fits(self._ahead + new):
+            self._ahead += new
+        self._pump_spread()
+
+    def _pump_spread(self) -> None:
+        """No plan, spread: start the queued downloads there is room for; read them whole.
+
+        A shard is read from its whole copy (joining its download) once the download runs
+        here or in another process; until then by ranges.
+        """
+        self._pump()
+        for s in self._ahead:
+            if s in self._futs:
+                self.pool.set_whole(s)
+        self._ahead = [s for s in self._ahead if s not in self._futs]
 
     def _remap(self, sid: NDArray[np.int64]) -> None:
         """Reopen the shards of ``sid`` read from a copy that downloaded while they were open.

@@ -15,7 +15,7 @@ import pytest
 
 import tarindex
 from tarindex.errors import StaleIndexError
-from tarindex.read.fetchpolicy import ADAPT_MIN
+from tarindex.read.fetchpolicy import ADAPT_MIN, SPREAD, SPREAD_MIN
 from tarindex.storage import remote
 from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
@@ -132,6 +132,54 @@ def test_a_sparse_subset_never_switches(served: tuple[RangeServer, list[str]]) -
             ds[i]
     assert ds.shards.base.pool.whole == set()
     assert _whole_downloads(srv, paths) == {}
+
+
+def test_a_shuffled_pass_without_a_plan_switches_every_shard_early(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    """Issue 24: a uniform shuffle reads a few samples of every shard at a time; switching a
+    shard only at 1/16 of its distinct samples (ADAPT_MIN at least) cost one ranged request
+    per sample until then (1,137 requests for the benchmark's DataLoader epoch). Reads spread
+    over the shards switch them all once SPREAD_MIN distinct samples are read."""
+    srv, paths = served
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    local = tarindex.ShardSet(paths)
+    perm = np.random.default_rng(1).permutation(len(ds)).tolist()
+    assert SPREAD_MIN >= SPREAD * len(ds)
+    for i in perm[: SPREAD_MIN - 1]:
+        assert ds[i]["bin"] == local.sample(i)["bin"]
+    assert ds.shards.pool.whole == set()
+    for i in perm[SPREAD_MIN - 1 :]:
+        assert ds[i]["bin"] == local.sample(i)["bin"]
+    assert ds.shards.pool.whole == {0, 1, 2, 3}
+    assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
+    gets = sum(len(rs) for rs in _tar_gets(srv).values())
+    # the reads before the switch, the downloads, the open-time checks (with the first read;
+    # a few more where a shard reopens on its copy); the old rule: 4 x ADAPT_MIN = 256 first
+    assert gets < SPREAD_MIN + 4 * 12, gets
+
+
+def test_sparse_reads_and_get_by_key_stay_on_ranges_over_many_samples(
+    serve_shards: ServeShards,
+) -> None:
+    """1% of the samples at random, and keys through ``get``, over shards holding enough that
+    1% is more than SPREAD_MIN: ranges only, and no more bytes than the members' and the
+    open-time checks' (the benchmark's bound: 1.2x the bytes asked)."""
+    srv, paths = serve_shards([1100, 1000, 1050, 950])
+    ds = tarindex.TarDataset(f"{srv.url}/train-{{000000..000003}}.tar")
+    local = tarindex.ShardSet(paths)
+    n = len(ds) // 100
+    assert n > SPREAD_MIN
+    picked = np.random.default_rng(2).choice(len(ds), n, replace=False).tolist()
+    for i in picked[: n // 2]:
+        assert ds[i]["bin"] == local.sample(i)["bin"]
+    for i in picked[n // 2 :]:
+        key = local.sample(i)["__key__"]
+        assert ds.get(key)["bin"] == local.get(key)["bin"]
+    assert ds.shards.pool.whole == set()
+    assert _whole_downloads(srv, paths) == {}
+    sent = sum(b - a for rs in _tar_gets(srv).values() for a, b in rs)
+    assert sent < 0.05 * sum(os.path.getsize(p) for p in paths)
 
 
 def test_forced_range_and_forced_shard(served: tuple[RangeServer, list[str]]) -> None:
@@ -303,6 +351,29 @@ def test_two_dataloader_workers_download_each_shard_once(
     tar_bytes = sum(os.path.getsize(p) for p in paths)
     checks = _whole_and_checks(paths) - tar_bytes
     assert sum(b - a for rs in _tar_gets(srv).values() for a, b in rs) <= tar_bytes + 2 * checks
+
+
+@pytest.mark.timeout(180)
+def test_a_plan_less_shuffled_dataloader_downloads_each_shard_once_early(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    """``DataLoader(shuffle=True)`` with no plan (``fetch="auto"``): two workers, each seeing
+    its batches spread over all shards, switch them whole after two batches; each shard is
+    sent whole once (a worker joins the other's download), and the ranged reads before the
+    switch are a few per worker, not 1/16 of every shard."""
+    torch = pytest.importorskip("torch")
+    srv, paths = served
+    srv.latency = 0.01
+    ds = tarindex.TarDataset(f"{srv.url}/{PAT}")
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=16, shuffle=True, num_workers=2, multiprocessing_context="fork",
+        collate_fn=_keys, generator=torch.Generator().manual_seed(0),
+    )
+    keys = sorted(k for b in loader for k in b)
+    assert keys == [f"{i:08d}" for i in range(sum(SIZES))]
+    assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
+    gets = sum(len(rs) for rs in _tar_gets(srv).values())
+    assert gets < 2 * SPREAD_MIN + 2 * 4 * 12, gets  # 2 x 4 x ADAPT_MIN before
 
 
 def _keys(batch: list[Any]) -> list[str]:
