@@ -15,10 +15,11 @@ tests/remote_server.py (a thread of the measuring process, no added latency). Ro
   open checks the copy's per-MiB crc32s (its open-time checks and ``HEAD`` go to the server
   either way).
 
-``--get``: instead, ``DirCache.get`` of a 1 MiB chunk alone, both trees' ``DirCache`` in one
-process, interleaved (64 chunks x 5 per round, the order alternating): "remembered" (the
-chunk passed earlier in the process: no crc) and "first read" (never remembered: the crc32
-every first read in a process pays).
+``--get``: instead, ``DirCache.get`` of one entry of ``--chunk`` bytes (1 MiB: a chunk, the
+default; 8 MiB) alone, both trees' ``DirCache`` in one process, interleaved (64 entries x 5
+per round, the order alternating), beside a bare ``os.pread`` of the same files (the read
+alone) and the checksums alone (zlib's crc32; crc32c by google-crc32c, when installed). Every
+get checks its entry's crc (a store through a shared mapping changes bytes without a ctime).
 
 Each figure is the median over the rounds; the ratio is NEW / OLD time (lower is faster).
 The cache files were written more than 2 s before the runs (a pass is remembered only for
@@ -94,38 +95,50 @@ def _cache_class(tree: str) -> Any:
         sys.path.pop(0)
 
 
-def get_rows(trees: list[str], rounds: int) -> None:
+def get_rows(trees: list[str], rounds: int, chunk: int) -> None:
     """The ``--get`` rows (module docs)."""
-    old = _cache_class(trees[1])
-    new = _cache_class(trees[0])  # (its tarindex stays imported: its sums below)
-    from tarindex.storage import sums
+    import zlib
 
-    data = os.urandom(1 << 20)
+    old = _cache_class(trees[1])
+    new = _cache_class(trees[0])
+    data = os.urandom(chunk)
     key = "ab" * 32
+    n = 64 if chunk <= 1 << 20 else 16
     with tempfile.TemporaryDirectory() as tmp:
-        caches = {"new": new(tmp + "/n", 1 << 30), "old": old(tmp + "/o", 1 << 30)}
+        caches = {"new": new(tmp + "/n", 1 << 34), "old": old(tmp + "/o", 1 << 34)}
         for c in caches.values():
-            for i in range(64):
+            for i in range(n):
                 c.put(key, str(i), data)
-        time.sleep(sums.RACY_S + 0.5)
-        racy = sums.RACY_S
-        for label, never in (("remembered", False), ("first read", True)):
-            sums.RACY_S = 1e12 if never else racy
-            for i in range(64):
-                sums.forget(caches["new"].path(key, str(i)))
-            got: dict[str, list[float]] = {"new": [], "old": []}
-            for c in caches.values():
-                for i in range(64):
-                    c.get(key, str(i), 1 << 20)
-            for r in range(rounds):
-                for name in ("new", "old") if r % 2 == 0 else ("old", "new"):
-                    t0 = time.perf_counter()
-                    for _ in range(5):
-                        for i in range(64):
-                            caches[name].get(key, str(i), 1 << 20)
-                    got[name].append((time.perf_counter() - t0) / 320 * 1e6)
-            n, o = statistics.median(got["new"]), statistics.median(got["old"])
-            print(f"DirCache.get 1 MiB, {label:<11}{n:>9.1f} us{o:>9.1f} us{n / o:>8.2f}x")
+        fds = [os.open(caches["new"].path(key, str(i)), os.O_RDONLY) for i in range(n)]
+        steps: dict[str, Any] = {
+            name: (lambda c=c: [c.get(key, str(i), chunk) for i in range(n)])
+            for name, c in caches.items()
+        }
+        steps["pread"] = lambda: [os.pread(fd, chunk + 24, 0) for fd in fds]
+        steps["zlib crc32"] = lambda: [zlib.crc32(data) for _ in range(n)]
+        try:
+            import google_crc32c
+
+            steps["crc32c"] = lambda: [google_crc32c.value(data) for _ in range(n)]
+        except ImportError:
+            pass
+        got: dict[str, list[float]] = {k: [] for k in steps}
+        for name in steps:  # warm
+            steps[name]()
+        for r in range(rounds):
+            for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    steps[name]()
+                got[name].append((time.perf_counter() - t0) / (5 * n) * 1e6)
+        for fd in fds:
+            os.close(fd)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    print(f"DirCache.get of {chunk >> 20} MiB, {rounds} interleaved rounds (median us per get)")
+    print(f"  new {med['new']:.0f} us, old {med['old']:.0f} us: {med['new'] / med['old']:.2f}x")
+    for k in ("pread", "zlib crc32", "crc32c"):
+        if k in med:
+            print(f"  {k:<11}{med[k]:>8.0f} us")
     print(f"(load average {os.getloadavg()[0]:.1f})")
 
 
@@ -137,9 +150,10 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--get", action="store_true", help="DirCache.get alone (module docs)")
+    ap.add_argument("--chunk", type=int, default=1 << 20, help="--get: bytes per entry")
     a = ap.parse_args()
     if a.get:
-        get_rows(a.trees, 2 * a.rounds)
+        get_rows(a.trees, 2 * a.rounds, a.chunk)
         return
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, here)

@@ -5,10 +5,15 @@ extended, a file of another entry copied in its place); its length alone proves 
 rules (docs/REMOTE.md, "Cache"):
 
 - **Bytes entries** (:meth:`DirCache.put <tarindex.storage.cache.DirCache.put>`: a chunk of a
-  remote tar, an index) start with a :data:`ENTRY_HEAD` record: magic, the data's length, the
-  crc32 (zlib) of the data seeded with the crc32 of the entry's ``key/name``, and a crc32 of
-  the record itself. The key holds the object's URL, size, index fingerprint and pinned
-  version (ETag, ...), so bytes of another entry or version fail the check.
+  remote tar, an index) start with a :data:`ENTRY_HEAD` record: magic, the data's length, a
+  crc of the data seeded with the crc of the entry's ``key/name``, and a zlib crc32 of the
+  record itself. The key holds the object's URL, size, index fingerprint and pinned version
+  (ETag, ...), so bytes of another entry or version fail the check. The magic names the
+  data's crc: ``TIENTRY2`` crc32c (Castagnoli, RFC 3720 §B.4; google-crc32c, in hardware:
+  about 4x zlib's crc32, benchmarks/README.md), written when google-crc32c's compiled
+  implementation is installed (the ``remote`` extra); else ``TIENTRY1`` zlib's crc32, as
+  tarindex wrote before. Both are read; a ``TIENTRY2`` entry in a process without
+  google-crc32c cannot be checked and is dropped as a failed one (fetched again).
 - **File entries** (a whole shard: :meth:`DirCache.put_file` with ``sums``) keep a
   ``<name>.sum`` file beside them: magic, the file's size, the grain, the crc32 of
   ``key/name``, one crc32 per :data:`~tarindex.storage.pieces.GRAIN` bytes (computed as the
@@ -40,6 +45,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "GRAIN",
@@ -67,7 +73,8 @@ GRAIN = 1 << 20
 ENTRY_HEAD = struct.Struct("<8sQII")
 """The record before a bytes entry's data (24 bytes): magic, length, data crc, record crc."""
 
-_MAGIC = b"TIENTRY1"
+_MAGIC = b"TIENTRY1"  # the data's crc: zlib crc32
+_MAGIC_C = b"TIENTRY2"  # the data's crc: crc32c
 _SUM_MAGIC = b"TISUMS01"
 _SUM_HEAD = struct.Struct("<8sQQII")  # magic, size, grain, bind, crc32 of the crcs
 SUM_SUFFIX = ".sum"
@@ -88,10 +95,42 @@ def bind(key: str, name: str) -> int:
     return zlib.crc32(f"{key}/{name}".encode())
 
 
+_crc32c: list[Any] = []  # google_crc32c once imported (None: not installed)
+
+
+def _castagnoli() -> Any:
+    """The ``google_crc32c`` module, or ``None`` (imported at first use: not by ``import tarindex``)."""
+    if not _crc32c:
+        try:
+            import google_crc32c
+        except ImportError:
+            _crc32c.append(None)
+        else:
+            _crc32c.append(google_crc32c)
+    return _crc32c[0]
+
+
+def _data_crc(magic: bytes, key: str, name: str, data: bytes) -> int | None:
+    """The crc of a bytes entry's data by the rule ``magic`` names; ``None``: not computable."""
+    if magic == _MAGIC:
+        return zlib.crc32(data, bind(key, name))
+    c = _castagnoli()
+    if magic != _MAGIC_C or c is None:
+        return None
+    return int(c.extend(c.value(f"{key}/{name}".encode()), data))
+
+
 def head_of(key: str, name: str, data: bytes | memoryview) -> bytes:
-    """The :data:`ENTRY_HEAD` record of bytes entry ``(key, name)`` holding ``data``."""
-    n, crc = len(data), zlib.crc32(data, bind(key, name))
-    return ENTRY_HEAD.pack(_MAGIC, n, crc, zlib.crc32(struct.pack("<8sQI", _MAGIC, n, crc)))
+    """The :data:`ENTRY_HEAD` record of bytes entry ``(key, name)`` holding ``data``.
+
+    Its crc is a crc32c when google-crc32c's compiled implementation is installed, else
+    zlib's crc32 (module docs).
+    """
+    c = _castagnoli()
+    magic = _MAGIC_C if c is not None and c.implementation == "c" else _MAGIC
+    crc = _data_crc(magic, key, name, data if isinstance(data, bytes) else bytes(data))
+    n = len(data)
+    return ENTRY_HEAD.pack(magic, n, crc, zlib.crc32(struct.pack("<8sQI", magic, n, crc)))
 
 
 def check_bytes(key: str, name: str, head: bytes, data: bytes, known: bool) -> str | None:
@@ -107,10 +146,13 @@ def check_bytes(key: str, name: str, head: bytes, data: bytes, known: bool) -> s
             ``data``.
     """
     bad = check_head(head, len(data))
-    if bad is not None:
+    if bad is not None or known:
         return bad
-    n, crc = ENTRY_HEAD.unpack(head)[1:3]
-    if not known and zlib.crc32(data, bind(key, name)) != crc:
+    magic, n, crc = ENTRY_HEAD.unpack(head)[:3]
+    got = _data_crc(magic, key, name, data)
+    if got is None:
+        return "its checksum is a crc32c, which this process cannot compute: pip install google-crc32c"
+    if got != crc:
         return f"bytes {ENTRY_HEAD.size}..{ENTRY_HEAD.size + n} differ from their checksum"
     return None
 
@@ -128,7 +170,7 @@ def check_head(head: bytes, n: int) -> str | None:
     if len(head) != ENTRY_HEAD.size:
         return f"its checksum record is cut ({len(head)} of {ENTRY_HEAD.size} bytes)"
     magic, want, crc, rcrc = ENTRY_HEAD.unpack(head)
-    if magic != _MAGIC:
+    if magic not in (_MAGIC, _MAGIC_C):
         return (
             "it does not start with a checksum record (its first bytes were changed, or an "
             "older tarindex wrote it)"

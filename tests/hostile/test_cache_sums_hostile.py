@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 import tracemalloc
+import warnings
 import zlib
 from pathlib import Path
 
@@ -100,3 +101,67 @@ def test_a_planted_huge_entry_is_refused_without_being_read(tmp_path: Path, how:
         tracemalloc.stop()
     assert peak < 1 << 20, f"{peak} bytes allocated"
     assert not os.path.exists(p)
+
+
+def _old_entry(key: str, name: str, data: bytes) -> bytes:
+    """A bytes entry as tarindex wrote it before crc32c (``TIENTRY1``: zlib's crc32)."""
+    crc = zlib.crc32(data, zlib.crc32(f"{key}/{name}".encode()))
+    rec = struct.pack("<8sQI", b"TIENTRY1", len(data), crc)
+    return rec + struct.pack("<I", zlib.crc32(rec)) + data
+
+
+def test_bytes_entries_carry_a_crc32c_and_older_entries_still_pass(tmp_path: Path) -> None:
+    """The per-get check of a bytes entry is a crc32c now (google-crc32c, in hardware: ~4x
+    zlib's crc32, benchmarks/README.md); a changed byte is still never served, and the
+    entries an older tarindex wrote (zlib crc32) are still read, not fetched again."""
+    pytest.importorskip("google_crc32c")
+    c = DirCache(str(tmp_path / "cache"), 1 << 30)
+    data = os.urandom(3 << 20)
+    assert c.put(KEY, "0", data)
+    p = Path(c.path(KEY, "0"))
+    assert p.read_bytes()[:8] == b"TIENTRY2"
+    old = Path(c.path(KEY, "1"))
+    old.write_bytes(_old_entry(KEY, "1", data))
+    time.sleep(0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert c.get(KEY, "0") == data
+        assert c.get(KEY, "1") == data
+    for f in (p, old):  # one bit anywhere in the data
+        with open(f, "r+b") as fh:
+            fh.seek(2 << 20)
+            b = fh.read(1)
+            fh.seek(2 << 20)
+            fh.write(bytes([b[0] ^ 1]))
+        with pytest.warns(RuntimeWarning, match="differ from their checksum"):
+            assert c.get(KEY, f.name) is None
+        assert not f.exists()
+
+
+def test_a_process_without_google_crc32c_reads_and_writes_zlib_entries(tmp_path: Path) -> None:
+    """google-crc32c is a dependency of the ``remote`` extra, with a fallback: a process
+    without it writes zlib crc32 entries (read by every process) and drops a crc32c entry
+    it cannot check (with the warning and the fix), as any entry failing its check."""
+    pytest.importorskip("google_crc32c")
+    root = tmp_path / "cache"
+    c = DirCache(str(root), 1 << 30)
+    data = os.urandom(1 << 20)
+    assert c.put(KEY, "new", data)
+    code = textwrap.dedent(
+        """
+        import sys, warnings
+        sys.modules["google_crc32c"] = None  # not installed
+        from tarindex.storage.cache import DirCache
+        c = DirCache(sys.argv[1], 1 << 30)
+        c.put(sys.argv[2], "fallback", b"z" * 1000)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            print(c.get(sys.argv[2], "new") is None, str(w[0].message))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(root), KEY], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True ") and "pip install google-crc32c" in out.stdout
+    assert Path(c.path(KEY, "fallback")).read_bytes()[:8] == b"TIENTRY1"
+    assert c.get(KEY, "fallback") == b"z" * 1000
