@@ -30,6 +30,9 @@ Rows (per server and latency):
   ``ShardListDataset(spec)[0]``; the stream also with ``shuffle=False`` (webdataset's row
   reads its first shard in order too); ``open_ms`` in the JSON is the construction alone.
 
+Each row also gives the CPU seconds of its processes (``cpu s``): the reader's main process,
+its DataLoader workers (and any other child it waited for), and the HTTP server.
+
 Run: ``python benchmarks/bench_remote_policy.py [--quick] [--latency 0 0.02] [--no-s3]
 [--rows first first-stream first-stream-ordered wds-first wids-first] [--repeat 5]``
 (``--repeat``: the median of fresh processes per row).
@@ -72,6 +75,7 @@ remote.stats(reset=True)
 n = cfg["n"]
 out = {}
 t0 = time.perf_counter()
+c0 = time.process_time()
 if kind == "limit":
     got = fs.cat([remote.transport.fs_path(u) for u in urls])
     out["samples"] = n
@@ -149,6 +153,10 @@ elif kind.startswith("wids"):
             ds[i]
         out["samples"] = len(perm)
 out["seconds"] = time.perf_counter() - t0
+import resource  # CPU seconds: this process, and its workers (joined when the loader ended)
+out["cpu_main"] = time.process_time() - c0
+ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+out["cpu_workers"] = ch.ru_utime + ch.ru_stime
 st = remote.stats()
 out["client_requests"], out["client_bytes"] = st["requests"], st["bytes"]
 print(json.dumps(out))
@@ -175,6 +183,12 @@ class Http:
         )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
+
+    def cpu(self) -> float:
+        """The server process's CPU seconds so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            x = f.read().rsplit(")", 1)[1].split()
+        return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
 
     def stats(self, reset: bool = False) -> dict[str, int]:
         import urllib.request
@@ -290,6 +304,7 @@ def main() -> None:
                     cache = os.path.join(tmp, f"cache-{len(results)}")
                     if http is not None:
                         http.stats(reset=True)
+                    cpu0 = http.cpu() if http is not None else 0.0
                     local = key.startswith("local-")  # the same row, no network
                     got = child({"urls": paths if local else urls,
                                  "kind": key.removeprefix("local-"), "so": so, "cache": cache,
@@ -297,6 +312,7 @@ def main() -> None:
                                  "reset": f"{http.url}/__reset" if http is not None else None})
                     shutil.rmtree(cache, ignore_errors=True)
                     if http is not None:
+                        got["cpu_server"] = http.cpu() - cpu0
                         st = http.stats()
                         reqs, nbytes = st["requests"], st["bytes_sent"]
                     else:
@@ -315,6 +331,9 @@ def main() -> None:
                        "requests": reqs, "bytes": nbytes,
                        "bytes_per_dataset": nbytes / tar_bytes if nbytes >= 0 else None,
                        "open_ms": got.get("open_ms"), "error": got.get("error")}
+                cpu: dict[str, float] = {k[4:]: got[k] for k in ("cpu_main", "cpu_workers",
+                                                                  "cpu_server") if k in got}
+                row["cpu_s"] = cpu
                 if key == "idx-sparse" and got.get("asked"):
                     row["bytes_per_asked"] = nbytes / got["asked"]
                 results.append(row)
@@ -324,6 +343,7 @@ def main() -> None:
                       f"{rate:9,.0f}/s  {row['of_limit']:5.2f}x limit  "
                       f"{got.get('seconds', 0) * 1e3:8.0f} ms  req {reqs:6d}  "
                       f"bytes {nbytes / tar_bytes if nbytes >= 0 else -1:5.2f}x{extra}"
+                      f"  cpu s {' '.join(f'{k} {v:.2f}' for k, v in cpu.items())}"
                       f"{'  ERROR ' + str(row['error']) if row['error'] else ''}", flush=True)
             if http is not None:
                 http.close()

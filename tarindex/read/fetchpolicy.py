@@ -76,6 +76,10 @@ whole. A sparse job (1% of the samples, ``get(key)``) stays below it: on ranges.
 SPREAD_MIN = 32
 """Without a plan: distinct samples read before :data:`SPREAD` may switch shards whole."""
 
+SYNC_EVERY = 16
+"""With a plan: the plan's downloads are ordered and the shards it is done with released
+once per this many positions the reads move on (every ``ds[i]``: 60 us of a 25 us read)."""
+
 PIN_AHEAD = 64
 """Shards whose versions the whole-shard read-ahead learns ahead of their downloads, at most."""
 
@@ -257,11 +261,16 @@ class FetchPolicy:
             sid = shards_of(self.starts, self.per, order)
             last = np.full(len(self.counts), -1, np.int64)
             last[sid] = np.arange(len(sid), dtype=np.int64)  # last write wins: last need
+            # the plan's positions grouped by shard, ascending: shard * (n + 1) + position
+            step = len(sid) + 1
+            occ = np.argsort(sid, kind="stable")
             self._plan = plan = {
                 "where": where,
                 "sid": sid,
                 "last": last,
+                "occ": sid[occ] * step + occ,
                 "pos": int(pos.min()),
+                "synced": -SYNC_EVERY,  # the position the downloads were last ordered at
                 "decided": False,
             }
             return plan
@@ -289,13 +298,15 @@ class FetchPolicy:
                 plan["decided"] = True
                 self._decide(plan)
             pos = plan["pos"]
+            if 0 <= pos - plan["synced"] < SYNC_EVERY:
+                return  # the downloads' order and releases move on every SYNC_EVERY reads
+            plan["synced"] = pos
             if self._ahead or self.pool.whole or mode == "shard":
                 done = np.nonzero((plan["last"] >= 0) & (plan["last"] < pos))[0]
                 for s in done.tolist():
                     self._release(s)
-                sid_rest = plan["sid"][pos:]
                 self._ahead = [
-                    s for s in _first_need(sid_rest) if s in self.pool.whole or mode == "shard"
+                    s for s in _next_need(plan, pos) if s in self.pool.whole or mode == "shard"
                 ]
                 self._pump()
             return
@@ -514,6 +525,23 @@ def _first_need(sid: NDArray[np.int64]) -> list[int]:
         return []
     u, first = np.unique(sid, return_index=True)
     out: list[int] = u[np.argsort(first)].tolist()
+    return out
+
+
+def _next_need(plan: dict[str, Any], pos: int) -> list[int]:
+    """The shards the plan reads at or after position ``pos``, in the order of that need.
+
+    ``_first_need(plan["sid"][pos:])``, in ``O(shards * log(plan))`` per call from the
+    plan's positions grouped by shard (``plan["occ"]``), not a sort of the plan's rest at
+    every read (0.45 ms a ``ds[i]`` for 8,000 samples: 13x the read from a whole copy).
+    """
+    occ = plan["occ"]
+    step = len(plan["sid"]) + 1
+    base = np.arange(len(plan["last"]), dtype=np.int64) * step
+    i = np.searchsorted(occ, base + pos)
+    has = np.nonzero(plan["last"] >= pos)[0]  # shards read at or after pos
+    nxt = occ[i[has]] - base[has]
+    out: list[int] = has[np.argsort(nxt, kind="stable")].tolist()
     return out
 
 

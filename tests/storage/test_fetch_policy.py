@@ -516,3 +516,23 @@ def test_a_process_exits_promptly_with_a_download_running(
         assert os.pread(fd, size, 0) == Path(paths[0]).read_bytes()
     finally:
         os.close(fd)
+
+
+def test_the_next_shards_of_a_plan_from_any_position() -> None:
+    """The downloads' order from a plan position (``_next_need``, searched in the plan's
+    positions grouped by shard) is the first-need order of the plan's rest: it sorted the
+    whole rest of the plan at every read (0.45 ms a ``ds[i]`` over 8,000 samples)."""
+    from tarindex.read.fetchpolicy import _first_need, _next_need
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        shards, n = int(rng.integers(1, 12)), int(rng.integers(1, 150))
+        sid = rng.integers(0, shards, n)
+        if rng.random() < 0.3:  # shard by shard, as a sequential plan
+            sid = np.sort(sid)
+        last = np.full(shards, -1, np.int64)
+        last[sid] = np.arange(n)
+        occ = np.argsort(sid, kind="stable")
+        plan = {"sid": sid, "last": last, "occ": sid[occ] * (n + 1) + occ}
+        for pos in range(n + 1):
+            assert _next_need(plan, pos) == _first_need(sid[pos:]), (sid.tolist(), pos)
