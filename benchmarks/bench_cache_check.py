@@ -7,9 +7,9 @@ own cache directory filled by its own code, measured in alternating fresh proces
 tests/remote_server.py (a thread of the measuring process, no added latency). Rows:
 
 * ``ds[i] first pass``: every sample once in a shuffled order, through a ``cache_dir`` whose
-  chunks (1 MiB, the default) were all cached by an earlier process: each chunk is checked
-  (crc32) on its first read in the process, then remembered;
-* ``ds[i] second pass``: the same again in the same process (no crc: remembered passes);
+  chunks (1 MiB, the default) were all cached by an earlier process: each chunk read is
+  checked (its crc32c, or zlib crc32 without google-crc32c) on every get;
+* ``ds[i] second pass``: the same again in the same process;
 * ``whole-copy reopen``: a fresh process (torch and fsspec imported, a connection made) opens a shard
   whose whole copy (``fetch="shard"``, 32 MiB) is cached and reads one sample: the first
   open checks the copy's per-MiB crc32s (its open-time checks and ``HEAD`` go to the server
