@@ -39,6 +39,7 @@ from ..format.packed import PACKED_META
 from ..format.spec import HEADER
 from ..storage.remote import (
     RemoteSource,
+    drop_seeds,
     fetch_ahead,
     hold,
     is_url,
@@ -137,6 +138,8 @@ class FetchPolicy:
         self._weighed = 0  # no plan, spread: _touched[:_weighed] were queued or turned down
         self._distinct = 0  # no plan: distinct samples read
         self._spread = False  # no plan: the reads spread over the shards (SPREAD)
+        self._holding_ids: list[int] = []
+        self._hold_state = [False]  # shared with the finalizer: the hold is still on
 
     def copy_for(self, pool: ReaderPool) -> FetchPolicy:
         """A policy of ``pool`` (a fresh copy of this one's pool) following the same plan."""
@@ -182,10 +185,12 @@ class FetchPolicy:
         ends = np.cumsum(pieces[:, 2] - pieces[:, 1])
         self.reach = max(int(first), int(ends[0]))
         self._held = True  # the first window's reads go first, by ranges (reading)
-        self._holding = [self.pool.paths[s] for s in order if is_url(self.pool.paths[s])]
+        self._holding_ids = [s for s in order if is_url(self.pool.paths[s])]
+        self._holding = [self.pool.paths[s] for s in self._holding_ids]
         hold(self._holding, True)
         # a stream dropped after its first sample never calls reading again: let go with it
-        weakref.finalize(self, hold, list(self._holding), False)
+        self._hold_state = [True]
+        weakref.finalize(self, _let_go, list(self._holding), self._hold_state)
         if self.mode == "shard":
             self._queue(order)
             return
@@ -212,16 +217,27 @@ class FetchPolicy:
         The plan's downloads start once its first block has been read: the first window's
         blocks are fetched by ranges first (``prefetch._reach_ahead``), in one round that
         does not share the server's bandwidth with the downloads (which would hold the first
-        sample back by the time to download the shards' first pieces). From then on a whole
-        shard read before its turn in the plan's download order is downloaded now (its
-        reads go by ranges until the download reaches their bytes).
+        sample back by the time to download the shards' first pieces); their bytes are kept
+        for the downloads, which fetch only the rest (:mod:`~tarindex.storage.remote.firstwindow`).
+        From then on a whole shard read before its turn in the plan's download order is
+        downloaded now (its reads wait for bytes its download has requested, and go by
+        ranges for the others), and a download that ended makes room for the next one at
+        once (not when the stream has passed a shard).
         """
         if self._held:
             if not self._first_read:
                 self._first_read = True
                 return
             self._held = False
-            hold(self._holding, False)
+            if self._hold_state[0]:
+                self._hold_state[0] = False
+                hold(self._holding, False)
+            # the first window's bytes go to the downloads of whole shards (firstwindow.seed);
+            # the other shards are never downloaded here
+            if self.mode != "shard":
+                whole = self.pool.whole
+                drop_seeds([self.pool.paths[t] for t in self._holding_ids if t not in whole])
+        if self._ahead:  # a download that ended makes room for the next one now
             self._pump()
         if s in self.pool.whole or self.mode == "shard":
             self._demand(np.asarray([s], np.int64))
@@ -517,6 +533,18 @@ class FetchPolicy:
             release(self.pool.paths[s], self.pool.remote, self._info(s)[1])
             self.pool.drop(s)
             del self._futs[s]
+
+
+def _let_go(urls: list[str], state: list[bool]) -> None:
+    """A stream's policy is gone before its second block: let go of its hold (once).
+
+    The first window's bytes kept for downloads that will not start go too (unless another
+    stream holds those URLs).
+    """
+    if state[0]:
+        state[0] = False
+        hold(urls, False)
+        drop_seeds(urls, unheld=True)
 
 
 def _first_need(sid: NDArray[np.int64]) -> list[int]:

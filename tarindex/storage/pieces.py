@@ -65,6 +65,18 @@ def _grains(size: int, grain: int) -> int:
     return -(-size // grain) if size else 0
 
 
+_writing: dict[bytes, PieceWriter] = {}
+"""Temp file name -> the writer of that download in this process (:meth:`PieceReader.reached`)."""
+_writing_lock = threading.Lock()
+
+
+def _forget_writers() -> None:
+    _writing.clear()  # the parent's writers do not write here
+
+
+os.register_at_fork(after_in_child=_forget_writers)
+
+
 class PieceWriter:
     """The temp file of one download and its progress record (the lock holder's side).
 
@@ -95,7 +107,13 @@ class PieceWriter:
         self.tmp = tmp
         self.fd = os.open(self.tmp, os.O_RDWR | os.O_NOFOLLOW)
         self._lock = threading.Lock()
-        self._done = bytearray(_grains(size, grain))
+        n = _grains(size, grain)
+        self._done = bytearray(n)
+        self._left = [grain] * n  # bytes of each grain not written yet
+        if n and size % grain:
+            self._left[-1] = size % grain
+        self._mixed = bytearray(n)  # grains written by more than one range
+        self._arriving: list[tuple[int, int]] = []  # ranges whose replies are arriving
         self.grains = Grains(size, grain)
         """The crc32 of each grain, as the sinks write them (the entry's ``.sum`` record)."""
         try:
@@ -107,19 +125,98 @@ class PieceWriter:
             self._close()
             cache.discard_path(self.tmp)
             raise
+        self.tmp_name = name
+        with _writing_lock:
+            _writing[name] = self
+
+    def arriving(self, start: int, end: int) -> bool:
+        """Whether every byte of ``[start, end)`` is written or in a reply arriving now.
+
+        A reader in this process then waits for them (they come with the reply) instead of
+        fetching them again.
+        """
+        g = self.grain
+        with self._lock:
+            todo = [k for k in range(start // g, _grains(end, g)) if not self._done[k]]
+            if not todo:
+                return True
+            spans = list(self._arriving)
+        for k in todo:
+            a, b = max(start, k * g), min(end, (k + 1) * g)
+            if not any(x <= a and b <= y for x, y in spans):
+                return False
+        return True
+
+    def coming(self, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` are requested now (:meth:`arriving`: a read waits for them)."""
+        with self._lock:
+            if (start, end) not in self._arriving:
+                self._arriving.append((start, end))
 
     def sink(self, start: int, end: int) -> RangeSink:
-        """The sink of the ranged read of bytes ``[start, end)`` (``start`` on a grain)."""
-        if start % self.grain:
-            raise ValueError(f"a piece starts on a grain ({self.grain} bytes), not at {start}")
+        """The sink of the ranged read of bytes ``[start, end)``.
+
+        The ranges of one download never overlap; together they cover the file. A range
+        may start or end inside a grain (beside bytes :meth:`fill` wrote): that grain's
+        crc32 is then computed from the file once all its bytes are written.
+        """
+        self._share(start, end)
         return RangeSink(self, start, end)
 
-    def write(self, at: int, data: bytes) -> None:
+    def fill(self, start: int, data: bytes) -> None:
+        """Write bytes ``[start, start + len(data))`` of the file, already in memory.
+
+        Bytes this process fetched before the download started (a stream's first window,
+        read by ranges): the download fetches only the others. Flags the grains it
+        completes.
+        """
+        end = start + len(data)
+        self._share(start, end)
+        self.write(start, data)
+        g = self.grain
+        for k in range(-(-start // g) * g, end, g):  # the grains it holds whole
+            if k + g <= end or end == self.size:
+                self.grains.crcs[k // g] = zlib.crc32(memoryview(data)[k - start : k - start + g])
+        self.wrote(start, end)
+
+    def _share(self, start: int, end: int) -> None:
+        """Note the grains range ``[start, end)`` holds only part of (their crc32: from the file)."""
+        g = self.grain
+        if end <= start:
+            return
+        with self._lock:
+            if start % g:
+                self._mixed[start // g] = 1
+            if end % g and end != self.size:
+                self._mixed[(end - 1) // g] = 1
+
+    def write(self, at: int, data: bytes | memoryview) -> None:
         """Write ``data`` at byte ``at`` of the file (no flag set)."""
         mv = memoryview(data)
         while mv:
             n = os.pwrite(self.fd, mv, at)
             mv, at = mv[n:], at + n
+
+    def wrote(self, start: int, end: int) -> None:
+        """Count bytes ``[start, end)`` as written (once each); flag the grains now complete.
+
+        A grain written by more than one range gets its crc32 from the file here.
+        """
+        g = self.grain
+        done: list[int] = []
+        with self._lock:
+            for k in range(start // g, _grains(end, g)):
+                a, b = max(start, k * g), min(end, (k + 1) * g)
+                if b > a and self._left[k] > 0:
+                    self._left[k] -= b - a
+                    if self._left[k] <= 0:
+                        done.append(k)
+        for k in done:
+            if self._mixed[k]:
+                a = k * g
+                self.grains.crcs[k] = zlib.crc32(os.pread(self.fd, min(g, self.size - a), a))
+        for k in done:
+            self.mark(k, k + 1)
 
     def mark(self, g0: int, g1: int) -> None:
         """Flag grains ``g0 <= g < g1`` as written (their bytes are in the file)."""
@@ -146,6 +243,11 @@ class PieceWriter:
         Returns:
             As :meth:`DirCache.put_file` (``False``: it does not fit the cache's limit).
         """
+        for k in range(len(self._mixed)):  # (a retried range's crc could have run over them)
+            if self._mixed[k]:
+                a = k * self.grain
+                n = min(self.grain, self.size - a)
+                self.grains.crcs[k] = zlib.crc32(os.pread(self.fd, n, a))
         self._close()
         crcs: list[int] | bool = list(self.grains.crcs)
         if self.grain != GRAIN:
@@ -165,6 +267,9 @@ class PieceWriter:
         self.cache.discard_path(self.tmp)
 
     def _close(self) -> None:
+        with _writing_lock:
+            if _writing.get(getattr(self, "tmp_name", b"")) is self:
+                del _writing[self.tmp_name]
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
@@ -183,18 +288,21 @@ class RangeSink:
         self.start = start
         self.end = end
         self._crc = 0
+        self._top = start  # bytes before it were written (a retry writes them again)
 
     def __call__(self, at: int, chunk: bytes) -> None:
         w = self.w
         pos = self.start + at
         if at == 0:
             self._crc = 0  # (again, for a retry)
+            if self._top == self.start:
+                w.coming(self.start, self.end)  # its reply is arriving
         self._crc = w.grains.feed(pos, chunk, self._crc)
         w.write(pos, chunk)
         top = pos + len(chunk)
-        # every byte from the range's start to ``top`` is written: the grains that end in
-        # (pos, top] are complete now
-        w.mark(pos // w.grain, top // w.grain if top < w.size else _grains(w.size, w.grain))
+        if top > self._top:  # counted once, whatever the retries
+            w.wrote(max(pos, self._top), top)
+            self._top = top
 
 
 class PieceReader:
@@ -281,6 +389,10 @@ class PieceReader:
         """
         if self.ready(start, end):
             return True
+        with _writing_lock:
+            w = _writing.get(self.tmp_name)
+        if w is not None and w.arriving(start, end):
+            return True  # written by this process, which knows the replies it awaits
         per = max(1, piece // self.grain)
         seen = self._seen
         for g in range(start // self.grain, _grains(end, self.grain)):

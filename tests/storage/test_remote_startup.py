@@ -248,7 +248,7 @@ def test_a_stream_dropped_after_its_first_sample_lets_go_of_its_holds(
     ``download_whole`` fetch a shard five times through a server that ignores Range)."""
     import gc
 
-    from tarindex.storage.remote import whole
+    from tarindex.storage.remote import firstwindow
 
     srv, _ = served
     opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"))
@@ -258,7 +258,8 @@ def test_a_stream_dropped_after_its_first_sample_lets_go_of_its_holds(
     url = f"{srv.url}/train-000000.tar"
     stream = iter(it)
     next(stream)
-    assert (os.getpid(), url) in whole._holds  # held while the stream lives
+    assert firstwindow.is_held(url)  # held while the stream lives
     del stream, it
     gc.collect()
-    assert (os.getpid(), url) not in whole._holds
+    assert not firstwindow.is_held(url)
+    assert firstwindow.kept() == 0  # its first window's bytes, kept for downloads, let go of

@@ -36,7 +36,17 @@ from .indexes import expand_remote, forget_index, load_indexes
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import Pin, filesystem, learns_versions
-from .whole import fetch_ahead, find_copy, hold, local_copy, open_copy, pin_ahead, pinned, release
+from .whole import (
+    drop_seeds,
+    fetch_ahead,
+    find_copy,
+    hold,
+    local_copy,
+    open_copy,
+    pin_ahead,
+    pinned,
+    release,
+)
 
 __all__ = [
     "DEFAULT",
@@ -45,6 +55,7 @@ __all__ = [
     "RemoteOptions",
     "RemoteSource",
     "download",
+    "drop_seeds",
     "fetch_ahead",
     "find_copy",
     "expand_remote",

@@ -29,7 +29,7 @@ from .ahead import Ahead, AheadStore, the_pool
 from .fetch import coalesce, coalesce_need, expect_version, fetch, range_checked, stat
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
-from .whole import Copy, CopySource, check_ahead, learnt, tar_key
+from .whole import Copy, CopySource, check_ahead, learnt, running_here, seed, tar_key
 
 __all__ = ["JOIN_EVERY_S", "RemoteSource", "Verify", "prefetch_many"]
 
@@ -309,8 +309,8 @@ class RemoteSource:
 
     def _try_join(self) -> None:
         now = time.monotonic()
-        if now < self._join_at:
-            return
+        if now < self._join_at and not running_here(self.path):
+            return  # (a download this process started is joined at once: find waits for it)
         self._join_at = now + JOIN_EVERY_S
         with self._vlock:
             find = self._join
@@ -484,8 +484,28 @@ class RemoteSource:
         if self._deferred is not None and self.pin is None and len(plan) > 1:
             # not opened yet: every range goes in the one round that carries the checks (a
             # range each would queue behind that round: two rounds)
-            return self._store.queue_together(plan, the_pool(self.opts), self._fetch_ranges)
-        return self._store.queue(plan, the_pool(self.opts), self._fetch_one)
+            ok = self._store.queue_together(plan, the_pool(self.opts), self._fetch_ranges)
+        else:
+            ok = self._store.queue(plan, the_pool(self.opts), self._fetch_one)
+        if local is None:
+            self._seed(plan)
+        return ok
+
+    def _seed(self, plan: list[tuple[int, int, int]]) -> None:
+        """Hand the ranges just queued to this tar's download, if it is held (:func:`~.whole.seed`).
+
+        A stream's first window, read by ranges before its downloads start: the download
+        writes these bytes into its copy instead of fetching them again.
+        """
+        for a, b, _ in plan:
+            e = self._store.find(a, b)
+            if e is None or e.start != a or e.end != b:
+                continue
+            fut = e.future  # before data: result() sets data, then drops the future
+            data = e.data if fut is None else None
+            got = data if data is not None else fut
+            if got is not None:
+                seed(self.path, a, b, got, lambda: self.pin)
 
     def plan_prefetch(
         self, starts: Sequence[int], ends: Sequence[int]

@@ -50,6 +50,17 @@ from ..bytesource import PreadSource
 from ..cache import DirCache
 from ..pieces import PieceReader, PieceWriter, attach
 from .fetch import fetch, stat
+from .firstwindow import (
+    drop_seeds,
+    forget_holds,
+    hold,
+    holes,
+    is_held,
+    same_version,
+    seed,
+    take_seeds,
+    usable,
+)
 from .options import STATS, RemoteOptions, cache_key
 from .transport import Pin
 
@@ -66,10 +77,13 @@ __all__ = [
     "local_copy",
     "open_copy",
     "check_ahead",
+    "drop_seeds",
     "learnt",
     "pin_ahead",
     "pinned",
     "release",
+    "running_here",
+    "seed",
     "tar_key",
 ]
 
@@ -119,7 +133,7 @@ def forget_pins() -> None:
     with _lock:
         _pins.clear()
         _pinning.clear()
-        _holds.clear()
+        forget_holds()
 
 
 def _pin(url: str, opts: RemoteOptions) -> Pin:
@@ -154,26 +168,6 @@ def _pin(url: str, opts: RemoteOptions) -> Pin:
         with _lock:
             if _pinning.get(k) is f and f.done():
                 del _pinning[k]
-
-
-_holds: set[tuple[int, str]] = set()
-"""(pid, URL): downloads an open does not start (a stream's first window reads by ranges)."""
-
-
-def hold(urls: list[str], on: bool) -> None:
-    """Hold (``on``) or let go of the downloads of ``urls`` in this process.
-
-    While held, an open (:func:`open_copy`) joins a download already running or finds the
-    complete copy, and starts none: the reads go by ranges (the fetch policy holds a
-    stream's downloads until its first block is read).
-    """
-    pid = os.getpid()
-    with _lock:
-        for u in urls:
-            if on:
-                _holds.add((pid, u))
-            else:
-                _holds.discard((pid, u))
 
 
 def pinned(url: str) -> Pin | None:
@@ -260,7 +254,7 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         RemoteError: As :func:`~.fetch.fetch`, from a download this process ran.
     """
     with _lock:
-        held = (os.getpid(), url) in _holds
+        held = is_held(url)
     if held:  # a stream's first window first (hold): join a running download, start none;
         # no size query either (the first round's replies name the version: learnt)
         return find_copy(url, opts, ident)
@@ -330,6 +324,11 @@ def find_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
         delay = min(delay * 2, 0.005)
 
 
+def running_here(url: str) -> bool:
+    """Whether this process has a download of ``url`` queued or running."""
+    return _running(url) is not None
+
+
 def _running(url: str) -> Future[bool | None] | None:
     """This process's download of ``url`` if one is queued or running."""
     with _lock:
@@ -388,13 +387,39 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
                 return False
             raise
         try:
-            pieces = [(a, min(a + PIECE, pin.size)) for a in range(0, pin.size, PIECE)]
+            seeds = usable(take_seeds(url), pin)
+            for a, _b, data, _ in seeds:  # fetched already (a stream's first window)
+                if isinstance(data, bytes):
+                    w.fill(a, data)
+            pieces = holes(pin.size, [(a, b) for a, b, _, _ in seeds], PIECE)
+            for a, b in pieces[:STREAMS]:  # requested now: this process's reads wait for them
+                w.coming(a, b)
             fetch(
                 [(url, a, b) for a, b in pieces],
                 replace(opts, concurrency=STREAMS),
                 [pin] * len(pieces),
                 sinks=[w.sink(a, b) for a, b in pieces],
             )
+            again = []
+            for a, b, data, of in seeds:  # still in flight when the download started
+                if isinstance(data, bytes):
+                    continue
+                try:
+                    got = data.result()
+                    ok = len(got) == b - a and same_version(of(), pin)
+                except Exception:
+                    ok = False
+                if ok:
+                    w.fill(a, got)
+                else:  # failed, or of another version: from the server, as the rest
+                    again.append((a, b))
+            if again:
+                fetch(
+                    [(url, a, b) for a, b in again],
+                    replace(opts, concurrency=STREAMS),
+                    [pin] * len(again),
+                    sinks=[w.sink(a, b) for a, b in again],
+                )
             STATS.shards += 1
             return w.commit(key, WHOLE)
         except BaseException as e:

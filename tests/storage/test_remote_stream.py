@@ -1,0 +1,179 @@
+"""A streaming epoch over remote shards (issue 24, "Streaming near bandwidth"): the bytes and
+requests it costs, the read-ahead's bounds, and the same samples in the same order as over the
+local tars. A real HTTP server on 127.0.0.1 (tests/remote_server.py) with injected latency;
+shards of several 1 MiB grains, so a stream's first window (read by ranges before the
+downloads start) begins and ends inside grains the downloads then write around."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tarindex
+from tarindex.read.checks import open_ranges
+from tarindex.storage import remote
+from tarindex.storage.remote import RemoteOptions, firstwindow
+from tarindex.storage.remote.whole import PIECE
+
+from ..remote_server import RangeServer, serve
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+N_SHARDS, PER, SIZE = 4, 80, 40_000  # ~3.2 MB a shard: 4 grains
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
+    remote.forget_process_state()
+    d = tmp_path / "srv"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    with tarindex.ShardWriter(str(d / "s-%06d.tar"), maxcount=PER, mtime=0) as w:
+        for i in range(N_SHARDS * PER):
+            n = int(rng.integers(SIZE // 2, SIZE * 3 // 2))
+            w.write({"__key__": f"{i:06d}", "bin": rng.bytes(n), "cls": i % 7})
+    paths = sorted(str(d / f) for f in os.listdir(d) if f.endswith(".tar"))
+    with serve(str(d)) as srv:
+        srv.latency = 0.01  # 10 ms per request: an object store in the same region
+        yield srv, paths
+    remote.forget_process_state()
+
+
+def _sent(srv: RangeServer) -> dict[str, list[tuple[int, int]]]:
+    out: dict[str, list[tuple[int, int]]] = {}
+    with srv.lock:
+        for m, p, a, b in srv.log:
+            if m == "GET" and p.endswith(".tar"):
+                out.setdefault(os.path.basename(p), []).append((a, b))
+    return out
+
+
+def _checks(paths: list[str]) -> int:
+    """Bytes of the open-time checks (FORMAT.md §3) of the tars."""
+    n = 0
+    for p in paths:
+        r = tarindex.ShardReader(p)
+        a, b = open_ranges(r.index, r.tar_size)
+        n += int((b - a).sum())
+        r.close()
+    return n
+
+
+def _covered(ranges: list[tuple[int, int]], size: int) -> bool:
+    pos = 0
+    for a, b in sorted(ranges):
+        if a > pos:
+            return False
+        pos = max(pos, b)
+    return pos >= size
+
+
+def _samples(it: tarindex.TarIterableDataset) -> list[tuple[str, bytes]]:
+    return [(s["__key__"], s["bin"]) for s in it]
+
+
+def _stream(src: list[str], shuffle: bool, **kw: object) -> list[tuple[str, bytes]]:
+    """One epoch; a first window of 64 samples, blocks of 16 (a window of several blocks
+    per shard; the default 1,024 would read these small shards wholly by ranges)."""
+    return _samples(
+        tarindex.TarIterableDataset(
+            src, seed=5, shuffle=shuffle, block_size=16, buffer_size=64, **kw
+        )
+    )
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_stream_fetches_each_byte_once_in_the_local_order(
+    shards: tuple[RangeServer, list[str]], tmp_path: Path, shuffle: bool
+) -> None:
+    """Issue 24: a stream fetched 1.14x the shards' bytes, because its first window (read
+    by ranges before the downloads start) was downloaded again. The downloads now write the
+    first window's bytes into their copies and fetch only the rest: every byte of every tar
+    comes once (plus the open-time checks and reads that outran a download, a few percent);
+    the samples and their order are the local stream's."""
+    srv, paths = shards
+    names = [os.path.basename(p) for p in paths]
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30)
+    urls = [f"{srv.url}/{n}" for n in names]
+    local = _stream(paths, shuffle)
+    srv.reset()
+    got = _stream(urls, shuffle, remote=opts)
+    assert [k for k, _ in got] == [k for k, _ in local]
+    assert got == local
+    sent = _sent(srv)
+    tars = sum(os.path.getsize(p) for p in paths)
+    nbytes = sum(b - a for rs in sent.values() for a, b in rs)
+    assert nbytes <= 1.02 * tars + _checks(paths), (
+        nbytes / tars,
+        {k: sorted(r for r in v if r[1] - r[0] > 4096) for k, v in sent.items()},
+    )
+    for p, n in zip(paths, names, strict=True):  # each downloaded whole, in pieces
+        assert _covered(sent[n], os.path.getsize(p)), (n, sorted(sent[n]))
+    # requests: each tar's pieces (8 MiB at most; cut around the first window's reads),
+    # the first window (one per shard), the checks (a few per shard), stray reads
+    pieces = sum(-(-os.path.getsize(p) // PIECE) for p in paths)
+    assert srv.requests <= pieces + 2 * N_SHARDS + 6 * N_SHARDS + 8, sorted(sent.items())
+    # the copies are the tars (their .sum records hold what was written, whatever its
+    # source): a second epoch reads them from the cache, no tar byte from the server
+    srv.reset()
+    again = _stream(urls, shuffle, remote=opts)
+    assert again == local
+    assert sum(b - a for rs in _sent(srv).values() for a, b in rs) <= _checks(paths)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_read_ahead_stays_within_its_bounds(
+    shards: tuple[RangeServer, list[str]], tmp_path: Path, shuffle: bool
+) -> None:
+    """The downloads a stream runs ahead and the copies it keeps stay within ``cache_bytes``
+    at every moment, ``shards_ahead=1`` downloads at a time run ahead (plus one a read needs
+    before its turn), and the first window's bytes kept for the downloads (``whole.seed``)
+    are all let go by the epoch's end; the stream reads every sample once, in the local
+    order, each byte fetched once."""
+    srv, paths = shards
+    urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
+    root = tmp_path / "whole"
+    bound = sum(os.path.getsize(p) for p in paths) + (64 << 10)  # the epoch's shards fit
+    opts = RemoteOptions(whole_cache_dir=str(root), cache_bytes=bound, shards_ahead=1)
+    peak = [0, 0]  # bytes of copies and downloads; downloads at once
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            n = tmp = 0
+            for d, _, fs in os.walk(root):
+                for f in fs:
+                    if f.endswith(".sum") or d.endswith("locks"):
+                        continue
+                    try:
+                        size = os.path.getsize(os.path.join(d, f))
+                    except OSError:
+                        continue
+                    n += size
+                    tmp += os.path.basename(d) == "tmp" and size > 0
+            peak[0] = max(peak[0], n)
+            peak[1] = max(peak[1], tmp)
+            stop.wait(0.001)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        got = _stream(urls, shuffle, remote=opts)
+    finally:
+        stop.set()
+        t.join()
+    assert got == _stream(paths, shuffle)
+    assert 0 < peak[0] <= bound
+    if not shuffle:  # (a shuffled epoch needs every shard from its first blocks: each is
+        # downloaded when first read, all at once here)
+        assert 1 <= peak[1] <= 2
+    assert firstwindow.kept() == 0  # nothing of the first window is kept past the epoch
+    tars = sum(os.path.getsize(p) for p in paths)
+    nbytes = sum(b - a for rs in _sent(srv).values() for a, b in rs)
+    assert nbytes <= 1.02 * tars + _checks(paths)
