@@ -69,10 +69,11 @@ ADAPT_MIN = 64
 """Without a plan: samples of a shard read by ranges before it may be fetched whole."""
 
 SPREAD = 1 / 64
-"""Without a plan (``"auto"``): once this process has read this fraction of the distinct
-samples of the shards it has read (two shards at least, :data:`SPREAD_MIN` samples at least),
-the job reads at random across them (a shuffled epoch), and every one of them is fetched
-whole. A sparse job (1% of the samples, ``get(key)``) stays below it: on ranges."""
+"""Without a plan (``"auto"``): once the job has read this fraction of the distinct samples
+of the shards this process has read (two shards at least; this process's distinct samples
+times :attr:`FetchPolicy.readers`, :data:`SPREAD_MIN` of its own at least), the job reads at
+random across them (a shuffled epoch), and every one of them is fetched whole. A sparse job
+(1% of the samples, ``get(key)``) stays below it: on ranges."""
 
 SPREAD_MIN = 32
 """Without a plan: distinct samples read before :data:`SPREAD` may switch shards whole."""
@@ -115,6 +116,10 @@ class FetchPolicy:
         self.counts = np.diff(starts)
         self.provider: Any = None
         """What :meth:`follow` was given: an order (``int64`` global indices) or a sampler."""
+        self.readers = 1
+        """Processes reading like shares of the job's samples, this one included (the
+        DataLoader's workers: ``TarDataset`` sets it in each); :data:`SPREAD` weighs this
+        process's distinct samples by it."""
         self._fresh()
 
     def _fresh(self) -> None:
@@ -371,7 +376,7 @@ class FetchPolicy:
         if not self._spread:
             if len(touched) < 2 or self._distinct < SPREAD_MIN:
                 return
-            if self._distinct < SPREAD * int(self.counts[touched].sum()):
+            if self._distinct * self.readers < SPREAD * int(self.counts[touched].sum()):
                 return
             self._spread = True
         new = []

@@ -7,6 +7,7 @@ Reads are the core's (:meth:`tarindex.ShardSet.sample`, ``__getitems__`` batches
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -151,6 +152,7 @@ class TarDataset(torch.utils.data.Dataset[Any]):
                 "alone for one image tensor per batch"
             )
         self.batched = batched
+        self._pid = 0  # the process _readers last ran in
         if batched:
             expect_workers()  # a fork starts torch's shm manager first (transport.py)
         self.finisher = Finisher(self.shards, self.decoder, self.select, self.transform)
@@ -176,9 +178,25 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         """Return sample ``i`` undecoded and untransformed (bytes per extension)."""
         return self.shards.sample(i, self.fields)
 
+    def _readers(self) -> None:
+        """Tell this process's fetch policy how many processes share the job's reads.
+
+        Once per process: in a DataLoader worker, its loader's ``num_workers`` (each worker
+        reads about that share of a shuffled epoch: docs/REMOTE.md, ``SPREAD``); else 1.
+        """
+        self._pid = os.getpid()
+        info = torch.utils.data.get_worker_info()
+        src = self.shards
+        while isinstance(src, ShardSubset):
+            src = src.base
+        if isinstance(src, ShardSet):
+            src.fetch_policy.readers = info.num_workers if info is not None else 1
+
     def __getitem__(self, i: int) -> Any:
         shards = self.shards
         if shards.remote:  # one ranged read for the sample's members
+            if self._pid != os.getpid():
+                self._readers()
             shards.prefetch([i], self.fields)
         sample = shards.sample(i, self.fields)  # TypeError unless an int, as list indexing
         if self.select is None and self.decoder is None and self.transform is None:
@@ -192,6 +210,8 @@ class TarDataset(torch.utils.data.Dataset[Any]):
         remote shards the batch's members are fetched first, in one concurrent round trip.
         """
         if self.shards.remote:
+            if self._pid != os.getpid():
+                self._readers()
             self.shards.prefetch(indices, self.fields)
         if self.batched:
             if self.image_spec is not None:

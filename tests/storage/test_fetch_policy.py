@@ -545,3 +545,36 @@ def test_the_next_shards_of_a_plan_from_any_position() -> None:
         plan = {"sid": sid, "last": last, "occ": sid[occ] * (n + 1) + occ}
         for pos in range(n + 1):
             assert _next_need(plan, pos) == _first_need(sid[pos:]), (sid.tolist(), pos)
+
+
+@pytest.mark.timeout(180)
+def test_each_worker_weighs_its_reads_by_the_workers_sharing_the_epoch(
+    serve_shards: ServeShards,
+) -> None:
+    """Two workers each read about half of a shuffled epoch: a worker's first batch of 40 is
+    80 of the job's samples, past SPREAD (64 of these 4,100), so it switches the shards at
+    once; counting its own 40 alone it read a second batch by ranges first."""
+    torch = pytest.importorskip("torch")
+    from tarindex.torch.dataset import TarDataset
+
+    class _Probe(TarDataset):
+        """Each batch: the shards this worker read whole when it read the batch, then keys."""
+
+        def __getitems__(self, indices: Any) -> Any:
+            got = super().__getitems__(indices)
+            assert isinstance(self.shards, tarindex.ShardSet)
+            return [len(self.shards.pool.whole)] + [s["__key__"] for s in got]
+
+    srv, paths = serve_shards([1100, 1000, 1050, 950])
+    ds = _Probe(f"{srv.url}/train-{{000000..000003}}.tar")
+    assert 40 < SPREAD * len(ds) <= 2 * 40 and SPREAD_MIN <= 40
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=40, shuffle=True, num_workers=2, multiprocessing_context="fork",
+        collate_fn=lambda b: b, generator=torch.Generator().manual_seed(0),
+    )
+    it = iter(loader)
+    first = [next(it), next(it)]  # worker 0's first batch, then worker 1's
+    assert [b[0] for b in first] == [4, 4]
+    keys = sorted(k for b in [*first, *it] for k in b[1:])
+    assert keys == [f"{i:08d}" for i in range(len(ds))]
+    assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
