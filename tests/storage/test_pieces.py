@@ -103,6 +103,44 @@ def test_a_reader_sees_every_grain_then_the_entry(tmp_path: Path) -> None:
     os.close(fd)
 
 
+def test_bytes_in_memory_and_ranges_cut_inside_grains_make_a_sound_entry(
+    tmp_path: Path,
+) -> None:
+    """Issue 24 (streaming): a download writes the bytes a stream's first window fetched by
+    ranges (``fill``) and fetches only the rest, in ranges that start and end inside grains.
+    Each grain is flagged once all its bytes are in, whoever wrote them; a grain written by
+    two of them gets its crc32 from the file (a retried range, which writes its bytes again,
+    counts them once); the entry's ``.sum`` record then passes. A reader in another thread
+    sees the grains as they complete and checks each against the crc32 in the record."""
+    c = DirCache(str(tmp_path / "c"), 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    fd, rd = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+    data = _data()
+    a, b = GRAIN // 3, GRAIN + GRAIN // 2  # the first window's bytes: 2 grains, partly
+    w.fill(a, data[a:b])
+    assert not rd.ready(0, 1) and not rd.ready(b - 1, b)  # grains 0, 1 lack bytes
+    head = w.sink(0, a)
+    head(0, data[: a // 2])
+    head(0, data[: a // 2])  # a retry from the start: the same bytes again
+    assert not rd.ready(0, 1)  # counted once: bytes a // 2 .. a are still missing
+    head(a // 2, data[a // 2 : a])
+    assert rd.ready(0, GRAIN) and not rd.ready(GRAIN, GRAIN + 1)
+    assert rd.check(lambda o, n: os.pread(fd, n, o), 0, GRAIN)  # crc32 from the file
+    w.sink(b, SIZE)(0, data[b:])
+    assert rd.ready(0, SIZE) and w.complete
+    assert rd.check(lambda o, n: os.pread(fd, n, o), 0, SIZE)
+    assert w.commit(KEY, "whole")
+    c.unlock(lk)
+    rd.close()
+    os.close(fd)
+    got = c.open_checked(KEY, "whole", SIZE, "the test's copy")  # its .sum record passes
+    assert got is not None
+    assert os.pread(got, SIZE, 0) == data
+    os.close(got)
+
+
 @pytest.mark.timeout(60)
 def test_a_dataset_reads_a_shard_while_another_holder_downloads_it(
     big: tuple[RangeServer, str], tmp_path: Path
