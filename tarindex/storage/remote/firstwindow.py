@@ -155,7 +155,7 @@ def usable(seeds: list[Seed], pin: Pin) -> list[Seed]:
             if len(data) != b - a:
                 continue
             sd = (a, b, data, sd[3])
-        if isinstance(data, bytes) and not same_version(sd[3](), pin):
+        if isinstance(data, bytes) and (len(data) != b - a or not same_version(sd[3](), pin)):
             continue
         out.append(sd)
         top = b
