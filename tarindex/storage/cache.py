@@ -7,10 +7,11 @@ training processes share one directory (docs/REMOTE.md, "Cache"):
 - An entry appears only by ``os.replace`` of a complete temp file written in
   ``<root>/tmp/`` (same filesystem): a reader sees the whole file or nothing.
 - Nothing is served unchecked (:mod:`tarindex.storage.sums`): a bytes entry carries the
-  crc32 of its data, tied to its key and name; a whole-file entry put with ``crcs`` a
-  ``<name>.sum`` record of per-MiB crc32s. A process checks an entry when it first reads it
-  (again whenever its ``ctime`` changed); an entry that fails is deleted with a
-  ``RuntimeWarning`` naming the file and the bytes, and read as a miss (fetched again).
+  crc of its data, tied to its key and name; a whole-file entry put with ``crcs`` a
+  ``<name>.sum`` record of per-MiB crcs (crc32c; zlib's crc32 without google-crc32c). A
+  process checks an entry when it first reads it (again whenever its ``ctime`` changed); an
+  entry that fails is deleted with a ``RuntimeWarning`` naming the file and the bytes, and
+  read as a miss (fetched again).
 - A process killed mid-write leaves only ``tmp/<pid>.<random>`` files, never read as entries;
   the next eviction pass deletes those whose process is gone, or older than 10 minutes,
   unless a live process holds them (:meth:`DirCache.hold_temp`: a decompressed copy being
@@ -299,7 +300,12 @@ class DirCache:
             raise
 
     def put_file(
-        self, key: str, name: str, tmp: str, crcs: Sequence[int] | bool = False
+        self,
+        key: str,
+        name: str,
+        tmp: str,
+        crcs: Sequence[int] | bool = False,
+        kind: str | None = None,
     ) -> bool:
         """Insert the complete file ``tmp`` (made by :meth:`temp_path`) as entry ``(key, name)``.
 
@@ -307,10 +313,13 @@ class DirCache:
             key: Entry key.
             name: Entry name.
             tmp: The file (moved into place).
-            crcs: Write a ``<name>.sum`` record for :meth:`open_checked`: the crc32 of each
+            crcs: Write a ``<name>.sum`` record for :meth:`open_checked`: the crc of each
                 :data:`~tarindex.storage.sums.GRAIN` bytes of the file, or ``True`` to
                 compute them now (one read of the file). Defaults to ``False`` (no record:
                 the entry is read by its size alone).
+            kind: The rule of ``crcs`` (:data:`~tarindex.storage.sums.CRC32` or
+                :data:`~tarindex.storage.sums.CRC32C`). Defaults to
+                :func:`~tarindex.storage.sums.grain_kind`, the one this process writes.
 
         Returns:
             As :meth:`put`.
@@ -321,10 +330,10 @@ class DirCache:
             if crcs is True:
                 fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
                 try:
-                    crcs = sums.file_crcs(fd, n, sums.GRAIN)
+                    crcs = sums.file_crcs(fd, n, sums.GRAIN, kind)
                 finally:
                     os.close(fd)
-            rec = sums.encode_sums(key, name, n, sums.GRAIN, crcs)
+            rec = sums.encode_sums(key, name, n, sums.GRAIN, crcs, kind)
             n += len(rec)
         if n > self.limit:
             self._drop(tmp)

@@ -10,15 +10,18 @@ first. The rules (docs/REMOTE.md, "One download per machine"):
   lock file (``<root>/locks/<key>.<name>``) a :data:`HEAD` record (magic, the file's size, the
   grain, the temp file's name in ``<root>/tmp/``) followed by one byte per :data:`GRAIN`
   bytes of the file: ``1`` once every byte of that grain is written (``pwrite`` of the data
-  first, then of the grain's crc32, then of the flag, from one thread: another process that
+  first, then of the grain's crc, then of the flag, from one thread: another process that
   reads the flag ``1`` reads the data and the crc after it from the same page cache), then
-  the crc32 of each grain (4 bytes, little-endian; the ``.sum`` record of the entry). The
+  the crc of each grain (4 bytes, little-endian; the ``.sum`` record of the entry). The
+  magic names the crc, by the rule of :mod:`tarindex.storage.sums`: ``TIPIECE3`` crc32c
+  (google-crc32c compiled), ``TIPIECE2`` zlib's crc32; a reader that cannot compute the
+  record's crc reads the bytes another way. The
   temp file is preallocated (``posix_fallocate``) to its full size, so a write never
   extends it, and reserved in the cache's limit when made (:meth:`DirCache.reserve`): a
   download that does not fit beside the entries and the downloads in flight does not start.
 - **Readers** (:func:`attach`) open the temp file named by the record and read a range only
   once every grain it touches is flagged (:meth:`PieceReader.wait`) and its bytes match the
-  grain's crc32 (:meth:`PieceReader.check`, once per grain and reader: a flag set by
+  grain's crc (:meth:`PieceReader.check`, once per grain and reader: a flag set by
   someone else, or bytes changed in the temp file, never hand out wrong bytes). When the download ends
   the temp file is renamed to the entry (same inode: a reader's descriptor now reads the
   entry) and the record is cleared; a reader that sees the record gone or replaced checks
@@ -41,13 +44,12 @@ import struct
 import threading
 import time
 import warnings
-import zlib
 from array import array
 from collections.abc import Callable
 
 from . import sums
 from .cache import DirCache
-from .sums import GRAIN, SUM_SUFFIX, Grains
+from .sums import CRC32, CRC32C, GRAIN, SUM_SUFFIX, Crc, Grains
 
 __all__ = ["GRAIN", "HEAD", "PieceReader", "PieceWriter", "attach"]
 
@@ -55,7 +57,9 @@ __all__ = ["GRAIN", "HEAD", "PieceReader", "PieceWriter", "attach"]
 HEAD = struct.Struct("<8sQQ104s")
 """The progress record's header (128 bytes): magic, file size, grain, temp file name."""
 
-_MAGIC = b"TIPIECE2"
+_MAGIC = b"TIPIECE2"  # grains' crc: zlib crc32
+_MAGIC_C = b"TIPIECE3"  # grains' crc: crc32c
+_KINDS = {_MAGIC: CRC32, _MAGIC_C: CRC32C}
 
 _POLL_S = (0.0005, 0.005)
 """A waiting reader polls the flags first every 0.5 ms, backing off to 5 ms."""
@@ -115,10 +119,11 @@ class PieceWriter:
         self._mixed = bytearray(n)  # grains written by more than one range
         self._arriving: list[tuple[int, int]] = []  # ranges whose replies are arriving
         self.grains = Grains(size, grain)
-        """The crc32 of each grain, as the sinks write them (the entry's ``.sum`` record)."""
+        """The crc of each grain, as the sinks write them (the entry's ``.sum`` record)."""
         try:
             name = os.path.basename(self.tmp).encode()
-            head = HEAD.pack(_MAGIC, size, grain, name)
+            magic = _MAGIC_C if self.grains.kind == CRC32C else _MAGIC
+            head = HEAD.pack(magic, size, grain, name)
             os.ftruncate(lock_fd, 0)
             os.pwrite(lock_fd, head + bytes(5 * len(self._done)), 0)
         except BaseException:
@@ -158,7 +163,7 @@ class PieceWriter:
 
         The ranges of one download never overlap; together they cover the file. A range
         may start or end inside a grain (beside bytes :meth:`fill` wrote): that grain's
-        crc32 is then computed from the file once all its bytes are written.
+        crc is then computed from the file once all its bytes are written.
         """
         self._share(start, end)
         return RangeSink(self, start, end)
@@ -173,14 +178,14 @@ class PieceWriter:
         end = start + len(data)
         self._share(start, end)
         self.write(start, data)
-        g = self.grain
+        g, crc = self.grain, self.grains.crc
         for k in range(-(-start // g) * g, end, g):  # the grains it holds whole
             if k + g <= end or end == self.size:
-                self.grains.crcs[k // g] = zlib.crc32(memoryview(data)[k - start : k - start + g])
+                self.grains.crcs[k // g] = crc(data[k - start : k - start + g], 0)
         self.wrote(start, end)
 
     def _share(self, start: int, end: int) -> None:
-        """Note the grains range ``[start, end)`` holds only part of (their crc32: from the file)."""
+        """Note the grains range ``[start, end)`` holds only part of (their crc: from the file)."""
         g = self.grain
         if end <= start:
             return
@@ -200,7 +205,7 @@ class PieceWriter:
     def wrote(self, start: int, end: int) -> None:
         """Count bytes ``[start, end)`` as written (once each); flag the grains now complete.
 
-        A grain written by more than one range gets its crc32 from the file here.
+        A grain written by more than one range gets its crc from the file here.
         """
         g = self.grain
         done: list[int] = []
@@ -214,7 +219,8 @@ class PieceWriter:
         for k in done:
             if self._mixed[k]:
                 a = k * g
-                self.grains.crcs[k] = zlib.crc32(os.pread(self.fd, min(g, self.size - a), a))
+                n = min(g, self.size - a)
+                self.grains.crcs[k] = self.grains.crc(os.pread(self.fd, n, a), 0)
         for k in done:
             self.mark(k, k + 1)
 
@@ -236,7 +242,7 @@ class PieceWriter:
     def commit(self, key: str, name: str) -> bool:
         """Insert the complete file as entry ``(key, name)``, then clear the record.
 
-        The entry gets its ``.sum`` record (the crc32 of each grain, computed as the bytes
+        The entry gets its ``.sum`` record (the crc of each grain, computed as the bytes
         arrived), which every process checks before it reads the entry
         (:meth:`DirCache.open_checked`).
 
@@ -247,13 +253,13 @@ class PieceWriter:
             if self._mixed[k]:
                 a = k * self.grain
                 n = min(self.grain, self.size - a)
-                self.grains.crcs[k] = zlib.crc32(os.pread(self.fd, n, a))
+                self.grains.crcs[k] = self.grains.crc(os.pread(self.fd, n, a), 0)
         self._close()
         crcs: list[int] | bool = list(self.grains.crcs)
         if self.grain != GRAIN:
             crcs = True  # the record's grain is GRAIN: read the file once
         try:
-            return self.cache.put_file(key, name, self.tmp, crcs)
+            return self.cache.put_file(key, name, self.tmp, crcs, self.grains.kind)
         finally:
             os.ftruncate(self.lock_fd, 0)
 
@@ -280,7 +286,7 @@ class RangeSink:
 
     Called as ``sink(at, chunk)`` (a :data:`~tarindex.storage.remote.transport.Sink`):
     ``at`` is the chunk's offset from the range's start, in order; a retry starts at 0 again.
-    The crc32 of each grain is computed on the way (:attr:`PieceWriter.grains`).
+    The crc of each grain is computed on the way (:attr:`PieceWriter.grains`).
     """
 
     def __init__(self, w: PieceWriter, start: int, end: int) -> None:
@@ -317,6 +323,8 @@ class PieceReader:
         size: The file's size in bytes.
         grain: Bytes per flag.
         tmp_name: The temp file's name the record gave.
+        kind: The grains' crc the record names (:data:`~tarindex.storage.sums.CRC32` or
+            :data:`~tarindex.storage.sums.CRC32C`).
     """
 
     def __init__(
@@ -329,6 +337,7 @@ class PieceReader:
         size: int,
         grain: int,
         tmp_name: bytes,
+        kind: str = CRC32,
     ) -> None:
         self.cache = cache
         self.key = key
@@ -337,10 +346,13 @@ class PieceReader:
         self.size = size
         self.grain = grain
         self.tmp_name = tmp_name
+        self.kind = kind
+        self._me = (size, grain, tmp_name, kind)  # the record's fields (_parse)
         self.ino = os.fstat(fd).st_ino
         self._seen = bytearray(_grains(size, grain))
         self._ok = bytearray(len(self._seen))  # grains whose bytes this reader checked
-        self._crcs: array[int] | None = None  # the entry's, once the record is gone
+        self._crcs: tuple[array[int], Crc] | None = None  # the entry's, once the record is gone
+        self._warned = False
         self._left = len(self._seen)
         self._lock = threading.Lock()
         self._rec = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -420,13 +432,14 @@ class PieceReader:
         return self.complete and all(self._ok)
 
     def check(self, read: Callable[[int, int], bytes], start: int, end: int) -> bool:
-        """Check bytes ``[start, end)`` (written: :meth:`wait`) against their grains' crc32s.
+        """Check bytes ``[start, end)`` (written: :meth:`wait`) against their grains' crcs.
 
         Each grain is checked once per reader (its bytes read whole with ``read(offset,
-        size)``): against the crc32 the writer put in the record, or, once the download
-        ended, the entry's ``.sum`` record. ``False`` (with a ``RuntimeWarning`` naming the
-        temp file and the bytes): a grain differs, or its crc32 cannot be had; the caller
-        reads those bytes another way, never these.
+        size)``, ``bytes``): against the crc the writer put in the record, or, once the
+        download ended, the entry's ``.sum`` record. ``False`` (with a ``RuntimeWarning``
+        naming the temp file and the bytes): a grain differs, or its crc cannot be had (or
+        computed: a crc32c without google-crc32c, warned once per reader); the caller reads
+        those bytes another way, never these.
         """
         g0, g1 = start // self.grain, _grains(end, self.grain)
         if end <= start or all(self._ok[g0:g1]):
@@ -436,9 +449,20 @@ class PieceReader:
                 continue
             a = g * self.grain
             b = min(a + self.grain, self.size)
-            want = self._crc_of(g)
-            if want is None or zlib.crc32(read(a, b - a)) != want:
-                why = "no crc32 to check them with" if want is None else "they differ from it"
+            got = self._crc_of(g)
+            if got is None and sums.crc_of(self.kind) is None:
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(
+                        f"{self.lock_path}: the download of {self.key}/{self.name} checks its "
+                        f"grains with a {self.kind}, which this process cannot compute "
+                        f"(pip install google-crc32c); its bytes are read from the server",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                return False
+            if got is None or got[1](read(a, b - a), 0) != got[0]:
+                why = "no crc to check them with" if got is None else "they differ from it"
                 warnings.warn(
                     f"{self.cache.root}/tmp/{self.tmp_name.decode('ascii', 'replace')}: bytes "
                     f"{a}..{b} of the download of {self.key}/{self.name} fail their check "
@@ -451,15 +475,22 @@ class PieceReader:
             self._ok[g] = 1
         return True
 
-    def _crc_of(self, g: int) -> int | None:
-        """The crc32 of grain ``g`` (flagged): from the record, else the entry's ``.sum``."""
+    def _crc_of(self, g: int) -> tuple[int, Crc] | None:
+        """The crc of grain ``g`` (flagged) and its function, or ``None``.
+
+        From the record, else the entry's ``.sum``; ``None``: none to be had, or not
+        computable here.
+        """
         if self._crcs is None and self._rec >= 0:
             n = len(self._seen)
             head = os.pread(self._rec, HEAD.size, 0)
             flag = os.pread(self._rec, 1, HEAD.size + g)
             crc = os.pread(self._rec, 4, HEAD.size + n + 4 * g)  # written before the flag
-            if _parse(head) == (self.size, self.grain, self.tmp_name) and flag == b"\x01":
-                return int.from_bytes(crc, "little") if len(crc) == 4 else None
+            if _parse(head) == self._me and flag == b"\x01":
+                f = sums.crc_of(self.kind)
+                if len(crc) != 4 or f is None:
+                    return None
+                return int.from_bytes(crc, "little"), f
         if self._crcs is None:
             if not self._is_entry():
                 return None
@@ -467,13 +498,14 @@ class PieceReader:
                 fd = self.cache.open_entry(self.cache.path(self.key, self.name) + SUM_SUFFIX)
             except OSError:
                 return None
-            with open(fd, "rb") as f:
-                rec = f.read(sums.sums_size(self.size) + 1)
+            with open(fd, "rb") as fh:
+                rec = fh.read(sums.sums_size(self.size) + 1)
                 got = sums.decode_sums(self.key, self.name, rec, self.size)
-            if isinstance(got, str) or got[0] != self.grain:
+            f = None if isinstance(got, str) else sums.crc_of(got[2])
+            if isinstance(got, str) or got[0] != self.grain or f is None:
                 return None
-            self._crcs = got[1]
-        return self._crcs[g]
+            self._crcs = got[1], f
+        return self._crcs[0][g], self._crcs[1]
 
     def _refresh(self) -> None:
         """Read the record's flags; a record gone or replaced means the download ended."""
@@ -482,11 +514,7 @@ class PieceReader:
             return
         n = len(self._seen)
         data = os.pread(fd, HEAD.size + n, 0)
-        if len(data) == HEAD.size + n and _parse(data[: HEAD.size]) == (
-            self.size,
-            self.grain,
-            self.tmp_name,
-        ):
+        if len(data) == HEAD.size + n and _parse(data[: HEAD.size]) == self._me:
             with self._lock:
                 flags = data[HEAD.size :]
                 self._seen = bytearray(a | b for a, b in zip(self._seen, flags, strict=True))
@@ -528,14 +556,16 @@ class PieceReader:
         return False
 
 
-def _parse(head: bytes) -> tuple[int, int, bytes] | None:
+def _parse(head: bytes) -> tuple[int, int, bytes, str] | None:
+    """``(size, grain, temp file name, grain crc)`` of a record's header, or ``None``."""
     try:
         magic, size, grain, name = HEAD.unpack(head)
     except struct.error:
         return None
-    if magic != _MAGIC or grain <= 0:
+    kind = _KINDS.get(magic)
+    if kind is None or grain <= 0:
         return None
-    return size, grain, name.rstrip(b"\0")
+    return size, grain, name.rstrip(b"\0"), kind
 
 
 def attach(cache: DirCache, key: str, name: str, size: int) -> tuple[int, PieceReader] | None:
@@ -566,7 +596,7 @@ def attach(cache: DirCache, key: str, name: str, size: int) -> tuple[int, PieceR
     except OSError:
         return None
     try:
-        return fd, PieceReader(cache, key, name, lp, fd, size, got[1], got[2])
+        return fd, PieceReader(cache, key, name, lp, fd, size, got[1], got[2], got[3])
     except BaseException:
         os.close(fd)
         raise

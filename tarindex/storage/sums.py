@@ -16,8 +16,13 @@ rules (docs/REMOTE.md, "Cache"):
   google-crc32c cannot be checked and is dropped as a failed one (fetched again).
 - **File entries** (a whole shard: :meth:`DirCache.put_file` with ``sums``) keep a
   ``<name>.sum`` file beside them: magic, the file's size, the grain, the crc32 of
-  ``key/name``, one crc32 per :data:`~tarindex.storage.pieces.GRAIN` bytes (computed as the
-  download writes them), and a crc32 of the record.
+  ``key/name``, one crc per :data:`~tarindex.storage.pieces.GRAIN` bytes (computed as the
+  download writes them), and a zlib crc32 of the record. The magic names the grains' crc by
+  the same rule as bytes entries (:func:`grain_kind`): ``TISUMS02`` crc32c when
+  google-crc32c's compiled implementation is installed, else ``TISUMS01`` zlib's crc32 (as
+  tarindex wrote before; still read). A ``TISUMS02`` copy in a process without
+  google-crc32c cannot be checked: it is dropped with a warning and fetched again. The
+  progress record of a download (:mod:`tarindex.storage.pieces`) carries the same rule.
 - **Bytes entries are checked on every read** (they are read whole anyway): a store through
   another process's shared writable mapping changes a file's bytes without a ``ctime`` (it is
   stamped only when a clean page faults; on ext4 not again while the page stays mapped).
@@ -44,8 +49,12 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+Crc = Callable[[bytes, int], int]
+"""A grain crc: ``crc(data, running)`` -> the crc of the bytes before ``data`` and ``data``
+(``running``: ``0`` at a grain's start). ``data`` is ``bytes`` (google-crc32c takes no views)."""
 
 __all__ = [
     "GRAIN",
@@ -53,7 +62,12 @@ __all__ = [
     "RACY_S",
     "SUM_SUFFIX",
     "Grains",
+    "CRC32",
+    "CRC32C",
+    "Crc",
     "bind",
+    "crc_of",
+    "grain_kind",
     "check_bytes",
     "check_head",
     "check_file",
@@ -68,14 +82,19 @@ __all__ = [
 ]
 
 GRAIN = 1 << 20
-"""Bytes per crc32 of a file entry (and per progress flag of its download)."""
+"""Bytes per crc of a file entry (and per progress flag of its download)."""
 
 ENTRY_HEAD = struct.Struct("<8sQII")
 """The record before a bytes entry's data (24 bytes): magic, length, data crc, record crc."""
 
 _MAGIC = b"TIENTRY1"  # the data's crc: zlib crc32
 _MAGIC_C = b"TIENTRY2"  # the data's crc: crc32c
-_SUM_MAGIC = b"TISUMS01"
+_SUM_MAGIC = b"TISUMS01"  # grains' crc: zlib crc32
+_SUM_MAGIC_C = b"TISUMS02"  # grains' crc: crc32c
+CRC32 = "crc32"
+"""zlib's crc32 (ISO 3309), the grains' crc of a process without google-crc32c."""
+CRC32C = "crc32c"
+"""crc32c (Castagnoli, RFC 3720 §B.4) by google-crc32c, the grains' crc when it is compiled."""
 _SUM_HEAD = struct.Struct("<8sQQII")  # magic, size, grain, bind, crc32 of the crcs
 SUM_SUFFIX = ".sum"
 """The suffix of a file entry's checksum record (``<name>.sum`` beside ``<name>``)."""
@@ -83,7 +102,6 @@ SUM_SUFFIX = ".sum"
 RACY_S = 2.0
 """A pass is remembered only for a file whose ``ctime`` is older than this (seconds)."""
 
-_READ = 8 << 20
 _MEMO_MAX = 1 << 16
 
 _memo: dict[str, tuple[int, int, int, int]] = {}
@@ -110,6 +128,37 @@ def _castagnoli() -> Any:
     return _crc32c[0]
 
 
+def _writes_c() -> bool:
+    """Whether this process writes crc32c (google-crc32c's compiled implementation is installed)."""
+    c = _castagnoli()
+    return c is not None and c.implementation == "c"
+
+
+def grain_kind() -> str:
+    """The grain crc this process writes (module docs).
+
+    :data:`CRC32C` if google-crc32c computes it in compiled code, else :data:`CRC32`.
+    """
+    return CRC32C if _writes_c() else CRC32
+
+
+def _extend_c(data: bytes, crc: int) -> int:
+    c = _castagnoli()
+    return int(c.extend(crc, data if type(data) is bytes else bytes(data)))
+
+
+def crc_of(kind: str) -> Crc | None:
+    """The grain crc named ``kind`` (:data:`CRC32` or :data:`CRC32C`), or ``None``.
+
+    ``None``: this process cannot compute it (crc32c without google-crc32c, an unknown name).
+    """
+    if kind == CRC32:
+        return zlib.crc32
+    if kind == CRC32C and _castagnoli() is not None:
+        return _extend_c
+    return None
+
+
 def _data_crc(magic: bytes, key: str, name: str, data: bytes) -> int | None:
     """The crc of a bytes entry's data by the rule ``magic`` names; ``None``: not computable."""
     if magic == _MAGIC:
@@ -126,8 +175,7 @@ def head_of(key: str, name: str, data: bytes | memoryview) -> bytes:
     Its crc is a crc32c when google-crc32c's compiled implementation is installed, else
     zlib's crc32 (module docs).
     """
-    c = _castagnoli()
-    magic = _MAGIC_C if c is not None and c.implementation == "c" else _MAGIC
+    magic = _MAGIC_C if _writes_c() else _MAGIC
     crc = _data_crc(magic, key, name, data if isinstance(data, bytes) else bytes(data))
     n = len(data)
     return ENTRY_HEAD.pack(magic, n, crc, zlib.crc32(struct.pack("<8sQI", magic, n, crc)))
@@ -183,16 +231,26 @@ def check_head(head: bytes, n: int) -> str | None:
 
 
 class Grains:
-    """The crc32 of each grain of a file being written in order, range by range.
+    """The crc of each grain of a file being written in order, range by range.
 
     Args:
         size: The file's size in bytes.
         grain: Bytes per crc.
+        kind: The crc (:data:`CRC32` or :data:`CRC32C`). Defaults to :func:`grain_kind`.
+
+    Raises:
+        ValueError: ``kind`` cannot be computed in this process (:func:`crc_of`).
     """
 
-    def __init__(self, size: int, grain: int) -> None:
+    def __init__(self, size: int, grain: int, kind: str | None = None) -> None:
         self.size = size
         self.grain = grain
+        self.kind = grain_kind() if kind is None else kind
+        crc = crc_of(self.kind)
+        if crc is None:
+            raise ValueError(f"no {self.kind} in this process: pip install google-crc32c")
+        self.crc: Crc = crc
+        """The grains' crc function."""
         self.crcs = array("I", bytes(4 * (-(-size // grain) if size else 0)))
 
     def feed(self, pos: int, chunk: bytes | memoryview, crc: int) -> int:
@@ -201,12 +259,15 @@ class Grains:
         ``chunk`` is at byte ``pos`` of the file, right after the bytes ``crc`` ran over
         since the start of their grain (``0`` at a grain's start).
         """
-        g = self.grain
-        mv = memoryview(chunk)
-        while mv:
+        g, f = self.grain, self.crc
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)
+        k, n = 0, len(chunk)
+        while k < n:
             room = g - pos % g
-            part, mv = mv[:room], mv[room:]
-            crc = zlib.crc32(part, crc)
+            part = chunk if k == 0 and n <= room else chunk[k : k + room]  # (a copy: crossing)
+            crc = f(part, crc)
+            k += len(part)
             pos += len(part)
             if pos % g == 0 or pos == self.size:
                 self.crcs[(pos - 1) // g] = crc
@@ -214,30 +275,42 @@ class Grains:
         return crc
 
 
-def file_crcs(fd: int, size: int, grain: int) -> array[int]:
-    """The crc32 of each ``grain`` bytes of the first ``size`` bytes of file ``fd``.
+def file_crcs(fd: int, size: int, grain: int, kind: str | None = None) -> array[int]:
+    """The crc of each ``grain`` bytes of the first ``size`` bytes of file ``fd``.
+
+    ``kind``: the crc (:data:`CRC32` or :data:`CRC32C`); defaults to :func:`grain_kind`.
 
     Raises:
         OSError: The file is shorter than ``size`` (``EIO``) or cannot be read.
+        ValueError: ``kind`` cannot be computed in this process.
     """
+    f = crc_of(grain_kind() if kind is None else kind)
+    if f is None:
+        raise ValueError(f"no {kind} in this process: pip install google-crc32c")
     out = array("I")
     pos = 0
-    while pos < size:
-        want = min(max(grain, _READ // grain * grain), size - pos)
+    while pos < size:  # a read per grain: google-crc32c takes bytes, not views of a larger read
+        want = min(grain, size - pos)
         buf = os.pread(fd, want, pos)
         if len(buf) != want:
             raise OSError(5, f"short read: {len(buf)} of {want} bytes at byte {pos}")
-        mv = memoryview(buf)
-        for k in range(0, len(mv), grain):
-            out.append(zlib.crc32(mv[k : k + grain]))
+        out.append(f(buf, 0))
         pos += want
     return out
 
 
-def encode_sums(key: str, name: str, size: int, grain: int, crcs: Sequence[int]) -> bytes:
-    """The ``<name>.sum`` record of file entry ``(key, name)``."""
+def encode_sums(
+    key: str, name: str, size: int, grain: int, crcs: Sequence[int], kind: str | None = None
+) -> bytes:
+    """The ``<name>.sum`` record of file entry ``(key, name)``.
+
+    ``crcs``: one per grain, by ``kind`` (:data:`CRC32` or :data:`CRC32C`; defaults to
+    :func:`grain_kind`).
+    """
+    kind = grain_kind() if kind is None else kind
+    magic = _SUM_MAGIC_C if kind == CRC32C else _SUM_MAGIC
     body = array("I", crcs).tobytes()
-    return _SUM_HEAD.pack(_SUM_MAGIC, size, grain, bind(key, name), zlib.crc32(body)) + body
+    return _SUM_HEAD.pack(magic, size, grain, bind(key, name), zlib.crc32(body)) + body
 
 
 def sums_size(size: int, grain: int = GRAIN) -> int:
@@ -245,30 +318,40 @@ def sums_size(size: int, grain: int = GRAIN) -> int:
     return _SUM_HEAD.size + 4 * (-(-size // grain) if size else 0)
 
 
-def decode_sums(key: str, name: str, rec: bytes, size: int) -> tuple[int, array[int]] | str:
-    """``(grain, crcs)`` of a ``.sum`` record of entry ``(key, name)``, or why it is bad.
+def decode_sums(
+    key: str, name: str, rec: bytes, size: int
+) -> tuple[int, array[int], str] | str:
+    """``(grain, crcs, kind)`` of a ``.sum`` record of entry ``(key, name)``, or why it is bad.
 
-    ``size``: the entry's size in bytes, as its caller expects it.
+    ``size``: the entry's size in bytes, as its caller expects it. ``kind``: the grains'
+    crc (:data:`CRC32` or :data:`CRC32C`), one this process can compute (a crc32c record
+    in a process without google-crc32c is bad: it cannot be checked).
     """
     if len(rec) < _SUM_HEAD.size:
         return "its checksum record is cut"
     magic, n, grain, b, crc = _SUM_HEAD.unpack_from(rec)
     body = rec[_SUM_HEAD.size :]
-    if magic != _SUM_MAGIC or grain <= 0 or zlib.crc32(body) != crc:
+    if magic not in (_SUM_MAGIC, _SUM_MAGIC_C) or grain <= 0 or zlib.crc32(body) != crc:
         return "its checksum record is damaged"
+    kind = CRC32C if magic == _SUM_MAGIC_C else CRC32
+    if crc_of(kind) is None:
+        return "its checksums are crc32c, which this process cannot compute (pip install google-crc32c)"
     if b != bind(key, name):
         return "its checksum record belongs to another entry"
     if n != size or len(body) != 4 * (-(-size // grain) if size else 0):
         return f"its checksum record is of a file of {n} bytes, not {size}"
     crcs = array("I")
     crcs.frombytes(body)
-    return grain, crcs
+    return grain, crcs, kind
 
 
-def check_file(fd: int, size: int, grain: int, crcs: array[int]) -> str | None:
-    """Why file ``fd`` differs from its grain crcs (naming the first bad bytes), or ``None``."""
+def check_file(fd: int, size: int, grain: int, crcs: array[int], kind: str) -> str | None:
+    """Why file ``fd`` differs from its grain crcs (naming the first bad bytes), or ``None``.
+
+    ``kind``: the crcs' rule (:func:`decode_sums`).
+    """
     try:
-        got = file_crcs(fd, size, grain)
+        got = file_crcs(fd, size, grain, kind)
     except OSError as e:
         return f"it cannot be read whole ({e})"
     for g, (a, b) in enumerate(zip(got, crcs, strict=True)):

@@ -26,6 +26,7 @@ import pytest
 
 from tarindex.storage import sums
 from tarindex.storage.cache import DirCache
+from tarindex.storage.pieces import GRAIN, PieceReader, PieceWriter, attach
 
 KEY = "5f" + "0123456789abcdef" * 3 + "0123456789abcd"  # an entry key: a hex digest
 WRITER = textwrap.dedent(
@@ -165,3 +166,150 @@ def test_a_process_without_google_crc32c_reads_and_writes_zlib_entries(tmp_path:
     assert out.stdout.startswith("True ") and "pip install google-crc32c" in out.stdout
     assert Path(c.path(KEY, "fallback")).read_bytes()[:8] == b"TIENTRY1"
     assert c.get(KEY, "fallback") == b"z" * 1000
+
+
+def _flip(path: str | Path, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 1]))
+
+
+def _download(
+    c: DirCache, key: str, data: bytes
+) -> tuple[PieceWriter, int, int, PieceReader]:
+    """A download of ``data`` as entry ``(key, "whole")`` written through its sinks, joined."""
+    lk = c.lock(key, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, len(data))
+    fd, rd = attach(c, key, "whole", len(data)) or pytest.fail("no record")
+    for a in range(0, len(data), GRAIN):  # each body in chunks that cross grains
+        sink = w.sink(a, min(a + GRAIN, len(data)))
+        body = data[a : a + GRAIN]
+        for k in range(0, len(body), 300_000):
+            sink(k, body[k : k + 300_000])
+    return w, lk, fd, rd
+
+
+def test_whole_copies_carry_crc32c_grains_and_older_zlib_copies_still_pass(
+    tmp_path: Path,
+) -> None:
+    """Issue 24 (streaming): a whole-shard copy's grains (its download's progress record,
+    ``TIPIECE3``, and its ``.sum``, ``TISUMS02``) are crc32c now, as bytes entries (the
+    reading process paid zlib's crc32 on each MiB as it arrived, again at the reader's check
+    and at a remap). A byte changed on disk in a grain is refused, while the download runs
+    and in the copy. A copy an older tarindex wrote (``TISUMS01``: zlib crc32 per MiB) is
+    still read without a warning, and refused once a byte changes."""
+    pytest.importorskip("google_crc32c")
+    c = DirCache(str(tmp_path / "cache"), 1 << 30)
+    data = os.urandom(3 * GRAIN + 7)
+    w, lk, fd, rd = _download(c, KEY, data)
+    assert Path(c.lock_path(KEY, "whole")).read_bytes()[:8] == b"TIPIECE3"
+    read = lambda o, n: os.pread(fd, n, o)  # noqa: E731
+    _flip(w.tmp, GRAIN + 5)  # a byte of grain 1, after its crc was recorded
+    with pytest.warns(RuntimeWarning, match=f"bytes {GRAIN}..{2 * GRAIN} .* fail their check"):
+        assert not rd.check(read, GRAIN, GRAIN + 1)
+    _flip(w.tmp, GRAIN + 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rd.check(read, 0, len(data))
+    assert w.commit(KEY, "whole")
+    c.unlock(lk)
+    rd.close()
+    os.close(fd)
+    p = c.path(KEY, "whole")
+    assert Path(p + sums.SUM_SUFFIX).read_bytes()[:8] == b"TISUMS02"
+    got = c.open_checked(KEY, "whole", len(data))
+    assert got is not None and os.pread(got, len(data), 0) == data
+    os.close(got)
+    _flip(p, 2 * GRAIN + 3)  # in the copy now (its ctime changes: checked again)
+    with pytest.warns(RuntimeWarning, match=f"bytes {2 * GRAIN}..{3 * GRAIN} differ"):
+        assert c.open_checked(KEY, "whole", len(data)) is None
+    assert not os.path.exists(p)
+
+    old = "0" + KEY[1:]  # a copy as tarindex wrote it before: zlib crc32 per grain
+    tmp = c.temp_path()
+    Path(tmp).write_bytes(data)
+    assert c.put_file(old, "whole", tmp)  # (no record yet: written below, as before)
+    body = b"".join(
+        struct.pack("<I", zlib.crc32(data[k : k + GRAIN])) for k in range(0, len(data), GRAIN)
+    )
+    bind = zlib.crc32(f"{old}/whole".encode())
+    head = struct.pack("<8sQQII", b"TISUMS01", len(data), GRAIN, bind, zlib.crc32(body))
+    Path(c.path(old, "whole") + sums.SUM_SUFFIX).write_bytes(head + body)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = c.open_checked(old, "whole", len(data))
+    assert got is not None and os.pread(got, len(data), 0) == data
+    os.close(got)
+    _flip(c.path(old, "whole"), 5)
+    with pytest.warns(RuntimeWarning, match=f"bytes 0..{GRAIN} differ"):
+        assert c.open_checked(old, "whole", len(data)) is None
+
+
+def test_a_process_without_google_crc32c_writes_zlib_grains_and_drops_crc32c_copies(
+    tmp_path: Path,
+) -> None:
+    """The grains' fallback: a process without google-crc32c cannot check a crc32c copy, so
+    it drops it with a warning naming the fix (and fetches it again), never trusts it
+    unchecked; a crc32c download it joins is not read (one warning; its bytes go by the
+    server); its own downloads write zlib records (``TIPIECE2``, ``TISUMS01``), which a
+    process with google-crc32c reads."""
+    pytest.importorskip("google_crc32c")
+    root = tmp_path / "cache"
+    c = DirCache(str(root), 1 << 30)
+    data = os.urandom(2 * GRAIN + 3)
+    w, lk0, fd, rd = _download(c, KEY, data)
+    assert w.commit(KEY, "whole")
+    c.unlock(lk0)
+    rd.close()
+    os.close(fd)
+    joined = "1" + KEY[1:]  # a crc32c download running in this process
+    lk = c.lock(joined, "whole")
+    assert lk is not None
+    w2 = PieceWriter(c, lk, len(data))
+    w2.sink(0, len(data))(0, data)
+    code = textwrap.dedent(
+        """
+        import os, sys, warnings
+        sys.modules["google_crc32c"] = None  # not installed
+        from tarindex.storage.cache import DirCache
+        from tarindex.storage.pieces import PieceWriter, attach
+        root, key, joined, new, n = sys.argv[1:]
+        n = int(n)
+        c = DirCache(root, 1 << 30)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            print(c.open_checked(key, "whole", n) is None, str(w[0].message))
+            fd, rd = attach(c, joined, "whole", n)
+            read = lambda o, k: os.pread(fd, k, o)
+            print(rd.check(read, 0, 1), rd.check(read, 0, n), len(w), str(w[1].message))
+        lk = c.lock(new, "whole")
+        pw = PieceWriter(c, lk, n)
+        pw.sink(0, n)(0, os.pread(fd, n, 0))
+        print(open(c.lock_path(new, "whole"), "rb").read(8).decode())
+        print(pw.commit(new, "whole"))
+        """
+    )
+    new = "2" + KEY[1:]
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root), KEY, joined, new, str(len(data))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("True ") and "pip install google-crc32c" in lines[0], lines
+    assert not os.path.exists(c.path(KEY, "whole"))  # dropped: fetched again when next wanted
+    assert lines[1].startswith("False False 2 ") and "google-crc32c" in lines[1], lines
+    assert lines[2:] == ["TIPIECE2", "True"], lines
+    assert Path(c.path(new, "whole") + sums.SUM_SUFFIX).read_bytes()[:8] == b"TISUMS01"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = c.open_checked(new, "whole", len(data))
+    assert got is not None and os.pread(got, len(data), 0) == data
+    os.close(got)
+    w2.abort()
+    c.unlock(lk)
