@@ -12,6 +12,7 @@ hashes as ``[0, 1, 0]``) and for trailing zeros; ``seed + epoch`` collides for `
 from __future__ import annotations
 
 import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it lazily: at import, not at a stream's first plan)
 
 from .checks import check_int, check_u64
 

@@ -163,11 +163,16 @@ class AheadStore:
         plan: list[tuple[int, int, int]],
         pool: AheadPool,
         fetch_many: Callable[[list[tuple[int, int]]], list[bytes]],
+        after: Future[None] | None = None,
+        done: Future[None] | None = None,
     ) -> bool:
         """:meth:`queue`, with the ranges admitted fetched by one call in one thread.
 
         For a source whose first round must carry them all (its open-time checks go with
-        them): one round of requests instead of one round per range.
+        them): one round of requests instead of one round per range. The ranges are stored
+        at once (reads wait for them), their fetch starts once ``after`` is done (at once
+        without one); ``done`` is set when their bytes (or the fetch's error) are in, or at
+        once if no range was admitted.
 
         Returns:
             ``False`` once the budget had no room (the rest of the plan is not queued).
@@ -184,21 +189,36 @@ class AheadStore:
                 entries.append(e)
             else:
                 pool.give(b - a)
-        if entries:
+        if not entries:
+            if done is not None:
+                done.set_result(None)
+            return room
 
-            def run() -> None:
-                try:
-                    got = fetch_many([(e.start, e.end) for e in entries])
-                except BaseException as err:
-                    for e in entries:
-                        assert e.future is not None
-                        e.future.set_exception(err)
-                    return
+        def run() -> None:
+            try:
+                got = fetch_many([(e.start, e.end) for e in entries])
+            except BaseException as err:
+                for e in entries:
+                    assert e.future is not None
+                    e.future.set_exception(err)
+            else:
                 for e, d in zip(entries, got, strict=True):
                     assert e.future is not None
                     e.future.set_result(d)
+            finally:
+                if done is not None:
+                    done.set_result(None)
 
-            pool.executor.submit(run)
+        def start(_: object = None) -> None:
+            try:
+                pool.executor.submit(run)
+            except RuntimeError:  # the executor is shut down (interpreter exit): here
+                run()
+
+        if after is None:
+            start()
+        else:
+            after.add_done_callback(start)
         return room
 
     def keep(self, plan: list[tuple[int, int, int]], datas: list[bytes], pool: AheadPool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 import urllib.parse
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
 from ...errors import RangeNotSupportedError, RemoteError, StaleIndexError
@@ -34,6 +35,7 @@ from .transport import (
 
 __all__ = [
     "DOWNLOAD_CHUNK",
+    "agreed",
     "coalesce",
     "coalesce_need",
     "download",
@@ -42,6 +44,7 @@ __all__ = [
     "file_size",
     "read_whole",
     "read_wholes",
+    "slices",
     "stat",
 ]
 
@@ -385,3 +388,32 @@ def download(url: str, dest: str, opts: RemoteOptions = DEFAULT) -> int:
     if n != size:
         raise RemoteError(f"{url}: streamed {n} bytes, the server said {size}; try again")
     return n
+
+
+def agreed(url: str, seen: Sequence[Pin | None], size: int) -> Pin:
+    """The one version every reply of a round named (else the object changed meanwhile)."""
+    got = {p for p in seen if p is not None}
+    if not got:
+        return Pin(size)
+    tags = {(p.etag, p.last_modified, p.version_id) for p in got}
+    sizes = {p.size for p in got if p.size >= 0}
+    if len(tags) > 1 or len(sizes) > 1:
+        raise StaleIndexError(
+            f"{url}: the remote object changed while it was opened (its replies name "
+            f"{len(tags)} versions); open the dataset again"
+        )
+    p = next(iter(got))
+    return Pin(next(iter(sizes)) if sizes else size, p.etag, p.last_modified, p.version_id)
+
+
+def slices(
+    merged: list[tuple[int, int]], got: list[bytes], ranges: list[tuple[int, int]]
+) -> list[bytes]:
+    """The bytes of each of ``ranges`` out of ``got``, the bytes of their coalesced runs."""
+    starts = [m[0] for m in merged]
+    out = []
+    for a, b in ranges:
+        k = bisect_right(starts, a) - 1
+        m0, d = merged[k][0], got[k]
+        out.append(d if (a == m0 and b - a == len(d)) else d[a - m0 : b - m0])
+    return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -26,7 +25,16 @@ from numpy.typing import NDArray
 from ...errors import RangeNotSupportedError, RemoteError, TruncatedError
 from ..pieces import PieceReader
 from .ahead import Ahead, AheadStore, the_pool
-from .fetch import coalesce, coalesce_need, expect_version, fetch, range_checked, stat
+from .fetch import (
+    agreed,
+    coalesce,
+    coalesce_need,
+    expect_version,
+    fetch,
+    range_checked,
+    slices,
+    stat,
+)
 from .options import STATS, RemoteOptions, protocol_of
 from .transport import Pin, filesystem, fs_path
 from .whole import Copy, CopySource, check_ahead, learnt, running_here, seed, tar_key
@@ -38,37 +46,6 @@ JOIN_EVERY_S = 0.002
 
 Verify = Callable[[dict[tuple[int, int], bytes], Pin], None]
 """The open-time checks of a deferred source: ``verify(check bytes by (offset, size), pin)``."""
-
-
-def _agreed(url: str, seen: Sequence[Pin | None], size: int) -> Pin:
-    """The one version every reply of a round named (else the object changed meanwhile)."""
-    from ...errors import StaleIndexError
-
-    got = {p for p in seen if p is not None}
-    if not got:
-        return Pin(size)
-    tags = {(p.etag, p.last_modified, p.version_id) for p in got}
-    sizes = {p.size for p in got if p.size >= 0}
-    if len(tags) > 1 or len(sizes) > 1:
-        raise StaleIndexError(
-            f"{url}: the remote object changed while it was opened (its replies name "
-            f"{len(tags)} versions); open the dataset again"
-        )
-    p = next(iter(got))
-    return Pin(next(iter(sizes)) if sizes else size, p.etag, p.last_modified, p.version_id)
-
-
-def _slices(
-    merged: list[tuple[int, int]], got: list[bytes], ranges: list[tuple[int, int]]
-) -> list[bytes]:
-    """The bytes of each of ``ranges`` out of ``got``, the bytes of their coalesced runs."""
-    starts = [m[0] for m in merged]
-    out = []
-    for a, b in ranges:
-        k = bisect_right(starts, a) - 1
-        m0, d = merged[k][0], got[k]
-        out.append(d if (a == m0 and b - a == len(d)) else d[a - m0 : b - m0])
-    return out
 
 
 class RemoteSource:
@@ -123,6 +100,7 @@ class RemoteSource:
         self._join: Callable[[], Copy | None] | None = None
         self._join_at = 0.0
         self._gate: Future[None] | None = None
+        self._first_job: Future[None] | None = None  # a queued first round (queue_ahead)
         if deferred is not None and pin is not None:
             # the version is known (a whole shard's, learnt once per process): the checks run
             # now, beside the first reads (pinned); every byte handed out waits for them
@@ -183,7 +161,14 @@ class RemoteSource:
         return self._deferred is None
 
     def check_now(self) -> None:
-        """Run a :meth:`deferred` source's open-time checks now (one round of requests)."""
+        """Run a :meth:`deferred` source's open-time checks now (one round of requests).
+
+        A first round already queued (:meth:`queue_ahead`: the checks go with its ranges) is
+        waited for instead of sending the checks in a round of their own.
+        """
+        job = self._first_job
+        if job is not None and self._deferred is not None:
+            job.result()
         if self._deferred is not None:
             self.first_round([])
 
@@ -217,8 +202,8 @@ class RemoteSource:
         got = fetch([(self.path, a, b) for a, b in merged], self.opts, None, seen)
         self.requests += len(merged)
         self.bytes_fetched += sum(len(g) for g in got)
-        pin = _agreed(self.path, seen, self.size)
-        parts = _slices(merged, got, ranges)
+        pin = agreed(self.path, seen, self.size)
+        parts = slices(merged, got, ranges)
         verify({(a, b - a): g for (a, b), g in zip(checks, parts, strict=False)}, pin)
         learnt(self.path, pin)  # the shard's download and later opens ask no version
         self.pin = pin
@@ -464,30 +449,53 @@ class RemoteSource:
             return
         self._store.queue(plan, the_pool(self.opts), self._fetch_one)
 
-    def queue_ahead(self, starts: NDArray[np.int64], ends: NDArray[np.int64]) -> bool:
+    def queue_ahead(
+        self,
+        starts: NDArray[np.int64],
+        ends: NDArray[np.int64],
+        after: Future[None] | None = None,
+        done: Future[None] | None = None,
+        cuts: Sequence[int] = (),
+    ) -> bool:
         """:meth:`prefetch_ranges` in the background; ``False`` if the budget had no room.
 
         A source reading a whole copy that is downloading queues only the ranges the
-        download has not reached (:meth:`~.whole.CopySource.reached`): a read of them then
-        takes them from the store instead of waiting for the download's earlier pieces. A
-        :meth:`deferred` source not read yet fetches them all in its first round, with its
-        open-time checks (one round, not one per range).
+        download has not reached (:meth:`~.whole.CopySource.reached`), not to wait for its
+        earlier pieces. A :meth:`deferred` source not read yet (no cache directory) fetches
+        them all in its first round, with its open-time checks (not a round per range).
+
+        Args:
+            starts: ``int64 (r,)`` range starts in bytes.
+            ends: Their ends (exclusive).
+            after: Such a first round starts once this is done (its ranges stored now).
+            done: Set once it is in (at once without one).
+            cuts: Where in ``starts`` a block begins: each stored apart (a block's read
+                takes its run, headers too: a range stored for several would be used up).
         """
         local = self._local
-        if self._closed or (local is not None and local.complete):
-            return True
-        plan = self.plan_prefetch(starts.tolist(), ends.tolist())
+        plan: list[tuple[int, int, int]] = []
+        if not self._closed and (local is None or not local.complete):
+            st, en = starts.tolist(), ends.tolist()
+            bounds = [0, *cuts, len(st)]
+            for c0, c1 in zip(bounds, bounds[1:], strict=False):
+                plan.extend(self.plan_prefetch(st[c0:c1], en[c0:c1]))
         if local is not None:
             plan = [(a, b, need) for a, b, need in plan if not local.reached(a, b)]
-        if not plan:
-            return True
-        if self._deferred is not None and self.pin is None and len(plan) > 1:
+        if plan and self._deferred is not None and self.pin is None and self.opts.cache() is None:
             # not opened yet: every range goes in the one round that carries the checks (a
-            # range each would queue behind that round: two rounds)
-            ok = self._store.queue_together(plan, the_pool(self.opts), self._fetch_ranges)
+            # range each would queue behind that round: two rounds). With a cache the checks
+            # go first, alone (its keys hold the pin: plan_fetch)
+            job: Future[None] = Future()
+            if done is not None:
+                job.add_done_callback(lambda _: done.set_result(None))
+            self._first_job = job
+            pool = the_pool(self.opts)
+            ok = self._store.queue_together(plan, pool, self._fetch_ranges, after, job)
         else:
-            ok = self._store.queue(plan, the_pool(self.opts), self._fetch_one)
-        if local is None:
+            ok = self._store.queue(plan, the_pool(self.opts), self._fetch_one) if plan else True
+            if done is not None:
+                done.set_result(None)
+        if local is None and plan:
             self._seed(plan)
         return ok
 
@@ -563,7 +571,7 @@ class RemoteSource:
         if local is not None and local.complete:
             return [bytes(local.read(a, b - a)) for a, b in ranges]
         merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
-        return _slices(merged, self._network(merged), ranges)
+        return slices(merged, self._network(merged), ranges)
 
     def _network(self, reqs: list[tuple[int, int]]) -> list[bytes]:
         if self._deferred is not None and self.pin is None:
@@ -594,7 +602,7 @@ class RemoteSource:
             merged = coalesce([a for a, _ in ranges], [b for _, b in ranges])
 
             def finish_plain(got: list[bytes]) -> list[bytes]:
-                return _slices(merged, got, ranges)
+                return slices(merged, got, ranges)
 
             return merged, finish_plain
         cb = self.opts.chunk_bytes
