@@ -91,6 +91,14 @@ class DirCache:
         """The file of entry ``(key, name)``; ``key`` is a hex digest, ``name`` a file name."""
         return os.path.join(self.root, key[:2], key, name)
 
+    def names(self, key: str) -> list[str]:
+        """The names of the entries under ``key`` now (no lock files, no checks; may race)."""
+        try:
+            with os.scandir(os.path.join(self.root, key[:2], key)) as it:
+                return [e.name for e in it if not e.name.startswith(".") and e.is_file()]
+        except OSError:
+            return []
+
     def get(self, key: str, name: str, size: int | None = None, what: str = "") -> bytes | None:
         """Return the bytes of entry ``(key, name)`` (checked), or ``None`` if there are none.
 

@@ -384,10 +384,11 @@ def test_a_whole_download_whose_replies_are_cut_keeps_sound_checksums(
 ) -> None:
     """Replies cut mid-body are retried from their start (the sink sees ``at == 0`` again):
     the crc32s written with the copy are those of its bytes, so the next process's check
-    passes (no warning, no second download)."""
+    passes (no warning, no second download). ``whole_cache_dir``, not ``cache_dir``: no chunk
+    cache, whose chunks of the open-time checks the download would take instead of asking."""
     srv, paths = served
     cache = tmp_path / "cache"
-    opts = RemoteOptions(cache_dir=str(cache), fetch="shard", shards_ahead=0, backoff=0.01)
+    opts = RemoteOptions(whole_cache_dir=str(cache), fetch="shard", shards_ahead=0, backoff=0.01)
     url = f"{srv.url}/train-000001.tar"
     want = _all(tarindex.ShardSet(paths[1]))
     tarindex.ShardSet(url, remote=RemoteOptions(fetch="range"))  # the index, in memory now

@@ -578,3 +578,40 @@ def test_each_worker_weighs_its_reads_by_the_workers_sharing_the_epoch(
     keys = sorted(k for b in [*first, *it] for k in b[1:])
     assert keys == [f"{i:08d}" for i in range(len(ds))]
     assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
+
+
+def test_a_whole_download_takes_the_chunks_read_before_it_from_the_cache(
+    served: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """A job read part of a shard by ranges into ``cache_dir`` (chunks) before the shard went
+    whole (the spread rule, ``fetch="shard"`` later): its download writes the cached chunks
+    into the copy and fetches only the rest, so no byte comes twice. Before, the download
+    fetched the whole tar again (a plan-less 2-worker DataLoader over small shards sent 2.6x
+    their bytes: test_remote_procs)."""
+    srv, paths = served
+    cache = str(tmp_path / "cache")
+    url = f"{srv.url}/{PAT}"
+    chunk = 16384
+    ranged = tarindex.TarDataset(
+        url, remote=RemoteOptions(cache_dir=cache, chunk_bytes=chunk, fetch="range")
+    )
+    first = int(ranged.shards.starts[1])
+    for i in range(0, first, 2):  # the first shard's samples, every other one
+        ranged[i]
+    size0 = os.path.getsize(paths[0])
+    assert not _whole_downloads(srv, paths)
+    remote.forget_process_state()  # a fresh process: the same cache, switched whole
+    srv.reset()
+    whole = tarindex.TarDataset(
+        url, remote=RemoteOptions(cache_dir=cache, chunk_bytes=chunk, fetch="shard", shards_ahead=0)
+    )
+    local = tarindex.ShardSet(paths)
+    for i in range(first):
+        assert whole[i]["bin"] == local.sample(i)["bin"]
+    sent = _tar_gets(srv).get(os.path.basename(paths[0]), [])
+    assert not _whole_downloads(srv, paths[:1])  # the holes only
+    cached = [f for f in Path(cache).glob("??/*/*") if f.name.isdigit()]
+    assert len(cached) >= 3
+    hole_bytes = sum(b - a for a, b in sent)
+    checks = _whole_and_checks(paths[:1]) - size0  # the new open's checks
+    assert hole_bytes <= size0 - (len(cached) - 1) * chunk + checks

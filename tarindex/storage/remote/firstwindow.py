@@ -16,10 +16,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from ..cache import DirCache
 from .transport import Pin
 
 __all__ = [
     "Seed",
+    "cached_seeds",
     "drop_seeds",
     "forget_holds",
     "hold",
@@ -109,6 +111,31 @@ def take_seeds(url: str) -> list[Seed]:
     """The bytes kept for the download of ``url`` (:func:`seed`), handed over once."""
     with _lock:
         return _seeds.pop((os.getpid(), url), [])
+
+
+def cached_seeds(c: DirCache | None, key: str, pin: Pin, chunk: int, url: str) -> list[Seed]:
+    """The chunks of ``key`` the chunk cache ``c`` holds, as seeds for its whole download.
+
+    A job read a shard by ranges into the chunk cache (:attr:`RemoteOptions.chunk_bytes`
+    each) before the fetch policy switched it whole: the download writes those bytes into
+    its copy and fetches only the rest, so they come over the network once. ``key`` holds
+    the version (``pin``), so every chunk found is of it; each is checked as any
+    :meth:`DirCache.get` (a bad one is dropped and fetched with the rest).
+    """
+    if c is None:
+        return []
+    out: list[Seed] = []
+    for name in c.names(key):
+        if not name.isdigit():
+            continue
+        a = int(name) * chunk
+        if a >= pin.size:
+            continue
+        n = min(chunk, pin.size - a)
+        data = c.get(key, name, n, f"bytes {a}..{a + n} of {url}")
+        if data is not None:
+            out.append((a, a + n, data, lambda: pin))
+    return out
 
 
 def is_held(url: str) -> bool:

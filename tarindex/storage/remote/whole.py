@@ -51,6 +51,7 @@ from ..cache import DirCache
 from ..pieces import PieceReader, PieceWriter, attach
 from .fetch import fetch, stat
 from .firstwindow import (
+    cached_seeds,
     drop_seeds,
     forget_holds,
     hold,
@@ -387,7 +388,9 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
                 return False
             raise
         try:
-            seeds = usable(take_seeds(url), pin)
+            # bytes here already: a stream's first window, chunks read before the switch
+            cached = cached_seeds(opts.cache(), key, pin, opts.chunk_bytes, url)
+            seeds = usable(take_seeds(url) + cached, pin)
             for a, _b, data, _ in seeds:  # fetched already (a stream's first window)
                 if isinstance(data, bytes):
                     w.fill(a, data)
