@@ -98,6 +98,30 @@ def test_a_stream_opens_with_the_indexes_and_reads_its_first_sample_in_one_round
     assert len(tar) <= HEADER_CHECKS + 3, tar
 
 
+def test_a_ranged_streams_first_sample_waits_for_one_round_with_read_ahead(
+    served: tuple[RangeServer, list[str]],
+) -> None:
+    """With read-ahead on, the first shard's later blocks are queued behind its first round
+    (the one with the open-time checks); the reader waits for that round, not for the last
+    one queued (a second round before the first sample: 135 ms instead of 72 at 20 ms)."""
+    srv, _ = served
+    remote.fetch([(f"{srv.url}/train-000003.tar", 0, 512)])
+    it = tarindex.TarIterableDataset(
+        f"{srv.url}/{PAT}", shuffle=False, block_size=8, remote=RemoteOptions(fetch="range")
+    )
+    srv.latency = 0.1
+    srv.reset()
+    stream = iter(it)
+    next(stream)
+    t_first = time.monotonic()
+    with srv.lock:
+        spans = [(p, t0, t1) for p, _, t0, t1 in srv.spans if p.endswith(".tar")]
+    waited = [(t0, t1) for _, t0, t1 in spans if t1 <= t_first]
+    assert waited, spans
+    assert max(t0 for t0, _ in waited) < min(t1 for _, t1 in waited), spans  # one round
+    stream.close()
+
+
 def test_import_tarindex_leaves_the_remote_stack_to_first_use() -> None:
     """``import tarindex`` imports no asyncio, fsspec, aiohttp or s3fs (nor torch): a local job
     never pays for them, and a remote one pays at its first request (docs/REMOTE.md)."""

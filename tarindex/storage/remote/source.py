@@ -488,7 +488,8 @@ class RemoteSource:
             job: Future[None] = Future()
             if done is not None:
                 job.add_done_callback(lambda _: done.set_result(None))
-            self._first_job = job
+            if self._first_job is None:  # the round that carries the checks (a later one waits)
+                self._first_job = job
             pool = the_pool(self.opts)
             ok = self._store.queue_together(plan, pool, self._fetch_ranges, after, job)
         else:
