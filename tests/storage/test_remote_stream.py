@@ -7,6 +7,7 @@ downloads start) begins and ends inside grains the downloads then write around."
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,3 +178,37 @@ def test_the_read_ahead_stays_within_its_bounds(
     tars = sum(os.path.getsize(p) for p in paths)
     nbytes = sum(b - a for rs in _sent(srv).values() for a, b in rs)
     assert nbytes <= 1.02 * tars + _checks(paths)
+
+
+@pytest.mark.parametrize("gone", ["new_dir", "deleted"])
+def test_a_second_epoch_downloads_the_copies_again_when_they_are_gone(
+    shards: tuple[RangeServer, list[str]], tmp_path: Path, gone: str
+) -> None:
+    """Issue 24: in one process, a second streaming epoch whose copies are gone (a fresh
+    ``whole_cache_dir``, or the directory deleted underneath: a tmp cleaner, another
+    process's eviction) read every sample by ranges (135 ranged reads at 20 ms, 2.9 s):
+    the first epoch's downloads, finished in this process, were taken for copies still
+    there. The copies are now downloaded again, each tar once, and the bytes are the tars'."""
+    srv, paths = shards
+    names = [os.path.basename(p) for p in paths]
+    urls = [f"{srv.url}/{n}" for n in names]
+    local = _stream(paths, False)
+    first = tmp_path / "whole"
+    opts = RemoteOptions(whole_cache_dir=str(first), cache_bytes=1 << 30)
+    assert _stream(urls, False, remote=opts) == local
+    if gone == "deleted":
+        shutil.rmtree(first)
+    else:
+        opts = RemoteOptions(whole_cache_dir=str(tmp_path / "other"), cache_bytes=1 << 30)
+    srv.reset()
+    assert _stream(urls, False, remote=opts) == local
+    sent = _sent(srv)
+    tars = sum(os.path.getsize(p) for p in paths)
+    nbytes = sum(b - a for rs in sent.values() for a, b in rs)
+    assert nbytes <= 1.02 * tars + _checks(paths), nbytes / tars
+    for p, n in zip(paths, names, strict=True):  # each downloaded whole again, in pieces
+        assert _covered(sent[n], os.path.getsize(p)), (n, sorted(sent[n]))
+    pieces = sum(-(-os.path.getsize(p) // PIECE) for p in paths)
+    assert srv.requests <= pieces + 2 * N_SHARDS + 6 * N_SHARDS + 8, sorted(sent.items())
+    wholes = list((tmp_path / ("whole" if gone == "deleted" else "other")).rglob("whole"))
+    assert len(wholes) == N_SHARDS

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from ...errors import StaleIndexError
 from ..bytesource import PreadSource
 from ..cache import DirCache
 from ..pieces import PieceReader, PieceWriter, attach
+from .downloads import Downloads
 from .fetch import fetch, stat
 from .firstwindow import (
     cached_seeds,
@@ -103,7 +103,7 @@ _pins: dict[tuple[int, str], Pin] = {}
 _pinning: dict[tuple[int, str], Future[Pin]] = {}
 """(pid, URL) -> the version this process pinned (a read-ahead's stat, reused by the open)."""
 _lock = threading.Lock()
-_ahead: list[tuple[int, _Downloads, dict[str, Future[bool | None]]] | None] = [None]
+_ahead: list[tuple[int, Downloads, dict[str, Future[bool | None]]] | None] = [None]
 _gates: list[tuple[int, ThreadPoolExecutor] | None] = [None]
 
 
@@ -281,7 +281,8 @@ def open_copy(url: str, opts: RemoteOptions, ident: str) -> Copy | None:
             fd = _open_entry(c, key, pin.size, url)
             if fd is not None:
                 return Copy(fd, pin.size, pin, None)
-            if ok is not None:  # did not fit, or made and evicted since: read by ranges
+            if ok is not None:  # did not fit, or made by this call and evicted at once
+                # (the bound too small for the shards in use): read by ranges
                 return None
             fut = _submit(url, opts, ident, demand=True)  # another's download ended: ours
         time.sleep(delay)
@@ -578,7 +579,9 @@ def release(url: str, opts: RemoteOptions, ident: str) -> None:
 def fetch_ahead(url: str, opts: RemoteOptions, ident: str) -> Future[bool | None]:
     """Download the whole tar ``url`` into the cache in the background (read-ahead).
 
-    A shard already queued or downloaded here is not queued again; one another thread or
+    A shard already queued or downloaded here is not queued again while its copy is in the
+    cache of ``opts`` (one gone since, deleted or evicted, or a download into another cache
+    directory, is downloaded again); one another thread or
     process is downloading is skipped (never waited for). The future says whether the entry
     is there (``None``: skipped); it holds the error of a failed download (the read that
     needs the shard then tries again and raises).
@@ -596,61 +599,13 @@ def _failure(url: str) -> BaseException | None:
     return f.exception()
 
 
-class _Downloads:
-    """This process's download threads: daemon threads, so process exit never waits for them.
-
-    ``ThreadPoolExecutor`` joins its threads at interpreter exit, after their running work:
-    a process that finished its epoch (or was interrupted) waited for every download in
-    flight. A download cut by exit leaves a temp file that is never renamed into place (a
-    dead writer's: deleted by the next clean-up) and a progress record its readers see
-    ended (the lock is released with the process): never trusted, downloaded again when
-    needed.
-    """
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = (
-            queue.SimpleQueue()
-        )
-        self.threads: list[threading.Thread] = []
-        self.idle = 0
-        self.lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
-        """Run ``fn(*args)`` on a download thread; its future."""
-        f: Future[T] = Future()
-        self.jobs.put((lambda: fn(*args), f))  # type: ignore[arg-type]
-        with self.lock:
-            if not self.idle and len(self.threads) < self.n:
-                t = threading.Thread(
-                    target=self._work, name=f"tarindex-shard_{len(self.threads)}", daemon=True
-                )
-                self.threads.append(t)
-                t.start()
-        return f
-
-    def _work(self) -> None:
-        while True:
-            with self.lock:
-                self.idle += 1
-            fn, f = self.jobs.get()
-            with self.lock:
-                self.idle -= 1
-            if not f.set_running_or_notify_cancel():
-                continue
-            try:
-                f.set_result(fn())
-            except BaseException as e:
-                f.set_exception(e)
-
-
-def _executor(opts: RemoteOptions | None = None) -> _Downloads:
+def _executor(opts: RemoteOptions | None = None) -> Downloads:
     """This process's download threads (made on first use, again after a fork)."""
     with _lock:
         a = _ahead[0]
         if a is None or a[0] != os.getpid():
             n = max(1, opts.shards_ahead if opts is not None else 4) + 8
-            a = _ahead[0] = (os.getpid(), _Downloads(n), {})
+            a = _ahead[0] = (os.getpid(), Downloads(n), {})
         return a[1]
 
 
@@ -678,14 +633,40 @@ def _submit(url: str, opts: RemoteOptions, ident: str, demand: bool) -> Future[b
     with _lock:
         a = _ahead[0]
         assert a is not None
+        f = a[2].get(url)
+    gone = None
+    if f is not None and f.done() and f.exception() is None and f.result():
+        if not _present(url, opts, ident):  # made here, gone since (deleted, evicted, or
+            gone = f  # another cache directory): downloaded again, never read by ranges
+    with _lock:
+        a = _ahead[0]
+        assert a is not None
         _, ex, futs = a
         f = futs.get(url)
+        if f is gone:
+            f = None
         if f is not None and (not f.done() or (f.exception() is None and f.result())):
             return f
         if f is not None and not demand and f.exception() is None and f.result() is None:
             return f  # read-ahead skipped it (another downloads it): not again
         f = futs[url] = ex.submit(_download, url, opts, ident, demand)
         return f
+
+
+def _present(url: str, opts: RemoteOptions, ident: str) -> bool:
+    """Whether the complete copy of the version of ``url`` this process pinned is there.
+
+    In the cache of ``opts``, by its size (no request); an unknown version counts as there.
+    """
+    with _lock:
+        pin = _pins.get((os.getpid(), url))
+    if pin is None:
+        return True
+    try:
+        c = opts.whole_cache()
+    except OSError:
+        return True  # no cache to download into: the download says so itself
+    return c.local_file(tar_key(url, pin.size, ident, pin), WHOLE, pin.size) is not None
 
 
 def forget_ahead() -> None:
