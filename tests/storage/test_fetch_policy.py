@@ -21,6 +21,7 @@ from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
 
+from ..cache_watch import CacheWatch
 from ..conftest import ServeShards
 from ..remote_server import RangeServer
 
@@ -309,35 +310,17 @@ def test_downloads_in_flight_count_against_the_cache_bound(
         whole_cache_dir=str(cache), cache_bytes=limit, fetch="shard", shards_ahead=4
     )
     srv.latency = 0.1  # downloads stay in flight a while
-    peak = [0]
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            n = 0
-            for f in cache.rglob("*"):
-                try:
-                    if f.is_file() and (f.parent.name == "tmp" or f.name == "whole"):
-                        n += f.stat().st_size
-                except OSError:
-                    pass
-            peak[0] = max(peak[0], n)
-            time.sleep(0.001)
-
-    th = threading.Thread(target=watch)
-    th.start()
-    try:
+    # (sampled under the cache's lock: a download renamed into place during a walk of the
+    # directory was counted twice, as its temp file and as its entry)
+    with CacheWatch(cache, sizes) as w:
         it = tarindex.TarIterableDataset(
             f"{srv.url}/{PAT}", seed=0, block_size=8, buffer_size=8, remote=opts
         )
         keys = [s["__key__"] for s in it]
-    finally:
-        stop.set()
-        th.join()
     assert sorted(keys) == [f"{i:08d}" for i in range(sum(SIZES))]
     # whole shards were downloaded (two at once at least), never more than the bound holds
     # (the entries' .sum records, 4 bytes per MiB, are written beside a reserved download)
-    assert 2 * min(sizes) <= peak[0] <= limit + 4096 < 4 * min(sizes), (peak[0], limit)
+    assert 2 * min(sizes) <= w.peak_bytes <= limit + 4096 < 4 * min(sizes), (w.peak_bytes, limit)
 
 
 @pytest.mark.timeout(180)

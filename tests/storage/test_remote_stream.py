@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tarindex.storage import remote
 from tarindex.storage.remote import RemoteOptions, firstwindow
 from tarindex.storage.remote.whole import PIECE
 
+from ..cache_watch import CacheWatch
 from ..remote_server import RangeServer, serve
 
 pytest.importorskip("fsspec")
@@ -142,38 +142,15 @@ def test_the_read_ahead_stays_within_its_bounds(
     root = tmp_path / "whole"
     bound = sum(os.path.getsize(p) for p in paths) + (64 << 10)  # the epoch's shards fit
     opts = RemoteOptions(whole_cache_dir=str(root), cache_bytes=bound, shards_ahead=1)
-    peak = [0, 0]  # bytes of copies and downloads; downloads at once
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            n = tmp = 0
-            for d, _, fs in os.walk(root):
-                for f in fs:
-                    if f.endswith(".sum") or d.endswith("locks"):
-                        continue
-                    try:
-                        size = os.path.getsize(os.path.join(d, f))
-                    except OSError:
-                        continue
-                    n += size
-                    tmp += os.path.basename(d) == "tmp" and size > 0
-            peak[0] = max(peak[0], n)
-            peak[1] = max(peak[1], tmp)
-            stop.wait(0.001)
-
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
+    # (sampled under the cache's lock: a download renamed into place during a walk of the
+    # directory was counted twice, an entry's .sum record on its way as a download)
+    with CacheWatch(root, [os.path.getsize(p) for p in paths]) as w:
         got = _stream(urls, shuffle, remote=opts)
-    finally:
-        stop.set()
-        t.join()
     assert got == _stream(paths, shuffle)
-    assert 0 < peak[0] <= bound
+    assert 0 < w.peak_bytes <= bound, (w.peak_bytes, bound)
     if not shuffle:  # (a shuffled epoch needs every shard from its first blocks: each is
         # downloaded when first read, all at once here)
-        assert 1 <= peak[1] <= 2
+        assert 1 <= w.peak_downloads <= 2, w.at_peak
     assert firstwindow.kept() == 0  # nothing of the first window is kept past the epoch
     tars = sum(os.path.getsize(p) for p in paths)
     nbytes = sum(b - a for rs in _sent(srv).values() for a, b in rs)
