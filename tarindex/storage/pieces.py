@@ -45,7 +45,7 @@ import threading
 import time
 import warnings
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from . import sums
 from .cache import DirCache
@@ -89,13 +89,24 @@ class PieceWriter:
         lock_fd: The entry's lock, held (:meth:`DirCache.lock`); the record is written there.
         size: The file's size in bytes.
         grain: Bytes per flag. Defaults to :data:`GRAIN`.
+        coming: Byte ranges ``[(start, end)]`` written or requested at once (as
+            :meth:`coming`), marked before the record is written: a reader in this process
+            that joins the download waits for them from the first moment, never fetches
+            them again.
 
     Raises:
         OSError: The temp file cannot be made or preallocated (``ENOSPC``: the disk is full,
             or it does not fit the cache's limit beside the downloads in flight).
     """
 
-    def __init__(self, cache: DirCache, lock_fd: int, size: int, grain: int = GRAIN) -> None:
+    def __init__(
+        self,
+        cache: DirCache,
+        lock_fd: int,
+        size: int,
+        grain: int = GRAIN,
+        coming: Sequence[tuple[int, int]] = (),
+    ) -> None:
         self.cache = cache
         self.lock_fd = lock_fd
         self.size = size
@@ -117,11 +128,14 @@ class PieceWriter:
         if n and size % grain:
             self._left[-1] = size % grain
         self._mixed = bytearray(n)  # grains written by more than one range
-        self._arriving: list[tuple[int, int]] = []  # ranges whose replies are arriving
+        self._arriving: list[tuple[int, int]] = list(coming)  # ranges arriving now
         self.grains = Grains(size, grain)
         """The crc of each grain, as the sinks write them (the entry's ``.sum`` record)."""
+        name = os.path.basename(self.tmp).encode()
+        self.tmp_name = name
+        with _writing_lock:  # before the record: a reader joining it knows what is coming
+            _writing[name] = self
         try:
-            name = os.path.basename(self.tmp).encode()
             magic = _MAGIC_C if self.grains.kind == CRC32C else _MAGIC
             head = HEAD.pack(magic, size, grain, name)
             os.ftruncate(lock_fd, 0)
@@ -130,9 +144,6 @@ class PieceWriter:
             self._close()
             cache.discard_path(self.tmp)
             raise
-        self.tmp_name = name
-        with _writing_lock:
-            _writing[name] = self
 
     def arriving(self, start: int, end: int) -> bool:
         """Whether every byte of ``[start, end)`` is written or in a reply arriving now.
