@@ -22,7 +22,9 @@ Rows (per server and latency):
 * ``sparse 1%``: 1% of the samples at random, one process: bytes fetched / bytes asked
   (the members' bytes), counted after the shards were opened (indexes and open-time
   checks, ~17 KiB per shard, reported apart);
-* ``stream``: one ``TarIterableDataset`` epoch in one process;
+* ``stream``: one ``TarIterableDataset`` epoch in one process; ``stream-gone``: a second
+  epoch in the same process after its whole copies were deleted (a tmp cleaner, another
+  process's eviction), timed and counted alone;
 * ``first sample``: construction and the first sample, on a warm connection: the process
   has talked to the server once before the clock starts (one 512-byte ranged GET of shard 0
   through tarindex's pool, which keeps that one connection open and notes that the server
@@ -61,7 +63,7 @@ sys.path.insert(0, ROOT)
 import tarindex  # noqa: E402
 
 CHILD = r"""
-import dataclasses, json, os, sys, time, urllib.request
+import dataclasses, json, os, shutil, sys, time, urllib.request
 sys.path.insert(0, sys.argv[1])
 cfg = json.loads(sys.argv[2])
 import numpy as np, torch, tarindex
@@ -118,6 +120,15 @@ elif kind.startswith("idx-"):
     out["asked"] = asked
 elif kind == "stream":
     it = tarindex.TarIterableDataset(urls, remote=opts, seed=0)
+    out["samples"] = sum(1 for _ in it)
+elif kind == "stream-gone":  # a second epoch in this process, its copies deleted underneath
+    out["first_samples"] = sum(1 for _ in tarindex.TarIterableDataset(urls, remote=opts, seed=0))
+    shutil.rmtree(cfg["cache"])  # a tmp cleaner, another process's eviction
+    if cfg["reset"]:
+        urllib.request.urlopen(cfg["reset"]).read()
+    remote.stats(reset=True)
+    t0, c0 = time.perf_counter(), time.process_time()  # the second epoch alone
+    it = tarindex.TarIterableDataset(urls, remote=opts, seed=1)
     out["samples"] = sum(1 for _ in it)
 elif kind == "first":
     ds = tarindex.TarDataset(urls, remote=opts)
@@ -250,6 +261,7 @@ ROWS = [
     ("wids-idx", "ds[i] epoch: wids"),
     ("idx-sparse", "sparse 1% ds[i]: tarindex"),
     ("stream", "streaming epoch: tarindex TarIterableDataset"),
+    ("stream-gone", "streaming epoch 2, its copies deleted: tarindex"),
     ("first", "first sample, warm: TarDataset(url)[0]"),
     ("first-stream", "first sample, warm: next(iter(TarIterableDataset(url)))"),
     ("first-stream-ordered", "first sample, warm: same, shuffle=False"),
