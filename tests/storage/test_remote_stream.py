@@ -205,6 +205,11 @@ def test_a_second_epoch_downloads_the_copies_again_when_they_are_gone(
         opts = RemoteOptions(whole_cache_dir=str(tmp_path / "other"), cache_bytes=1 << 30)
     srv.reset()
     assert _stream(urls, False, remote=opts) == local
+    root = tmp_path / ("whole" if gone == "deleted" else "other")
+    deadline = time.monotonic() + 10  # under load the epoch can end before the last
+    while len(list(root.rglob("whole"))) < N_SHARDS and time.monotonic() < deadline:
+        time.sleep(0.02)  # download is in (reads that outran it went by ranges)
+    assert len(list(root.rglob("whole"))) == N_SHARDS
     sent = _sent(srv)
     tars = sum(os.path.getsize(p) for p in paths)
     nbytes = sum(b - a for rs in sent.values() for a, b in rs)
@@ -215,5 +220,3 @@ def test_a_second_epoch_downloads_the_copies_again_when_they_are_gone(
         assert _covered(sent[n], os.path.getsize(p)), (n, sorted(sent[n]))
     pieces = sum(-(-os.path.getsize(p) // PIECE) for p in paths)
     assert srv.requests <= pieces + 2 * N_SHARDS + 6 * N_SHARDS + 8, sorted(sent.items())
-    wholes = list((tmp_path / ("whole" if gone == "deleted" else "other")).rglob("whole"))
-    assert len(wholes) == N_SHARDS
