@@ -205,15 +205,28 @@ def _retried(
         except (FileNotFoundError, StaleIndexError, RemoteError):
             raise
         except Exception as e:
-            if is_permanent(e):
-                raise RemoteError(f"{url}: cannot {what}: {describe(e)} (not retried)") from e
-            if attempt == opts.retries:
-                raise RemoteError(
-                    f"{url}: cannot {what}: still failing after {opts.retries} retries; last "
-                    f"error: {describe(e)}; check the server, or raise RemoteOptions(retries=, "
-                    f"deadline=)"
-                ) from e
+            err = _give_up(url, what, e, attempt, opts)
+            if err is not None:
+                raise err from e
     raise AssertionError("unreachable")
+
+
+def _give_up(
+    url: str, what: str, e: BaseException, attempt: int, opts: RemoteOptions
+) -> RemoteError | None:
+    """The error that ends one request's retries after ``e`` on ``attempt``, or ``None``.
+
+    A permanent error ends them at once, any other once :attr:`RemoteOptions.retries` ran out.
+    """
+    if is_permanent(e):
+        return RemoteError(f"{url}: cannot {what}: {describe(e)} (not retried)")
+    if attempt == opts.retries:
+        return RemoteError(
+            f"{url}: cannot {what}: still failing after {opts.retries} retries; last "
+            f"error: {describe(e)}; check the server, or raise RemoteOptions(retries=, "
+            f"deadline=)"
+        )
+    return None
 
 
 def stat(url: str, opts: RemoteOptions = DEFAULT) -> Pin:
@@ -299,14 +312,9 @@ def read_wholes(
             if isinstance(g, (FileNotFoundError, StaleIndexError, RemoteError)):
                 raise g
             if isinstance(g, BaseException):
-                if is_permanent(g):
-                    raise RemoteError(f"{url}: cannot read it: {describe(g)} (not retried)") from g
-                if attempt == opts.retries:
-                    raise RemoteError(
-                        f"{url}: cannot read it: still failing after {opts.retries} retries; "
-                        f"last error: {describe(g)}; check the server, or raise "
-                        f"RemoteOptions(retries=, deadline=)"
-                    ) from g
+                err = _give_up(url, "read it", g, attempt, opts)
+                if err is not None:
+                    raise err from g
                 failed.append(i)
                 continue
             STATS.bytes += len(g)
