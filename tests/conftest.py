@@ -102,6 +102,29 @@ def serve_shards(make_shards: MakeShards, tmp_path: Path) -> Iterator[ServeShard
     remote.forget_process_state()
 
 
+def sent_ranges(srv: RangeServer) -> dict[str, list[tuple[int, int]]]:
+    """The byte ranges of ``.tar`` bodies ``srv`` sent (GETs), per file name, in order."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    with srv.lock:
+        for m, p, a, b in srv.log:
+            if m == "GET" and p.endswith(".tar"):
+                out.setdefault(os.path.basename(p), []).append((a, b))
+    return out
+
+
+def check_bytes(paths: list[str]) -> int:
+    """Bytes of the open-time checks (FORMAT.md §3) of the tars ``paths``."""
+    from tarindex.read.checks import open_ranges
+
+    n = 0
+    for p in paths:
+        r = tarindex.ShardReader(p)
+        a, b = open_ranges(r.index, r.tar_size)
+        n += int((b - a).sum())
+        r.close()
+    return n
+
+
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 

@@ -22,7 +22,7 @@ from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
 
 from ..cache_watch import CacheWatch
-from ..conftest import ServeShards
+from ..conftest import ServeShards, check_bytes, sent_ranges
 from ..remote_server import RangeServer
 
 pytest.importorskip("fsspec")
@@ -37,22 +37,12 @@ def served(serve_shards: ServeShards) -> tuple[RangeServer, list[str]]:
     return serve_shards(SIZES)
 
 
-def _tar_gets(srv: RangeServer) -> dict[str, list[tuple[int, int]]]:
-    """The ranges of .tar bodies the server sent, per file."""
-    out: dict[str, list[tuple[int, int]]] = {}
-    with srv.lock:
-        for m, p, a, b in srv.log:
-            if m == "GET" and p.endswith(".tar"):
-                out.setdefault(os.path.basename(p), []).append((a, b))
-    return out
-
-
 def _whole_downloads(srv: RangeServer, paths: list[str]) -> dict[str, int]:
     """Per tar, how many times it was sent whole (one ranged read from 0 to its end: these
     shards are smaller than one 8 MiB piece); tars never sent whole are left out."""
     sizes = {os.path.basename(p): os.path.getsize(p) for p in paths}
     out: dict[str, int] = {}
-    for name, rs in _tar_gets(srv).items():
+    for name, rs in sent_ranges(srv).items():
         n = sum(1 for a, b in rs if a == 0 and b == sizes[name])
         if n:
             out[name] = n
@@ -61,15 +51,7 @@ def _whole_downloads(srv: RangeServer, paths: list[str]) -> dict[str, int]:
 
 def _whole_and_checks(paths: list[str]) -> int:
     """The tars' bytes plus the bytes of their open-time checks (FORMAT.md §3)."""
-    from tarindex.read.checks import open_ranges
-
-    n = 0
-    for p in paths:
-        r = tarindex.ShardReader(p)
-        a, b = open_ranges(r.index, r.tar_size)
-        n += os.path.getsize(p) + int((b - a).sum())
-        r.close()
-    return n
+    return sum(os.path.getsize(p) for p in paths) + check_bytes(paths)
 
 
 def test_sparse_random_access_stays_on_ranges(served: tuple[RangeServer, list[str]]) -> None:
@@ -121,7 +103,7 @@ def test_reading_most_of_a_shard_switches_it_to_a_whole_download(
     srv.reset()
     for i in range(ADAPT_MIN + 5, SIZES[0]):  # the rest of shard 0: from its local copy
         assert ds[i]["bin"] == local.sample(i)["bin"]
-    assert _tar_gets(srv) == {}
+    assert sent_ranges(srv) == {}
 
 
 def test_a_sparse_subset_never_switches(served: tuple[RangeServer, list[str]]) -> None:
@@ -154,7 +136,7 @@ def test_a_shuffled_pass_without_a_plan_switches_every_shard_early(
         assert ds[i]["bin"] == local.sample(i)["bin"]
     assert ds.shards.pool.whole == {0, 1, 2, 3}
     assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
-    gets = sum(len(rs) for rs in _tar_gets(srv).values())
+    gets = sum(len(rs) for rs in sent_ranges(srv).values())
     # the reads before the switch, the downloads, the open-time checks (with the first read;
     # a few more where a shard reopens on its copy); the old rule: 4 x ADAPT_MIN = 256 first
     assert gets < SPREAD_MIN + 4 * 12, gets
@@ -179,7 +161,7 @@ def test_sparse_reads_and_get_by_key_stay_on_ranges_over_many_samples(
         assert ds.get(key)["bin"] == local.get(key)["bin"]
     assert ds.shards.pool.whole == set()
     assert _whole_downloads(srv, paths) == {}
-    sent = sum(b - a for rs in _tar_gets(srv).values() for a, b in rs)
+    sent = sum(b - a for rs in sent_ranges(srv).values() for a, b in rs)
     assert sent < 0.05 * sum(os.path.getsize(p) for p in paths)
 
 
@@ -210,7 +192,7 @@ def test_a_streaming_epoch_downloads_each_shard_once_in_plan_order(
     # every shard downloaded: its bytes all sent, in one range from 0 to its end, or around
     # the first window's block (read by ranges before the downloads start, and written into
     # the download's copy instead of being fetched again)
-    got = _tar_gets(srv)
+    got = sent_ranges(srv)
     for p in paths:
         pos = 0
         for a, b in sorted(got[os.path.basename(p)]):
@@ -342,7 +324,7 @@ def test_two_dataloader_workers_download_each_shard_once(
     assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
     tar_bytes = sum(os.path.getsize(p) for p in paths)
     checks = _whole_and_checks(paths) - tar_bytes
-    assert sum(b - a for rs in _tar_gets(srv).values() for a, b in rs) <= tar_bytes + 2 * checks
+    assert sum(b - a for rs in sent_ranges(srv).values() for a, b in rs) <= tar_bytes + 2 * checks
 
 
 @pytest.mark.timeout(180)
@@ -364,7 +346,7 @@ def test_a_plan_less_shuffled_dataloader_downloads_each_shard_once_early(
     keys = sorted(k for b in loader for k in b)
     assert keys == [f"{i:08d}" for i in range(sum(SIZES))]
     assert _whole_downloads(srv, paths) == {os.path.basename(p): 1 for p in paths}
-    gets = sum(len(rs) for rs in _tar_gets(srv).values())
+    gets = sum(len(rs) for rs in sent_ranges(srv).values())
     assert gets < 2 * SPREAD_MIN + 2 * 4 * 12, gets  # 2 x 4 x ADAPT_MIN before
 
 
@@ -591,7 +573,7 @@ def test_a_whole_download_takes_the_chunks_read_before_it_from_the_cache(
     local = tarindex.ShardSet(paths)
     for i in range(first):
         assert whole[i]["bin"] == local.sample(i)["bin"]
-    sent = _tar_gets(srv).get(os.path.basename(paths[0]), [])
+    sent = sent_ranges(srv).get(os.path.basename(paths[0]), [])
     assert not _whole_downloads(srv, paths[:1])  # the holes only
     cached = [f for f in Path(cache).glob("??/*/*") if f.name.isdigit()]
     assert len(cached) >= 3
