@@ -17,6 +17,12 @@ Rows (per server and latency):
   hands its plan to the dataset; ``shuffle=True`` with no plan; wids'
   ``ShardListDataset`` with ``DistributedChunkedSampler``, its documented sampler; every
   row's batches reach the main process with their samples' bytes);
+* ``dl-block-2``: that ``BlockSampler`` DataLoader with ``persistent_workers=True``; the first
+  epoch (forks, torch's shm manager, downloads) is untimed, the second is timed and counted
+  alone (requests, bytes, the workers' CPU; the server's CPU covers both): the steady state
+  with the copies here; ``dl-block-2-gone``: the same after the copies were deleted, so the
+  second epoch downloads every shard again with no start-up in the clock (the transfer
+  alone); ``local-dl-block-2``: over the local tars (the steady-state ceiling);
 * ``ds[i] epoch``: every sample once in a random order, one process (tarindex with the
   order handed by ``ds.shards.follow(perm)``, and without; wids);
 * ``sparse 1%``: 1% of the samples at random, one process: bytes fetched / bytes asked
@@ -69,6 +75,21 @@ cfg = json.loads(sys.argv[2])
 import numpy as np, torch, tarindex
 from tarindex.storage import remote
 urls, kind, so = cfg["urls"], cfg["kind"], cfg["so"]
+
+
+def children_cpu():  # CPU seconds so far of the live children (persistent DataLoader workers)
+    tot = 0.0
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                x = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if int(x[1]) == os.getpid():
+            tot += (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+    return tot
+
+
 opts = tarindex.RemoteOptions(storage_options=so, whole_cache_dir=cfg["cache"], cache_bytes=8 << 30)
 fs = remote.filesystem(urls[0], opts)
 remote.fetch([(urls[0], 0, 512)], opts)  # warm the connection pool
@@ -85,6 +106,23 @@ c0 = time.process_time()
 if kind == "limit":
     got = fs.cat([remote.transport.fs_path(u) for u in urls])
     out["samples"] = n
+elif kind.startswith("dl-block-2"):  # epoch 2 on persistent workers, timed alone
+    ds = tarindex.TarDataset(urls, remote=opts, batched=True)
+    sampler = tarindex.BlockSampler(ds, block_size=64, seed=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=64, sampler=sampler, num_workers=2,
+        collate_fn=tarindex.collate_batched, multiprocessing_context="fork",
+        persistent_workers=True)
+    out["first_samples"] = sum(len(b) for b in loader)  # forks, shm manager, downloads
+    out["first_seconds"] = time.perf_counter() - t0
+    if kind == "dl-block-2-gone":  # the copies deleted: the transfer again, no start-up
+        shutil.rmtree(cfg["cache"])
+    if cfg["reset"]:
+        urllib.request.urlopen(cfg["reset"]).read()
+    sampler.set_epoch(1)
+    w0 = children_cpu()
+    t0, c0 = time.perf_counter(), time.process_time()
+    out["samples"] = sum(len(b) for b in loader)
+    out["workers_epoch2"] = children_cpu() - w0  # the workers are still alive
 elif kind.startswith("dl-"):
     ds = tarindex.TarDataset(urls, remote=opts, batched=True)
     if kind == "dl-block":
@@ -171,7 +209,7 @@ out["seconds"] = time.perf_counter() - t0
 import resource  # CPU seconds: this process, and its workers (joined when the loader ended)
 out["cpu_main"] = time.process_time() - c0
 ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-out["cpu_workers"] = ch.ru_utime + ch.ru_stime
+out["cpu_workers"] = out.pop("workers_epoch2", ch.ru_utime + ch.ru_stime)
 st = remote.stats()
 out["client_requests"], out["client_bytes"] = st["requests"], st["bytes"]
 print(json.dumps(out))
@@ -255,6 +293,9 @@ ROWS = [
     ("local-stream", "ceiling: that streaming epoch over the local tars"),
     ("dl-block", "DataLoader 2w b64: tarindex + BlockSampler (plan)"),
     ("dl-shuffle", "DataLoader 2w b64: tarindex shuffle=True (no plan)"),
+    ("local-dl-block-2", "ceiling: epoch 2 on persistent workers, local tars"),
+    ("dl-block-2", "DataLoader epoch 2, persistent workers, copies here"),
+    ("dl-block-2-gone", "DataLoader epoch 2, persistent workers, copies gone"),
     ("wids-dl", "DataLoader 2w b64: wids + DistributedChunkedSampler"),
     ("idx-follow", "ds[i] epoch: tarindex, order handed (follow)"),
     ("idx-auto", "ds[i] epoch: tarindex, no plan"),
