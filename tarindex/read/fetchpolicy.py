@@ -45,6 +45,7 @@ from ..storage.remote import (
     hold,
     is_url,
     load_indexes,
+    need,
     pin_ahead,
     release,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "ADAPT",
     "ADAPT_MIN",
     "PIN_AHEAD",
+    "SHARD_UNIT",
     "SPREAD",
     "SPREAD_MIN",
     "WHOLE_SHARE",
@@ -85,6 +87,10 @@ once per this many positions the reads move on (every ``ds[i]``: 60 us of a 25 u
 
 PIN_AHEAD = 64
 """Shards whose versions the whole-shard read-ahead learns ahead of their downloads, at most."""
+
+SHARD_UNIT = 64 << 20
+"""Bytes of a whole shard that count as one of :attr:`RemoteOptions.shards_ahead` downloads
+at once (a smaller shard counts as its share: :meth:`FetchPolicy._weight`)."""
 
 WHOLE_SHARE = 0.5
 """With a plan (``"auto"``): a shard the machine will read at least this fraction of is
@@ -133,6 +139,8 @@ class FetchPolicy:
         self._ahead: list[int] = []  # shards to fetch whole, in order of need
         self._futs: dict[int, Future[bool | None]] = {}
         self._sizes: dict[int, tuple[int, str]] = {}
+        self._bytes_at: dict[int, NDArray[np.int64]] = {}  # shard -> sample j's first byte
+        self._ordered: set[int] = set()  # streaming: whole shards downloaded in the plan's order
         self._compressed: set[int] = set()  # shards whose index describes a compressed file
         self._started = False
         self._held = False  # streaming: downloads wait for the first block read (reading)
@@ -198,6 +206,7 @@ class FetchPolicy:
         self._hold_state = [True]
         weakref.finalize(self, _let_go, list(self._holding), self._hold_state)
         if self.mode == "shard":
+            self._in_plan_order(pieces, order)
             self._queue(order)
             return
         last = np.zeros(len(self.counts), np.int64)
@@ -210,7 +219,43 @@ class FetchPolicy:
         if whole and self._fits(whole):
             for s in whole:
                 self.pool.set_whole(s)
+            self._in_plan_order(pieces, whole)
             self._queue(whole)
+
+    def _in_plan_order(self, pieces: NDArray[np.int64], shards: list[int]) -> None:
+        """Streaming: the downloads of ``shards`` fetch their pieces in the plan's order.
+
+        Each shard's blocks, as byte ranges in the order the plan reads them, go to its
+        download (:func:`~tarindex.storage.remote.need`): the first window's blocks first
+        (its samples are mixed: all are needed at once), in file order, then the others in
+        the plan's order. Their first-window blocks are not fetched by ranges, but those of
+        the first sample's shard (:meth:`ranged_first`): they are their downloads' first
+        pieces.
+        """
+        win = np.cumsum(pieces[:, 2] - pieces[:, 1]) - (pieces[:, 2] - pieces[:, 1]) < self.reach
+        for s in shards:
+            if not self._whole_ok(s):
+                continue
+            at = self._bytes_at[s]
+            mine = pieces[:, 0] == s
+            rows = np.concatenate([pieces[mine & win], pieces[mine & ~win]])
+            if not len(rows):
+                continue
+            a = np.maximum(at[rows[:, 1]] - 512, 0)  # the first member's header too
+            b = at[rows[:, 2]]
+            k = int((mine & win).sum())
+            a[:k].sort()
+            b[:k].sort()
+            need(self.pool.paths[s], list(zip(a.tolist(), b.tolist(), strict=True)))
+            self._ordered.add(s)
+
+    def ranged_first(self, s: int) -> bool:
+        """Streaming: whether shard ``s``'s first-window blocks are fetched by ranges.
+
+        ``False`` for a shard downloaded in the plan's order other than the first block's
+        (:meth:`_in_plan_order`): its download's first pieces hold them.
+        """
+        return s not in self._ordered
 
     @property
     def held(self) -> bool:
@@ -481,6 +526,13 @@ class FetchPolicy:
             if t.gzip is not None or PACKED_META in t.meta:  # read through seek points or a
                 self._compressed.add(s)  # decompressed copy, never downloaded whole here
             got = self._sizes[s] = (h.tar_size, f"{h.tar_size}:{h.head_crc}:{h.tail_crc}")
+            # sample j's bytes start at its first member's data (j = n: the tar's end)
+            first = np.asarray(t.sample_ptr, np.int64)[:-1]
+            at = np.empty(len(first) + 1, np.int64)
+            off = np.asarray(t.offset, np.int64)
+            at[:-1] = off[np.minimum(first, len(off) - 1)] if len(off) else 0
+            at[-1] = h.tar_size
+            self._bytes_at[s] = at
         return got
 
     # -- whole-shard read-ahead ---------------------------------------------------------------
@@ -515,7 +567,9 @@ class FetchPolicy:
         for s in self._ahead[:PIN_AHEAD]:
             if s not in self._futs:
                 pin_ahead(self.pool.paths[s], self.pool.opts_for(s))
-        room = opts.shards_ahead - sum(1 for f in self._futs.values() if not f.done())
+        room = opts.shards_ahead - sum(
+            self._weight(s) for s, f in self._futs.items() if not f.done()
+        )
         for s in self._ahead:
             if room <= 0:
                 break
@@ -524,7 +578,16 @@ class FetchPolicy:
                 continue
             url = self.pool.paths[s]
             self._futs[s] = fetch_ahead(url, self.pool.opts_for(s), self._info(s)[1])
-            room -= 1
+            room -= self._weight(s)
+
+    def _weight(self, s: int) -> float:
+        """How much of :attr:`RemoteOptions.shards_ahead` shard ``s``'s download counts for.
+
+        One for a shard of :data:`SHARD_UNIT` bytes or more, its share of that below: the
+        bound is on the bytes downloading at once, and a few small shards (a streaming
+        epoch over 20 MB shards) would otherwise wait for each other's downloads to end.
+        """
+        return min(1.0, self._info(s)[0] / SHARD_UNIT)
 
     def _demand(self, sid: NDArray[np.int64]) -> None:
         """Start the downloads of the whole shards of ``sid`` not started (no plan: read now).

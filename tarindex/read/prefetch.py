@@ -86,10 +86,10 @@ def prefetch_blocks(
     reach = policy.reach if policy is not None else 0
     if mode == "shard":
         if held:
-            _reach_ahead(pool, pieces, fields, reach)
+            _reach_ahead(pool, pieces, fields, reach, policy)
         return len(pieces)  # whole shards: downloaded ahead by the fetch policy
     if held:  # the first window alone, whole shards or not (its later blocks: next call)
-        return _reach_ahead(pool, pieces, fields, reach)
+        return _reach_ahead(pool, pieces, fields, reach, policy)
     pool.open_many([p[0] for p in pieces if p[0] not in whole])
     for n, (s, j0, j1) in enumerate(pieces):
         if s in whole:
@@ -107,7 +107,11 @@ def prefetch_blocks(
 
 
 def _reach_ahead(
-    pool: ReaderPool, pieces: Sequence[Sequence[int]], fields: Fields, reach: int
+    pool: ReaderPool,
+    pieces: Sequence[Sequence[int]],
+    fields: Fields,
+    reach: int,
+    policy: FetchPolicy | None = None,
 ) -> int:
     """Fetch by ranges the next blocks of whole shards that their downloads have not reached.
 
@@ -119,7 +123,8 @@ def _reach_ahead(
     stream's first window, ``FetchPolicy.reach``), so the bytes fetched twice stay one
     window at most; blocks of shards read by ranges anyway go the same way. The first
     sample's shard goes first and alone; the others are opened (concurrently) and queued
-    once its round is in.
+    once its round is in. Shards ``policy`` downloads in the plan's order are left to
+    their downloads (:meth:`FetchPolicy.ranged_first`: their first pieces hold them).
 
     Returns:
         How many of ``pieces`` that window spans.
@@ -144,6 +149,8 @@ def _reach_ahead(
     # the server with ~50 others: they waited 40-70 ms behind them at 20 ms latency)
     first = head[0][0]
     rest = list(dict.fromkeys(p[0] for p in head if p[0] != first))
+    if policy is not None:
+        rest = [s for s in rest if policy.ranged_first(s)]
     gate: Future[None] = Future()  # set once the first shard's round is in
     handed = False
     for group in ([first], rest):

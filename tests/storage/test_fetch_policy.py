@@ -15,6 +15,7 @@ import pytest
 
 import tarindex
 from tarindex.errors import StaleIndexError
+from tarindex.read import fetchpolicy
 from tarindex.read.fetchpolicy import ADAPT_MIN, SPREAD, SPREAD_MIN
 from tarindex.storage import remote
 from tarindex.storage.remote import RemoteOptions
@@ -180,9 +181,10 @@ def test_forced_range_and_forced_shard(served: tuple[RangeServer, list[str]]) ->
 
 
 def test_a_streaming_epoch_downloads_each_shard_once_in_plan_order(
-    served: tuple[RangeServer, list[str]],
+    served: tuple[RangeServer, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     srv, paths = served
+    monkeypatch.setattr(fetchpolicy, "SHARD_UNIT", 1)  # each counts as one of shards_ahead
     it = tarindex.TarIterableDataset(
         f"{srv.url}/{PAT}", seed=3, block_size=16, buffer_size=16,
         remote=RemoteOptions(shards_ahead=2),

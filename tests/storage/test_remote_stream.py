@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 import tarindex
+from tarindex.read import fetchpolicy
 from tarindex.storage import remote
 from tarindex.storage.remote import RemoteOptions, firstwindow, whole
 from tarindex.storage.remote.whole import PIECE
@@ -142,17 +144,21 @@ def test_a_read_joining_a_download_as_it_starts_waits_for_its_first_pieces(
 
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_the_read_ahead_stays_within_its_bounds(
-    shards: tuple[RangeServer, list[str]], tmp_path: Path, shuffle: bool
+    shards: tuple[RangeServer, list[str]],
+    tmp_path: Path,
+    shuffle: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The downloads a stream runs ahead and the copies it keeps stay within ``cache_bytes``
     at every moment, ``shards_ahead=1`` downloads at a time run ahead (plus one a read needs
-    before its turn), and the first window's bytes kept for the downloads (``whole.seed``)
-    are all let go by the epoch's end; the stream reads every sample once, in the local
-    order, each byte fetched once."""
+    before its turn; each shard counted as one: ``SHARD_UNIT``), and the first window's
+    bytes kept for the downloads (``whole.seed``) are all let go by the epoch's end; the
+    stream reads every sample once, in the local order, each byte fetched once."""
     srv, paths = shards
     urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
     root = tmp_path / "whole"
     bound = sum(os.path.getsize(p) for p in paths) + (64 << 10)  # the epoch's shards fit
+    monkeypatch.setattr(fetchpolicy, "SHARD_UNIT", 1)  # each counts as one of shards_ahead
     opts = RemoteOptions(whole_cache_dir=str(root), cache_bytes=bound, shards_ahead=1)
     # (sampled under the cache's lock: a download renamed into place during a walk of the
     # directory was counted twice, an entry's .sum record on its way as a download)
@@ -207,3 +213,106 @@ def test_a_second_epoch_downloads_the_copies_again_when_they_are_gone(
         assert _covered(sent[n], os.path.getsize(p)), (n, sorted(sent[n]))
     pieces = sum(-(-os.path.getsize(p) // PIECE) for p in paths)
     assert srv.requests <= pieces + 2 * N_SHARDS + 6 * N_SHARDS + 8, sorted(sent.items())
+
+
+def _sample_spans(path: str) -> NDArray[np.int64]:
+    """``int64 (n + 1,)``: where each sample's bytes start in the tar (its first member's
+    header), the tar's size last."""
+    r = tarindex.ShardReader(path)
+    t = r.index
+    first = np.asarray(t.sample_ptr, np.int64)[:-1]
+    at = np.append(np.asarray(t.offset, np.int64)[first] - 512, r.tar_size)
+    r.close()
+    return at
+
+
+def test_a_shuffled_streams_downloads_request_their_pieces_in_the_plans_order(
+    shards: tuple[RangeServer, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: a download fetched its pieces in file order while a shuffled plan reads
+    each shard's blocks in a random order, so almost every block waited for its shard's
+    download to end. A stream's downloads now request their pieces in the order its plan
+    first needs them: at the server, each shard's pieces go out window by window (the
+    first window of the local stream that reads a byte of the piece never goes down).
+    Pieces of 1 MiB (4 a shard), one request at a time (the server's order is the
+    download's)."""
+    monkeypatch.setattr(whole, "PIECE", 1 << 20)
+    monkeypatch.setattr(whole, "STREAMS", 1)
+    srv, paths = shards
+    names = [os.path.basename(p) for p in paths]
+    urls = [f"{srv.url}/{n}" for n in names]
+    local = _stream(paths, True)
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30)
+    srv.reset()
+    assert _stream(urls, True, remote=opts) == local
+    # the window (64 samples: buffer_size) that first reads each sample, per shard
+    wins = {n: np.full(PER, 1 << 30, np.int64) for n in names}
+    for pos, (key, _) in enumerate(local):
+        i = int(key)
+        w = wins[names[i // PER]]
+        w[i % PER] = min(w[i % PER], pos // 64)
+    sent = sent_ranges(srv)
+    moved = 0
+    for p, n in zip(paths, names, strict=True):
+        at = _sample_spans(p)
+        seen = []
+        for a, b in sent[n]:
+            if b - a <= 16 << 10:
+                continue  # the open-time checks
+            hit = (at[:-1] < b) & (at[1:] > a)
+            seen.append(int(wins[n][hit].min()))
+        assert seen == sorted(seen), (n, seen, sent[n])
+        moved += len(set(seen)) > 1
+    assert moved  # (pieces first needed by later windows were there to order)
+
+
+def test_a_shuffled_stream_reads_its_first_window_by_ranges_from_one_shard_alone(
+    shards: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Issue 24: a shuffled stream read a block of every shard by ranges (a round per
+    shard, each sharing the server with the others) before any download started; the
+    downloads began as those rounds ended. Now only the first sample's shard is read by
+    ranges first; every other shard's first-window blocks are the first pieces of its
+    download, which starts once the first block is read: counted at the server, one GET
+    of tar bytes (past the open-time checks) for each of those shards, its download."""
+    srv, paths = shards
+    names = [os.path.basename(p) for p in paths]
+    urls = [f"{srv.url}/{n}" for n in names]
+    local = _stream(paths, True)
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30)
+    srv.reset()
+    assert _stream(urls, True, remote=opts) == local
+    sent = sent_ranges(srv)
+    big = {n: [r for r in sent[n] if r[1] - r[0] > 16 << 10] for n in names}
+    ranged = [n for n in names if len(big[n]) > 1]
+    assert len(ranged) == 1, big  # the first sample's shard: its first round, the rest
+    for n, p in zip(names, paths, strict=True):
+        assert _covered(sent[n], os.path.getsize(p)), (n, sent[n])
+        if n not in ranged:
+            assert big[n] == [(0, os.path.getsize(p))], big
+
+
+def test_small_shards_download_together_within_shards_ahead(
+    shards: tuple[RangeServer, list[str]], tmp_path: Path
+) -> None:
+    """Issue 24: ``shards_ahead`` counted downloads, so a stream over small shards (20 MB
+    in the benchmark) ran 4 at once and the rest waited for them to end. It bounds the bytes
+    downloading now: a shard under ``SHARD_UNIT`` counts as its share, and with
+    ``shards_ahead=1`` the 4 shards of ~3 MB download together (their GETs overlap at the
+    server; 100 ms per request, so a loaded box's scheduling cannot part them);
+    ``test_the_read_ahead_stays_within_its_bounds`` holds the bound for shards that count
+    one each."""
+    srv, paths = shards
+    srv.latency = 0.1
+    names = [os.path.basename(p) for p in paths]
+    urls = [f"{srv.url}/{n}" for n in names]
+    local = _stream(paths, False)
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30,
+                         shards_ahead=1)
+    srv.reset()
+    assert _stream(urls, False, remote=opts) == local
+    with srv.lock:  # the GETs of tar bytes (not the checks): when each was being served
+        big = {(p, a) for m, p, a, b in srv.log if m == "GET" and b - a > 16 << 10}
+        spans = [(p, t0, t1) for p, a, t0, t1 in srv.spans if (p, a) in big]
+    peak = max(len({p for p, s0, s1 in spans if s0 <= t0 < s1}) for _, t0, _ in spans)
+    assert peak >= 3, sorted(spans, key=lambda x: x[1])  # shards served at once

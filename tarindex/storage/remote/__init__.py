@@ -18,6 +18,8 @@ The story is docs/REMOTE.md; the modules, bottom up:
   byte budget and threads).
 - :mod:`.source`: :class:`RemoteSource`, the byte source of a remote tar (coalescing,
   read-ahead, cache), and :func:`prefetch_many`.
+- :mod:`.needorder`: the order a plan reads a tar's bytes in (:func:`need`): its whole
+  download fetches its pieces in it.
 - :mod:`.whole`: whole shards downloaded once per machine into the cache and read locally
   (the ``"shard"`` fetch policy): :func:`open_copy` (read while it downloads), :func:`find_copy`,
   :func:`local_copy`, :func:`fetch_ahead`, :func:`release`.
@@ -33,6 +35,7 @@ from . import transport as _tr
 from . import whole as _whole
 from .fetch import download, fetch, file_size, read_whole
 from .indexes import expand_remote, forget_index, load_indexes
+from .needorder import need
 from .options import DEFAULT, MANIFEST_MAX_BYTES, RemoteOptions, local_path, stats
 from .source import RemoteSource, prefetch_many
 from .transport import Pin, filesystem, learns_versions
@@ -71,6 +74,7 @@ __all__ = [
     "load_indexes",
     "local_copy",
     "local_path",
+    "need",
     "open_copy",
     "pin_ahead",
     "pinned",

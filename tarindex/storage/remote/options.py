@@ -87,7 +87,9 @@ class RemoteOptions:
             read mostly or wholly, ranges otherwise (``ds[i]``, ``get(key)``, subsets).
             Defaults to ``"auto"``.
         shards_ahead: Whole-shard downloads this process runs ahead of need, in the plan's
-            order, at most. Defaults to ``4``.
+            order, at most; a shard under 64 MiB counts as its share of one
+            (:data:`tarindex.read.fetchpolicy.SHARD_UNIT`: small shards download together).
+            Defaults to ``4``.
         whole_cache_dir: Where whole shards go when ``cache_dir`` is ``None``. Defaults to
             ``None``: ``$TARINDEX_CACHE_DIR``, else ``<tmp>/tarindex-cache-<uid>`` (bounded
             by ``cache_bytes`` either way).

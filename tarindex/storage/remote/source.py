@@ -271,8 +271,8 @@ class RemoteSource:
                 the server); ``None``: complete. A :meth:`deferred` source's open-time
                 checks start now, in the background; no byte is read before they pass.
         """
-        # run now (or running), awaited by the first read
-        gate = self._passed if self._gate is not None else None if self.checked else self.check_now
+        # run now (or running: its future, no thread waiting on it), awaited by the first read
+        gate = self._gate if self._gate is not None else None if self.checked else self.check_now
         self._local = CopySource(self.path, fd, self.size, pieces, self.fetch_fresh, gate)
 
     def _passed(self) -> None:

@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 from ...errors import StaleIndexError
 from ..bytesource import PreadSource
 from ..cache import DirCache
-from ..pieces import PieceReader, PieceWriter, attach
+from ..pieces import GRAIN, PieceReader, PieceWriter, attach
 from .downloads import Downloads
 from .fetch import fetch, stat
 from .firstwindow import (
@@ -62,6 +62,7 @@ from .firstwindow import (
     take_seeds,
     usable,
 )
+from .needorder import in_need_order, needed
 from .options import STATS, RemoteOptions, cache_key
 from .transport import Pin
 
@@ -385,13 +386,18 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
         # bytes here already: a stream's first window, chunks read before the switch
         cached = cached_seeds(opts.cache(), key, pin, opts.chunk_bytes, url)
         seeds = usable(take_seeds(url) + cached, pin)
-        pieces = holes(pin.size, [(a, b) for a, b, _, _ in seeds], PIECE)
-        # written now (the seeds in memory) or requested now (the first pieces): this
-        # process's reads wait for them from the moment the download can be joined (a read
-        # joining before they were marked fetched them again, under load 4.7% of a stream)
+        order = needed(url)  # a plan's: pieces in the order it reads them, all coming
+        have = [(a, b) for a, b, _, _ in seeds]
+        pieces = holes(pin.size, have, PIECE)
+        if order:
+            pieces = in_need_order(pieces, order)
+        # written now (the seeds in memory) or requested now (the first pieces; in a plan's
+        # order all of them): this process's reads wait for them from the moment the
+        # download can be joined (a read joining before they were marked fetched them
+        # again, under load 4.7% of a stream)
         soon = [(a, b) for a, b, data, _ in seeds if isinstance(data, bytes)]
         try:
-            w = PieceWriter(c, lk, pin.size, coming=soon + pieces[:STREAMS])
+            w = PieceWriter(c, lk, pin.size, coming=soon + pieces[: None if order else STREAMS])
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 return False
@@ -456,8 +462,8 @@ class CopySource:
         pieces: The download's progress (``None``: complete).
         fallback: Reads ranges ``[(start, end)]`` from the server (pinned).
         gate: Checks that must pass before any byte is handed out (the open-time checks),
-            started now in a background thread; the first read waits for them and raises
-            their error. Defaults to ``None``.
+            started now in a background thread (or running already: their future); the
+            first read waits for them and raises their error. Defaults to ``None``.
     """
 
     zero_copy = False
@@ -469,10 +475,11 @@ class CopySource:
         size: int,
         pieces: PieceReader | None,
         fallback: Callable[[list[tuple[int, int]]], list[bytes]],
-        gate: Callable[[], None] | None = None,
+        gate: Callable[[], None] | Future[None] | None = None,
     ) -> None:
         self.path = url
-        self._gate = _background(gate) if gate is not None else None
+        # (a future: running already, waited for without a thread of its own)
+        self._gate = _background(gate) if callable(gate) else gate
         self.size = size
         self.pread = PreadSource(url, fd, size)
         self.pieces = pieces
@@ -546,7 +553,13 @@ class CopySource:
         p = self.pieces
         if p is not None and not p.checked:
             st, en = starts.tolist(), ends.tolist()
-            lost = [i for i in range(len(st)) if not self._here(st[i], en[i])]
+            lo, hi = (min(st), max(en)) if st else (0, 0)
+            if len(st) > 1 and hi - lo <= 2 * int((ends - starts).sum()) + GRAIN and (
+                self._here(lo, hi)
+            ):  # a block's runs: waited for and checked at once, not a call per member
+                lost = []
+            else:
+                lost = [i for i in range(len(st)) if not self._here(st[i], en[i])]
             self.passed()
             if lost:  # not reached, or the download failed before these: from the server
                 got = dict(zip(lost, self.fallback([(st[i], en[i]) for i in lost]), strict=True))
