@@ -22,7 +22,17 @@ first. The rules (docs/REMOTE.md, "One download per machine"):
 - **Readers** (:func:`attach`) open the temp file named by the record and read a range only
   once every grain it touches is flagged (:meth:`PieceReader.wait`) and its bytes match the
   grain's crc (:meth:`PieceReader.check`, once per grain and reader: a flag set by
-  someone else, or bytes changed in the temp file, never hand out wrong bytes). When the download ends
+  someone else, or bytes changed in the temp file, never hand out wrong bytes).
+- **The trust boundary: the writing process.** A reader in the process that runs the
+  download does not read back the grains that process's writer wrote (:meth:`PieceWriter.written`):
+  their crc was computed from the reply's bytes as they were written, the flag was set after
+  the ``pwrite`` returned (no torn write), and the bytes are read from the page cache they
+  were just written to. The check guards what crosses a process: a reader in another
+  process (or a forked child) checks every grain, and a finished entry opened later is
+  checked against its ``.sum`` (:meth:`DirCache.open_checked`). What this gives up: a byte
+  another process changes in the temp file while this process downloads it is not seen by
+  this process's reads of it (as a byte changed in a checked entry after it was opened is
+  not); the entry's ``.sum`` still refuses it at its next open. When the download ends
   the temp file is renamed to the entry (same inode: a reader's descriptor now reads the
   entry) and the record is cleared; a reader that sees the record gone or replaced checks
   that the entry is its file. A download that failed or whose process died (the ``flock``
@@ -121,6 +131,10 @@ class PieceWriter:
             )
         self.tmp = tmp
         self.fd = os.open(self.tmp, os.O_RDWR | os.O_NOFOLLOW)
+        self.ino = os.fstat(self.fd).st_ino
+        """The temp file's inode (the entry's once renamed)."""
+        self.pid = os.getpid()
+        """The writing process (:meth:`PieceReader.check` trusts its own grains in it alone)."""
         self._lock = threading.Lock()
         n = _grains(size, grain)
         self._done = bytearray(n)
@@ -250,6 +264,10 @@ class PieceWriter:
         """Whether every grain is flagged."""
         return all(self._done)
 
+    def written(self, g: int) -> bool:
+        """Whether this writer wrote every byte of grain ``g`` (and its crc, from those bytes)."""
+        return bool(self._done[g])
+
     def commit(self, key: str, name: str) -> bool:
         """Insert the complete file as entry ``(key, name)``, then clear the record.
 
@@ -360,6 +378,10 @@ class PieceReader:
         self.kind = kind
         self._me = (size, grain, tmp_name, kind)  # the record's fields (_parse)
         self.ino = os.fstat(fd).st_ino
+        with _writing_lock:
+            w = _writing.get(tmp_name)
+        # this process's own download of this very file: its grains need no read-back
+        self._own = w if w is not None and w.ino == self.ino and w.pid == os.getpid() else None
         self._seen = bytearray(_grains(size, grain))
         self._ok = bytearray(len(self._seen))  # grains whose bytes this reader checked
         self._crcs: tuple[array[int], Crc] | None = None  # the entry's, once the record is gone
@@ -447,7 +469,10 @@ class PieceReader:
 
         Each grain is checked once per reader (its bytes read whole with ``read(offset,
         size)``, ``bytes``): against the crc the writer put in the record, or, once the
-        download ended, the entry's ``.sum`` record. ``False`` (with a ``RuntimeWarning``
+        download ended, the entry's ``.sum`` record. A grain this process's own writer
+        wrote (the download runs here, into this reader's file) is not read back: its crc
+        was taken from the reply's bytes as they were written (the trust boundary is the
+        process; see the module docs). ``False`` (with a ``RuntimeWarning``
         naming the temp file and the bytes): a grain differs, or its crc cannot be had (or
         computed: a crc32c without google-crc32c, warned once per reader); the caller reads
         those bytes another way, never these.
@@ -455,8 +480,14 @@ class PieceReader:
         g0, g1 = start // self.grain, _grains(end, self.grain)
         if end <= start or all(self._ok[g0:g1]):
             return True
+        own = self._own
+        if own is not None and own.pid != os.getpid():
+            own = self._own = None  # (a forked child: the parent's grains are another's)
         for g in range(g0, g1):
             if self._ok[g]:
+                continue
+            if own is not None and own.written(g):
+                self._ok[g] = 1  # written here, its crc taken from the reply's bytes
                 continue
             a = g * self.grain
             b = min(a + self.grain, self.size)

@@ -199,7 +199,8 @@ def test_whole_copies_carry_crc32c_grains_and_older_zlib_copies_still_pass(
     ``TIPIECE3``, and its ``.sum``, ``TISUMS02``) are crc32c now, as bytes entries (the
     reading process paid zlib's crc32 on each MiB as it arrived, again at the reader's check
     and at a remap). A byte changed on disk in a grain is refused, while the download runs
-    and in the copy. A copy an older tarindex wrote (``TISUMS01``: zlib crc32 per MiB) is
+    (by a reader in another process: the downloading process trusts its own grains) and in
+    the copy. A copy an older tarindex wrote (``TISUMS01``: zlib crc32 per MiB) is
     still read without a warning, and refused once a byte changes."""
     pytest.importorskip("google_crc32c")
     c = DirCache(str(tmp_path / "cache"), 1 << 30)
@@ -208,12 +209,35 @@ def test_whole_copies_carry_crc32c_grains_and_older_zlib_copies_still_pass(
     assert Path(c.lock_path(KEY, "whole")).read_bytes()[:8] == b"TIPIECE3"
     read = lambda o, n: os.pread(fd, n, o)  # noqa: E731
     _flip(w.tmp, GRAIN + 5)  # a byte of grain 1, after its crc was recorded
-    with pytest.warns(RuntimeWarning, match=f"bytes {GRAIN}..{2 * GRAIN} .* fail their check"):
-        assert not rd.check(read, GRAIN, GRAIN + 1)
+    # a reader in another process checks each grain: the changed one is refused
+    code = textwrap.dedent(
+        """
+        import os, sys, warnings
+        from tarindex.storage.cache import DirCache
+        from tarindex.storage.pieces import attach
+        root, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        fd, rd = attach(DirCache(root, 1 << 30), key, "whole", n)
+        read = lambda o, k: os.pread(fd, k, o)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            print(rd.check(read, 0, 1), rd.check(read, 1 << 20, (1 << 20) + 1))
+        print(str(w[0].message))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, c.root, KEY, str(len(data))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    ok, why = out.stdout.splitlines()
+    assert ok == "True False"
+    assert f"bytes {GRAIN}..{2 * GRAIN} " in why and "fail their check" in why
     _flip(w.tmp, GRAIN + 5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert rd.check(read, 0, len(data))
+        assert rd.check(read, 0, len(data))  # (this process wrote them: trusted, docs)
     assert w.commit(KEY, "whole")
     c.unlock(lk)
     rd.close()

@@ -103,6 +103,44 @@ def test_a_reader_sees_every_grain_then_the_entry(tmp_path: Path) -> None:
     os.close(fd)
 
 
+def test_the_downloading_process_does_not_read_back_its_own_grains(tmp_path: Path) -> None:
+    """Issue 24 item 4 (the stream's CPU): a reader in the process that runs the download
+    trusts the grains that process wrote (their crc was taken from the reply's bytes on the
+    way in), before and after the commit: it reads none of them back. A reader in a forked
+    child (another process: the parent's grains are not its own) reads and checks every
+    grain, as does a reader of another download's file. The old code read every grain back."""
+    c = DirCache(str(tmp_path / "c"), 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    fd, rd = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+    fd2, child = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+    data = _data()
+    reads: list[int] = []
+
+    def read(o: int, n: int) -> bytes:
+        reads.append(o)
+        return os.pread(fd, n, o)
+
+    w.sink(0, 2 * GRAIN)(0, data[: 2 * GRAIN])
+    assert rd.wait(0, 2 * GRAIN) and rd.check(read, 0, 2 * GRAIN)
+    assert reads == []  # written here: not read back
+    w.sink(2 * GRAIN, SIZE)(0, data[2 * GRAIN :])
+    assert w.commit(KEY, "whole")
+    c.unlock(lk)
+    assert rd.wait(0, SIZE) and rd.check(read, 0, SIZE) and rd.checked
+    assert reads == []  # the last grain too, after the commit
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child reports by its exit code)
+        ok = child.check(read, 0, SIZE)
+        os._exit(0 if ok and reads == [g * GRAIN for g in range(4)] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the child read and checked all 4 grains
+    for r, f in ((rd, fd), (child, fd2)):
+        r.close()
+        os.close(f)
+
+
 def test_bytes_in_memory_and_ranges_cut_inside_grains_make_a_sound_entry(
     tmp_path: Path,
 ) -> None:
