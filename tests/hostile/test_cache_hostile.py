@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -314,7 +316,9 @@ def test_a_download_s_record_or_temp_file_changed_never_hands_out_wrong_bytes(
     """A shard read while another holder downloads it (docs/REMOTE.md, "One download per
     machine"): a grain flagged in the progress record though never written (zeros), or a
     written grain changed in the temp file, fails its crc32 (published in the record) and is
-    read from the server instead, with a warning naming the temp file and the bytes."""
+    read from the server instead, with a warning naming the temp file and the bytes. The
+    holder is another process (a reader in the downloading process trusts the grains its own
+    writer wrote: the trust boundary is the process)."""
     srv, path = big
     opts = RemoteOptions(whole_cache_dir=str(tmp_path / "c"), fetch="shard", shards_ahead=0)
     url = f"{srv.url}/big-000000.tar"
@@ -323,34 +327,55 @@ def test_a_download_s_record_or_temp_file_changed_never_hands_out_wrong_bytes(
     pin = stat(url, opts)
     c = opts.whole_cache()
     key = tar_key(url, pin.size, f"{t.tar_size}:{t.head_crc}:{t.tail_crc}", pin)
-    lk = c.lock(key, WHOLE)  # another worker's download: its lock, its record
-    assert lk is not None
-    w = PieceWriter(c, lk, pin.size)
-    data = Path(path).read_bytes()
-    w.sink(0, GRAIN)(0, data[:GRAIN])
-    w.sink(GRAIN, 2 * GRAIN)(0, data[GRAIN : 2 * GRAIN])
-    if how == "flag set by someone else":
-        g = 2
-        with open(c.lock_path(key, WHOLE), "r+b") as f:
-            f.seek(HEAD.size + g)
-            f.write(b"\x01")  # grain 2 "written": its bytes are the preallocated zeros
-    else:
-        g = 1
-        with open(w.tmp, "r+b") as f:
-            f.seek(g * GRAIN + GRAIN // 2)
-            f.write(b"\xff" * 16)
-    j = _in_grain(local, g)
+    g = 2 if how == "flag set by someone else" else 1
+    holder = subprocess.Popen(  # another worker's download: its lock, its record, its bytes
+        [sys.executable, "-c", _HOLDER, c.root, str(c.limit), key, WHOLE, path, str(pin.size), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert holder.stdout is not None and holder.stdin is not None
+        tmp = holder.stdout.readline().strip()
+        assert tmp, "the holder did not start its download"
+        j = _in_grain(local, g)
         ds = tarindex.TarDataset(url, remote=opts)
-        match = rf"{re.escape(w.tmp)}: bytes {g * GRAIN}\.\.{(g + 1) * GRAIN} of the download"
+        match = rf"{re.escape(tmp)}: bytes {g * GRAIN}\.\.{(g + 1) * GRAIN} of the download"
         with pytest.warns(RuntimeWarning, match=match):
             got = ds[j]["bin"]
         assert got == local.sample(j)["bin"]
         assert ds[0]["bin"] == local.sample(0)["bin"]  # a sound grain, from the copy
     finally:  # (the dataset's own download waits for this lock in a background thread)
-        w.abort()
-        c.unlock(lk)
+        if holder.stdin is not None:
+            holder.stdin.close()  # the holder aborts its download and exits
+        assert holder.wait(30) == 0
         local.close()
+
+
+_HOLDER = r"""
+import sys
+from tarindex.storage.cache import DirCache
+from tarindex.storage.pieces import GRAIN, HEAD, PieceWriter
+root, limit, key, name, path, size, how = sys.argv[1:]
+c = DirCache(root, int(limit))
+lk = c.lock(key, name)
+w = PieceWriter(c, lk, int(size))
+data = open(path, "rb").read(2 * GRAIN)
+w.sink(0, GRAIN)(0, data[:GRAIN])
+w.sink(GRAIN, 2 * GRAIN)(0, data[GRAIN:])
+if how == "flag set by someone else":
+    with open(c.lock_path(key, name), "r+b") as f:
+        f.seek(HEAD.size + 2)
+        f.write(b"\x01")  # grain 2 "written": its bytes are the preallocated zeros
+else:
+    with open(w.tmp, "r+b") as f:
+        f.seek(GRAIN + GRAIN // 2)
+        f.write(b"\xff" * 16)
+print(w.tmp, flush=True)
+sys.stdin.read()
+w.abort()
+c.unlock(lk)
+"""
 
 
 @pytest.mark.parametrize("mode", ["range", "shard"])
