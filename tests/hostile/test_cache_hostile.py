@@ -24,7 +24,7 @@ import tarindex
 from tarindex.errors import StaleIndexError
 from tarindex.storage import remote, sums
 from tarindex.storage.cache import DirCache
-from tarindex.storage.pieces import GRAIN, HEAD, PieceWriter
+from tarindex.storage.pieces import GRAIN
 from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import DOWNLOAD_CHUNK, stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
