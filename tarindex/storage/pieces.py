@@ -384,6 +384,9 @@ class PieceReader:
         self._own = w if w is not None and w.ino == self.ino and w.pid == os.getpid() else None
         self._seen = bytearray(_grains(size, grain))
         self._ok = bytearray(len(self._seen))  # grains whose bytes this reader checked
+        # the record's crc of each grain seen flagged (taken with the flags: _refresh)
+        self._rcrcs = array("I", bytes(4 * len(self._seen)))
+        self._has = bytearray(len(self._seen))  # grains whose record crc is in _rcrcs
         self._crcs: tuple[array[int], Crc] | None = None  # the entry's, once the record is gone
         self._warned = False
         self._left = len(self._seen)
@@ -468,14 +471,16 @@ class PieceReader:
         """Check bytes ``[start, end)`` (written: :meth:`wait`) against their grains' crcs.
 
         Each grain is checked once per reader (its bytes read whole with ``read(offset,
-        size)``, ``bytes``): against the crc the writer put in the record, or, once the
+        size)``, ``bytes``): against the crc the writer put in the record (taken as its flag
+        was seen: a commit that clears the record after that loses nothing), or, once the
         download ended, the entry's ``.sum`` record. A grain this process's own writer
         wrote (the download runs here, into this reader's file) is not read back: its crc
         was taken from the reply's bytes as they were written (the trust boundary is the
-        process; see the module docs). ``False`` (with a ``RuntimeWarning``
-        naming the temp file and the bytes): a grain differs, or its crc cannot be had (or
-        computed: a crc32c without google-crc32c, warned once per reader); the caller reads
-        those bytes another way, never these.
+        process; see the module docs). ``False``: a grain differs (a ``RuntimeWarning``
+        names the temp file and the bytes), or its crc cannot be computed (a crc32c without
+        google-crc32c, warned once per reader), or cannot be had (the download failed, or
+        its entry was evicted or replaced before this reader read the crc: no warning,
+        nothing failed); the caller reads those bytes another way, never these.
         """
         g0, g1 = start // self.grain, _grains(end, self.grain)
         if end <= start or all(self._ok[g0:g1]):
@@ -504,12 +509,14 @@ class PieceReader:
                     )
                 return False
             if got is None or got[1](read(a, b - a), 0) != got[0]:
-                why = "no crc to check them with" if got is None else "they differ from it"
+                if got is None:  # (not a failed check: bytes with no crc left to check them)
+                    return False
                 warnings.warn(
                     f"{self.cache.root}/tmp/{self.tmp_name.decode('ascii', 'replace')}: bytes "
                     f"{a}..{b} of the download of {self.key}/{self.name} fail their check "
-                    f"({why}: the file or its progress record {self.lock_path} was changed by "
-                    f"someone else); read from the server instead",
+                    f"(they differ from their crc: the file or its progress record "
+                    f"{self.lock_path} was changed by someone else); read from the server "
+                    f"instead",
                     RuntimeWarning,
                     stacklevel=3,
                 )
@@ -520,34 +527,60 @@ class PieceReader:
     def _crc_of(self, g: int) -> tuple[int, Crc] | None:
         """The crc of grain ``g`` (flagged) and its function, or ``None``.
 
-        From the record, else the entry's ``.sum``; ``None``: none to be had, or not
-        computable here.
+        From the record (taken with the flags by :meth:`_refresh`, else read now), else the
+        entry's ``.sum`` (the download committed: the record is cleared, or was cleared
+        between two reads of it); ``None``: none to be had (the entry evicted or replaced
+        before its record was read), or not computable here.
         """
-        if self._crcs is None and self._rec >= 0:
-            n = len(self._seen)
-            head = os.pread(self._rec, HEAD.size, 0)
-            flag = os.pread(self._rec, 1, HEAD.size + g)
-            crc = os.pread(self._rec, 4, HEAD.size + n + 4 * g)  # written before the flag
-            if _parse(head) == self._me and flag == b"\x01":
-                f = sums.crc_of(self.kind)
-                if len(crc) != 4 or f is None:
-                    return None
-                return int.from_bytes(crc, "little"), f
+        f = sums.crc_of(self.kind)
+        if self._has[g] and f is not None:
+            return self._rcrcs[g], f
+        if self._crcs is None and self._rec >= 0 and f is not None:
+            got = self._record_crcs(g, g + 1)
+            if got is not None and got[0][0]:
+                return got[1][0], f
         if self._crcs is None:
-            if not self._is_entry():
-                return None
-            try:
-                fd = self.cache.open_entry(self.cache.path(self.key, self.name) + SUM_SUFFIX)
-            except OSError:
-                return None
-            with open(fd, "rb") as fh:
-                rec = fh.read(sums.sums_size(self.size) + 1)
-                got = sums.decode_sums(self.key, self.name, rec, self.size)
-            f = None if isinstance(got, str) else sums.crc_of(got[2])
-            if isinstance(got, str) or got[0] != self.grain or f is None:
-                return None
-            self._crcs = got[1], f
+            self._load_sums()
+        if self._crcs is None:
+            return None
         return self._crcs[0][g], self._crcs[1]
+
+    def _record_crcs(self, g0: int, g1: int) -> tuple[bytes, array[int]] | None:
+        """The flags and crcs of grains ``g0 <= g < g1`` in the record, or ``None``.
+
+        ``None``: the record is not this download's any more (cleared by its commit or
+        abort). The flags are read first, then the crcs (a writer writes a grain's crc
+        before its flag), then the header: still this download's, so both reads were of
+        its record (a record once cleared never comes back: a new one names another temp
+        file). A grain's crc is its writer's only where its flag read ``1``.
+        """
+        fd, n = self._rec, len(self._seen)
+        if fd < 0 or g1 <= g0:
+            return None
+        flags = os.pread(fd, g1 - g0, HEAD.size + g0)
+        raw = os.pread(fd, 4 * (g1 - g0), HEAD.size + n + 4 * g0)
+        head = os.pread(fd, HEAD.size, 0)
+        if len(flags) != g1 - g0 or len(raw) != 4 * (g1 - g0) or _parse(head) != self._me:
+            return None
+        crcs = array("I")  # (as the writer wrote them: Grains.crcs, this machine's order)
+        crcs.frombytes(raw)
+        return bytes(f == 1 for f in flags), crcs
+
+    def _load_sums(self) -> None:
+        """Read the entry's ``.sum`` record if the entry is this download's file."""
+        if self._crcs is not None or not self._is_entry():
+            return
+        try:
+            fd = self.cache.open_entry(self.cache.path(self.key, self.name) + SUM_SUFFIX)
+        except OSError:
+            return
+        with open(fd, "rb") as fh:
+            rec = fh.read(sums.sums_size(self.size) + 1)
+            got = sums.decode_sums(self.key, self.name, rec, self.size)
+        f = None if isinstance(got, str) else sums.crc_of(got[2])
+        if isinstance(got, str) or got[0] != self.grain or f is None:
+            return
+        self._crcs = got[1], f
 
     def _refresh(self) -> None:
         """Read the record's flags; a record gone or replaced means the download ended."""
@@ -557,8 +590,19 @@ class PieceReader:
         n = len(self._seen)
         data = os.pread(fd, HEAD.size + n, 0)
         if len(data) == HEAD.size + n and _parse(data[: HEAD.size]) == self._me:
+            flags = data[HEAD.size :]
+            new = []
+            if flags.count(1) != self._has.count(1):  # (C speed: most polls see nothing new)
+                new = [g for g in range(n) if flags[g] == 1 and not self._has[g]]
+            # their crcs now, while the record is there: read after the commit cleared it
+            # (or the entry was evicted) they would be lost, the grain fetched again
+            got = self._record_crcs(new[0], new[-1] + 1) if new else None
             with self._lock:
-                flags = data[HEAD.size :]
+                if got is not None:
+                    for g in new:
+                        if got[0][g - new[0]]:
+                            self._rcrcs[g] = got[1][g - new[0]]
+                            self._has[g] = 1
                 self._seen = bytearray(a | b for a, b in zip(self._seen, flags, strict=True))
                 self._left = self._seen.count(0)
                 if not self._left:
@@ -577,6 +621,7 @@ class PieceReader:
     def _ended(self) -> None:
         """The record is not this download's: complete if the entry is our file, else failed."""
         if self._is_entry():
+            self._load_sums()  # now: an entry evicted later takes its .sum with it
             self.complete = self._entry = True
             self._left = 0
         else:

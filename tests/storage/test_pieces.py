@@ -5,10 +5,14 @@ over a real HTTP server, a dataset reads a shard whose download another holder r
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import threading
+import warnings
+from collections.abc import Callable, Iterator
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +21,7 @@ import pytest
 import tarindex
 from tarindex.storage import remote
 from tarindex.storage.cache import DirCache
-from tarindex.storage.pieces import GRAIN, PieceWriter, attach
+from tarindex.storage.pieces import GRAIN, HEAD, PieceReader, PieceWriter, attach
 from tarindex.storage.remote import RemoteOptions
 from tarindex.storage.remote.fetch import stat
 from tarindex.storage.remote.whole import WHOLE, tar_key
@@ -177,6 +181,102 @@ def test_bytes_in_memory_and_ranges_cut_inside_grains_make_a_sound_entry(
     assert got is not None
     assert os.pread(got, SIZE, 0) == data
     os.close(got)
+
+
+def _committer(root: str, ready: Event, go: Event, done: Event) -> None:  # a child process
+    """Write every grain, then commit once told to: a download in another process."""
+    c = DirCache(root, 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    w.sink(0, SIZE)(0, _data())
+    ready.set()
+    go.wait(30)
+    w.commit(KEY, "whole")
+    c.unlock(lk)
+    done.set()
+
+
+@contextlib.contextmanager
+def _other_process_download(
+    tmp_path: Path,
+) -> Iterator[tuple[DirCache, int, PieceReader, Callable[[], None]]]:
+    """A download another process runs, written whole, not committed; a reader of it here
+    (not this process's own download: it checks every grain), and the commit, run on call."""
+    root = str(tmp_path / "c")
+    DirCache(root, 1 << 30)
+    ctx = mp.get_context("fork")
+    ready, go, done = ctx.Event(), ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_committer, args=(root, ready, go, done))
+    p.start()
+
+    def commit() -> None:
+        go.set()
+        assert done.wait(30)
+
+    try:
+        assert ready.wait(30)
+        c = DirCache(root, 1 << 30)
+        fd, rd = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+        yield c, fd, rd, commit
+        rd.close()
+        os.close(fd)
+    finally:
+        go.set()
+        p.join(30)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file")
+def test_a_commit_between_a_readers_reads_of_the_record_loses_no_crc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 (a piece fetched twice, 1 stream epoch in 15-50 under load): a reader read
+    a grain's flag, the download committed (its record cleared), then the reader read the
+    grain's crc: nothing. It warned that good bytes "fail their check (no crc to check
+    them with ...)" and the stream fetched them again by ranges (1.05x the tars). The
+    interleaving is forced here (the other process's commit runs at this reader's first
+    read of the record's crcs, after its header and one flag a grain): the reader takes
+    each grain's crc with its flag, or the entry's ``.sum`` once the record is cleared, and
+    checks every grain, no warning."""
+    with _other_process_download(tmp_path) as (c, fd, rd, commit):
+        lock_path = os.path.realpath(c.lock_path(KEY, "whole"))
+        crcs_at = HEAD.size + -(-SIZE // GRAIN)
+        pread = os.pread
+        hooked: list[int] = []
+
+        def at_crcs(f: int, n: int, offset: int) -> bytes:
+            here = offset >= crcs_at and os.readlink(f"/proc/self/fd/{f}") == lock_path
+            if here and not hooked:
+                hooked.append(offset)
+                commit()
+            return pread(f, n, offset)
+
+        monkeypatch.setattr(os, "pread", at_crcs)
+        assert rd.wait(0, SIZE)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning is a failure here
+            assert rd.check(lambda o, n: os.pread(fd, n, o), 0, SIZE)
+        assert hooked  # the commit ran between two reads of the record
+        assert rd.checked and rd.settled
+        assert attach(c, KEY, "whole", SIZE) is None  # committed: the record is cleared
+
+
+def test_a_reader_checks_grains_it_saw_after_their_entry_is_evicted(tmp_path: Path) -> None:
+    """The other way a reader lost a grain's crc: it saw the grain flagged, the download
+    committed and its entry was evicted (with its ``.sum``) before the reader checked the
+    grain (a tight cache evicts a shard a stream is done with while its reads are in
+    flight). The reader took the crc with the flag: its descriptor still reads the bytes
+    (the evicted file lives until it is closed), checked, never fetched again."""
+    with _other_process_download(tmp_path) as (c, fd, rd, commit):
+        assert rd.wait(0, SIZE) and rd.complete  # every flag seen, no grain checked yet
+        commit()
+        c.discard(KEY, "whole")  # evicted, .sum and all
+        assert not os.path.exists(c.path(KEY, "whole"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert rd.check(lambda o, n: os.pread(fd, n, o), 0, SIZE)
+        assert rd.checked
+        assert os.pread(fd, SIZE, 0) == _data()
 
 
 @pytest.mark.timeout(60)
