@@ -49,11 +49,13 @@ def shards(tmp_path: Path) -> Iterator[tuple[RangeServer, list[str]]]:
     remote.forget_process_state()
 
 
-OVER = 1.08
-"""Bytes an epoch may fetch over the tars' (plus the open-time checks). Typically 1.00-1.02x;
-under load a read that outruns a download still fetches a piece twice in about 1 run of 30-50
-(1.054-1.057x seen, not yet traced: docs/REMOTE.md, issue 24). The race that gave 1.05x in 1
-run of 7 has its own test (test_a_read_joining_a_download_as_it_starts_waits_for_its_first_pieces)."""
+OVER = 1.02
+"""Bytes an epoch may fetch over the tars' (plus the open-time checks): each byte once. 531
+loaded epochs (76 runs of this file, compiled and pure, load 2-4) fetched at most 1.0032x
+the tars, checks included. A piece fetched twice is 1.05x: the race that did it in 1 run of 7 has its
+own test (test_a_read_joining_a_download_as_it_starts_waits_for_its_first_pieces), the one
+that did it in 1 epoch of 15-50 (a reader's grain crc lost to a commit) has
+tests/storage/test_pieces.py::test_a_commit_between_a_readers_reads_of_the_record_loses_no_crc."""
 
 def _covered(ranges: list[tuple[int, int]], size: int) -> bool:
     pos = 0
@@ -192,7 +194,11 @@ def test_a_second_epoch_downloads_the_copies_again_when_they_are_gone(
     first = tmp_path / "whole"
     opts = RemoteOptions(whole_cache_dir=str(first), cache_bytes=1 << 30)
     assert _stream(urls, False, remote=opts) == local
-    if gone == "deleted":
+    if gone == "deleted":  # (once the first epoch's downloads are over: one still in flight
+        # under load wrote into the directory as rmtree walked it, "Directory not empty")
+        deadline = time.monotonic() + 10
+        while any(whole.running_here(u) for u in urls) and time.monotonic() < deadline:
+            time.sleep(0.02)
         shutil.rmtree(first)
     else:
         opts = RemoteOptions(whole_cache_dir=str(tmp_path / "other"), cache_bytes=1 << 30)
@@ -206,9 +212,9 @@ def test_a_second_epoch_downloads_the_copies_again_when_they_are_gone(
     sent = sent_ranges(srv)
     tars = sum(os.path.getsize(p) for p in paths)
     nbytes = sum(b - a for rs in sent.values() for a, b in rs)
-    # each tar's bytes about once (reads that outran a download under load, 1.05x seen; the
-    # ranged epoch of the old code fetched 1.0x too: the pieces and requests below tell)
-    assert nbytes <= 1.1 * tars + check_bytes(paths), nbytes / tars
+    # each tar's bytes once (the ranged epoch of the old code fetched 1.0x too: the pieces
+    # and requests below tell)
+    assert nbytes <= OVER * tars + check_bytes(paths), nbytes / tars
     for p, n in zip(paths, names, strict=True):  # each downloaded whole again, in pieces
         assert _covered(sent[n], os.path.getsize(p)), (n, sorted(sent[n]))
     pieces = sum(-(-os.path.getsize(p) // PIECE) for p in paths)
