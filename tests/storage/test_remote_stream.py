@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,21 +305,48 @@ def test_small_shards_download_together_within_shards_ahead(
     """Issue 24: ``shards_ahead`` counted downloads, so a stream over small shards (20 MB
     in the benchmark) ran 4 at once and the rest waited for them to end. It bounds the bytes
     downloading now: a shard under ``SHARD_UNIT`` counts as its share, and with
-    ``shards_ahead=1`` the 4 shards of ~3 MB download together (their GETs overlap at the
-    server; 100 ms per request, so a loaded box's scheduling cannot part them);
-    ``test_the_read_ahead_stays_within_its_bounds`` holds the bound for shards that count
-    one each."""
+    ``shards_ahead=1`` the 3 shards of ~3 MB the stream reads after its first download
+    together. The server holds the replies for those 3 shards until all 3 have asked (10 s
+    at most): a download that waited for another to end never asks in time, whatever the
+    box's load; ``test_the_read_ahead_stays_within_its_bounds`` holds the bound for shards
+    that count one each."""
     srv, paths = shards
-    srv.latency = 0.1
     names = [os.path.basename(p) for p in paths]
     urls = [f"{srv.url}/{n}" for n in names]
     local = _stream(paths, False)
     opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30,
                          shards_ahead=1)
+    later = {"/" + n for n in names[1:]}  # the first shard's reads go on: the first sample
+    asked: set[str] = set()
+    cond = threading.Condition()
+    released = [False]
+    together: list[bool] = []  # whether the 3 had all asked when the replies went
+
+    def hold(path: str, rng: str, offset: int) -> None:
+        if path not in later:
+            return
+        with cond:
+            asked.add(path)
+            if len(asked) == len(later) and not released[0]:
+                released[0] = True
+                together.append(True)
+                cond.notify_all()
+            deadline = time.monotonic() + 10
+            while not released[0] and time.monotonic() < deadline:
+                cond.wait(0.05)
+            if not released[0]:  # one shard at a time: let them all go
+                released[0] = True
+                together.append(False)
+                cond.notify_all()
+
     srv.reset()
-    assert _stream(urls, False, remote=opts) == local
-    with srv.lock:  # the GETs of tar bytes (not the checks): when each was being served
-        big = {(p, a) for m, p, a, b in srv.log if m == "GET" and b - a > 16 << 10}
-        spans = [(p, t0, t1) for p, a, t0, t1 in srv.spans if (p, a) in big]
-    peak = max(len({p for p, s0, s1 in spans if s0 <= t0 < s1}) for _, t0, _ in spans)
-    assert peak >= 3, sorted(spans, key=lambda x: x[1])  # shards served at once
+    srv.on_body = hold
+    try:
+        got = _stream(urls, False, remote=opts)
+    finally:
+        srv.on_body = None
+    assert got == local
+    assert together == [True], sorted(asked)  # all 3 asked before any reply went out
+    with srv.lock:  # every shard's bytes came in one download: nothing ran out of its turn
+        gets = [(p, a, b) for m, p, a, b in srv.log if m == "GET" and b - a > 16 << 10]
+    assert {p for p, _, _ in gets} >= later, gets
