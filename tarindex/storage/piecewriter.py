@@ -12,8 +12,10 @@ import os
 import struct
 import threading
 from collections.abc import Sequence
+from functools import partial
 
 from .cache import DirCache
+from .inorder import InOrder
 from .sums import CRC32, CRC32C, GRAIN, Grains
 
 __all__ = ["HEAD", "KINDS", "PieceWriter", "n_grains", "parse_head", "writer_of"]
@@ -89,6 +91,8 @@ class PieceWriter:
                 f"beside the downloads running now",
             )
         self.tmp = tmp
+        # the sinks' chunks: crc, pwrite and flags on a thread of their own, in order
+        self._out = InOrder(f"tarindex-write-{os.path.basename(tmp)}")
         self.fd = os.open(self.tmp, os.O_RDWR | os.O_NOFOLLOW)
         self.ino = os.fstat(self.fd).st_ino
         """The temp file's inode (the entry's once renamed)."""
@@ -179,6 +183,27 @@ class PieceWriter:
             if end % g and end != self.size:
                 self._mixed[(end - 1) // g] = 1
 
+    def put(self, sink: RangeSink, at: int, chunk: bytes) -> None:
+        """Queue ``chunk`` of ``sink``'s reply for the download's writer thread.
+
+        The caller (the event loop's thread) goes back to receiving at once; the writer
+        thread runs :meth:`RangeSink.take` on the chunks in the order they were queued
+        (:class:`~tarindex.storage.inorder.InOrder`, bounded at 32 MiB queued).
+
+        Raises:
+            OSError: An earlier chunk failed to be written (``EIO``): the reply is abandoned
+                and the download fails with it (:meth:`commit`).
+        """
+        self._out.put(partial(sink.take, at, chunk), len(chunk))
+
+    def flush(self) -> None:
+        """Wait until the sinks' chunks queued so far are written and flagged.
+
+        Raises:
+            OSError: A chunk failed to be written.
+        """
+        self._out.flush()
+
     def write(self, at: int, data: bytes | memoryview) -> None:
         """Write ``data`` at byte ``at`` of the file (no flag set)."""
         mv = memoryview(data)
@@ -236,7 +261,11 @@ class PieceWriter:
 
         Returns:
             As :meth:`DirCache.put_file` (``False``: it does not fit the cache's limit).
+
+        Raises:
+            OSError: A chunk failed to be written (by the writer thread, :meth:`put`).
         """
+        self.flush()  # every chunk written and flagged (or its error raised here)
         for k in range(len(self._mixed)):  # (a retried range's crc could have run over them)
             if self._mixed[k]:
                 a = k * self.grain
@@ -261,6 +290,7 @@ class PieceWriter:
         self.cache.discard_path(self.tmp)
 
     def _close(self) -> None:
+        self._out.stop()  # (before the descriptor closes: no write lands on a reused number)
         with _writing_lock:
             if _writing.get(getattr(self, "tmp_name", b"")) is self:
                 del _writing[self.tmp_name]
@@ -272,9 +302,12 @@ class PieceWriter:
 class RangeSink:
     """Writes one ranged reply's body in place as it arrives and flags each grain it completes.
 
-    Called as ``sink(at, chunk)`` (a :data:`~tarindex.storage.remote.transport.Sink`):
-    ``at`` is the chunk's offset from the range's start, in order; a retry starts at 0 again.
-    The crc of each grain is computed on the way (:attr:`PieceWriter.grains`).
+    Called as ``sink(at, chunk)`` (a :data:`~tarindex.storage.remote.transport.Sink`) on the
+    event loop's thread: ``at`` is the chunk's offset from the range's start, in order; a
+    retry starts at 0 again. The chunk is queued (:meth:`PieceWriter.put`) and the download's
+    writer thread takes it (:meth:`take`), in order: the crc of each grain is computed on the
+    way (:attr:`PieceWriter.grains`), the bytes written, then the grains they complete
+    flagged. The loop receives the next chunk meanwhile.
     """
 
     def __init__(self, w: PieceWriter, start: int, end: int) -> None:
@@ -285,12 +318,16 @@ class RangeSink:
         self._top = start  # bytes before it were written (a retry writes them again)
 
     def __call__(self, at: int, chunk: bytes) -> None:
+        if at == 0 and self._top == self.start:
+            self.w.coming(self.start, self.end)  # its reply is arriving
+        self.w.put(self, at, chunk)
+
+    def take(self, at: int, chunk: bytes) -> None:
+        """Crc, write, then flag ``chunk`` (on the writer thread, in the order they came)."""
         w = self.w
         pos = self.start + at
         if at == 0:
             self._crc = 0  # (again, for a retry)
-            if self._top == self.start:
-                w.coming(self.start, self.end)  # its reply is arriving
         self._crc = w.grains.feed(pos, chunk, self._crc)
         w.write(pos, chunk)
         top = pos + len(chunk)

@@ -363,6 +363,7 @@ w = PieceWriter(c, lk, int(size))
 data = open(path, "rb").read(2 * GRAIN)
 w.sink(0, GRAIN)(0, data[:GRAIN])
 w.sink(GRAIN, 2 * GRAIN)(0, data[GRAIN:])
+w.flush()
 if how == "flag set by someone else":
     with open(c.lock_path(key, name), "r+b") as f:
         f.seek(HEAD.size + 2)

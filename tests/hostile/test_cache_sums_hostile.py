@@ -189,6 +189,7 @@ def _download(
         body = data[a : a + GRAIN]
         for k in range(0, len(body), 300_000):
             sink(k, body[k : k + 300_000])
+    w.flush()  # (written by the writer thread)
     return w, lk, fd, rd
 
 
@@ -294,6 +295,7 @@ def test_a_process_without_google_crc32c_writes_zlib_grains_and_drops_crc32c_cop
     assert lk is not None
     w2 = PieceWriter(c, lk, len(data))
     w2.sink(0, len(data))(0, data)
+    w2.flush()
     code = textwrap.dedent(
         """
         import os, sys, warnings

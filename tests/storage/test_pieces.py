@@ -6,6 +6,7 @@ over a real HTTP server, a dataset reads a shard whose download another holder r
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing as mp
 import os
 import signal
@@ -42,6 +43,7 @@ def _writer(root: str, ready: mp.synchronize.Event) -> None:  # a child process
     assert lk is not None
     w = PieceWriter(c, lk, SIZE)
     w.sink(0, GRAIN)(0, _data()[:GRAIN])
+    w.flush()  # (written by the writer thread)
     ready.set()
     signal.pause()  # killed here, mid-download
 
@@ -127,6 +129,7 @@ def test_the_downloading_process_does_not_read_back_its_own_grains(tmp_path: Pat
         return os.pread(fd, n, o)
 
     w.sink(0, 2 * GRAIN)(0, data[: 2 * GRAIN])
+    w.flush()
     assert rd.wait(0, 2 * GRAIN) and rd.check(read, 0, 2 * GRAIN)
     assert reads == []  # written here: not read back
     w.sink(2 * GRAIN, SIZE)(0, data[2 * GRAIN :])
@@ -143,6 +146,82 @@ def test_the_downloading_process_does_not_read_back_its_own_grains(tmp_path: Pat
     for r, f in ((rd, fd), (child, fd2)):
         r.close()
         os.close(f)
+
+
+def test_a_sinks_chunks_are_written_off_the_callers_thread_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 4 (the stream's CPU): a reply's chunks are handed to the download's
+    writer thread: the caller (the event loop's thread) never runs the ``pwrite``, the
+    chunks land in the order they came (a retry's after the first try's: its bytes win),
+    and each grain is flagged only once its bytes are in. The old code wrote on the caller's
+    thread."""
+    c = DirCache(str(tmp_path / "c"), 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    fd, rd = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+    writers: list[int] = []
+    pwrite = os.pwrite
+
+    def counted(f: int, data: bytes, at: int) -> int:
+        if f == w.fd:
+            writers.append(threading.get_ident())
+        return pwrite(f, data, at)
+
+    monkeypatch.setattr(os, "pwrite", counted)
+    data = _data()
+    sink = w.sink(0, SIZE)
+    sink(0, bytes(GRAIN // 2))  # a first try, cut off ...
+    sink(0, data[: GRAIN // 2])  # ... and its retry from 0: the retry's bytes win
+    for k in range(GRAIN // 2, SIZE, 300_000):
+        sink(k, data[k : k + 300_000])
+    w.flush()
+    assert writers and threading.get_ident() not in writers
+    assert len(set(writers)) == 1  # one writer thread: in order
+    assert rd.ready(0, SIZE) and os.pread(fd, SIZE, 0) == data
+    assert w.commit(KEY, "whole")
+    c.unlock(lk)
+    rd.close()
+    os.close(fd)
+    got = c.open_checked(KEY, "whole", SIZE, "the test's copy")  # the crcs of the retry's bytes
+    assert got is not None and os.pread(got, SIZE, 0) == data
+    os.close(got)
+
+
+def test_a_chunk_that_fails_to_be_written_fails_the_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write error on the writer thread (``EIO``) is not lost: the caller's next chunk is
+    refused with it, the download's commit raises it, and the grain is never flagged (a
+    reader reads those bytes another way). The old code raised it on the caller's thread
+    at once."""
+    c = DirCache(str(tmp_path / "c"), 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    fd, rd = attach(c, KEY, "whole", SIZE) or pytest.fail("no record")
+    pwrite = os.pwrite
+
+    def failing(f: int, data: bytes, at: int) -> int:
+        if f == w.fd:
+            raise OSError(errno.EIO, "Input/output error")
+        return pwrite(f, data, at)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    sink = w.sink(0, SIZE)
+    sink(0, _data()[:GRAIN])  # queued: the caller goes on
+    with pytest.raises(OSError) as e:
+        w.commit(KEY, "whole")
+    assert e.value.errno == errno.EIO
+    with pytest.raises(OSError):
+        sink(GRAIN, _data()[GRAIN : 2 * GRAIN])
+    assert not rd.ready(0, 1)
+    w.abort()
+    c.unlock(lk)
+    assert c.local_file(KEY, "whole", SIZE) is None
+    rd.close()
+    os.close(fd)
 
 
 def test_bytes_in_memory_and_ranges_cut_inside_grains_make_a_sound_entry(
@@ -166,11 +245,14 @@ def test_bytes_in_memory_and_ranges_cut_inside_grains_make_a_sound_entry(
     head = w.sink(0, a)
     head(0, data[: a // 2])
     head(0, data[: a // 2])  # a retry from the start: the same bytes again
+    w.flush()
     assert not rd.ready(0, 1)  # counted once: bytes a // 2 .. a are still missing
     head(a // 2, data[a // 2 : a])
+    w.flush()
     assert rd.ready(0, GRAIN) and not rd.ready(GRAIN, GRAIN + 1)
     assert rd.check(lambda o, n: os.pread(fd, n, o), 0, GRAIN)  # crc32 from the file
     w.sink(b, SIZE)(0, data[b:])
+    w.flush()
     assert rd.ready(0, SIZE) and w.complete
     assert rd.check(lambda o, n: os.pread(fd, n, o), 0, SIZE)
     assert w.commit(KEY, "whole")
@@ -190,6 +272,7 @@ def _committer(root: str, ready: Event, go: Event, done: Event) -> None:  # a ch
     assert lk is not None
     w = PieceWriter(c, lk, SIZE)
     w.sink(0, SIZE)(0, _data())
+    w.flush()  # (written by the writer thread)
     ready.set()
     go.wait(30)
     w.commit(KEY, "whole")
@@ -297,6 +380,7 @@ def test_a_dataset_reads_a_shard_while_another_holder_downloads_it(
     w = PieceWriter(c, lk, pin.size)
     data = Path(path).read_bytes()
     w.sink(0, GRAIN)(0, data[:GRAIN])
+    w.flush()
     srv.reset()
     ds = tarindex.TarDataset(url, remote=opts)
     # sample 0 lies in the written grain: read now (the old code waited for the whole
@@ -356,6 +440,7 @@ def test_a_download_that_fails_leaves_its_readers_correct(
     assert lk is not None
     w = PieceWriter(c, lk, pin.size)
     w.sink(0, GRAIN)(0, Path(path).read_bytes()[:GRAIN])
+    w.flush()
     ds = tarindex.TarDataset(url, remote=opts)
     assert ds[0]["bin"] == local.sample(0)["bin"]
     w.abort()  # the other holder's download failed
@@ -387,6 +472,7 @@ def test_a_shard_changed_since_its_index_is_refused_while_it_downloads(
     assert lk is not None
     w = PieceWriter(c, lk, pin.size)
     w.sink(0, GRAIN)(0, bytes(data[:GRAIN]))  # sample 0's grain is there, of the new tar
+    w.flush()
     ds = tarindex.TarDataset(url, remote=opts)
     # the open-time checks run in the background from the open; no byte before they pass
     with pytest.raises(tarindex.StaleIndexError, match=r"big-000000\.tar"):

@@ -13,7 +13,8 @@ compiled read kernel then runs as on a local shard). The rules:
   (FORMAT.md §3) then run on the local copy against the index.
 - **Sequential multi-MB pieces, read as they arrive.** :data:`PIECE` bytes per request,
   :data:`STREAMS` in flight, each reply's body written in place (``pwrite``, no copy in
-  memory) into a preallocated temp file of the cache as it arrives, renamed when complete
+  memory, by the download's writer thread: the event loop only receives) into a
+  preallocated temp file of the cache as it arrives, renamed when complete
   (:mod:`tarindex.storage.pieces`). A reader does not wait for the whole tar: it joins the
   download (:func:`open_copy`, :func:`find_copy`) and each read waits only for the 1 MiB
   grains it needs once the download has reached them, reading the others by ranges
