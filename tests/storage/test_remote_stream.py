@@ -81,6 +81,21 @@ def _stream(src: list[str], shuffle: bool, **kw: object) -> list[tuple[str, byte
     )
 
 
+def _remote_epoch(
+    srv: RangeServer, paths: list[str], tmp_path: Path
+) -> tuple[list[str], list[tuple[str, bytes]]]:
+    """A shuffled epoch over the local tars, then over the server (its log reset first,
+    whole copies into a fresh cache) with the same samples in the same order; the tars'
+    names and the local epoch."""
+    names = [os.path.basename(p) for p in paths]
+    urls = [f"{srv.url}/{n}" for n in names]
+    local = _stream(paths, True)
+    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30)
+    srv.reset()
+    assert _stream(urls, True, remote=opts) == local
+    return names, local
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_stream_fetches_each_byte_once_in_the_local_order(
     shards: tuple[RangeServer, list[str]], tmp_path: Path, shuffle: bool
@@ -246,12 +261,7 @@ def test_a_shuffled_streams_downloads_request_their_pieces_in_the_plans_order(
     monkeypatch.setattr(whole, "PIECE", 1 << 20)
     monkeypatch.setattr(whole, "STREAMS", 1)
     srv, paths = shards
-    names = [os.path.basename(p) for p in paths]
-    urls = [f"{srv.url}/{n}" for n in names]
-    local = _stream(paths, True)
-    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30)
-    srv.reset()
-    assert _stream(urls, True, remote=opts) == local
+    names, local = _remote_epoch(srv, paths, tmp_path)
     # the window (64 samples: buffer_size) that first reads each sample, per shard
     wins = {n: np.full(PER, 1 << 30, np.int64) for n in names}
     for pos, (key, _) in enumerate(local):
@@ -283,12 +293,7 @@ def test_a_shuffled_stream_reads_its_first_window_by_ranges_from_one_shard_alone
     download, which starts once the first block is read: counted at the server, one GET
     of tar bytes (past the open-time checks) for each of those shards, its download."""
     srv, paths = shards
-    names = [os.path.basename(p) for p in paths]
-    urls = [f"{srv.url}/{n}" for n in names]
-    local = _stream(paths, True)
-    opts = RemoteOptions(whole_cache_dir=str(tmp_path / "whole"), cache_bytes=1 << 30)
-    srv.reset()
-    assert _stream(urls, True, remote=opts) == local
+    names, local = _remote_epoch(srv, paths, tmp_path)
     sent = sent_ranges(srv)
     big = {n: [r for r in sent[n] if r[1] - r[0] > 16 << 10] for n in names}
     ranged = [n for n in names if len(big[n]) > 1]
