@@ -119,9 +119,24 @@ class _Chunk:
         self.sink.abort()
 
 
-def _remove_temps(path: str, pid: int) -> None:
-    """Remove the temp files process ``pid`` made for shard ``path`` (``temp_path_for``'s names)."""
-    for p in glob.glob(f"{glob.escape(path)}.{pid}.*.tmp"):
+def _remove_unfinished(path: str, pid: int | None) -> None:
+    """Remove what an unfinished shard ``path`` left: temp, lock, index and tar files.
+
+    The temp files are those process ``pid`` made (``temp_path_for``'s names); a tar is
+    there without its index only if its close was cut between the rename and the index.
+
+    Both sides call it: the worker that stops mid-shard (a signal can land between a file's
+    creation and the assignment that would let ``abort`` find it), and the caller for a
+    worker that failed or died. Within a run only that worker writes ``path`` (the caller
+    holds the pattern lock), so nothing here belongs to anyone else.
+    """
+    if pid is not None:
+        for p in glob.glob(f"{glob.escape(path)}.{pid}.*.tmp"):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+    for p in [lock_path_for(path), index_path_for(path), path]:
         try:
             os.remove(p)
         except FileNotFoundError:
@@ -182,9 +197,10 @@ def _worker(
                         told = cur.n
                 if msg[0] == "end" and cur is not None:
                     cur.close()
-                    results.send(("n", cur.n - told))
-                    results.send(("done", k, cur.n))
-                    cur, told, begun = None, 0, None
+                    n, cur, begun = cur.n, None, None  # finished: a stop now keeps the shard
+                    results.send(("n", n - told))
+                    results.send(("done", k, n))
+                    told = 0
             except Exception as e:
                 if cur is not None:
                     cur.abort()
@@ -199,9 +215,9 @@ def _worker(
         if cur is not None:
             cur.abort()
         if begun is not None:
-            # a stop between the temp file's creation and ``cur = ...`` (inside the writer's
-            # constructor) leaves a temp file no writer object knows: remove this process's
-            _remove_temps(pattern % begun, os.getpid())
+            # a stop inside the writer (between a temp or lock file's creation and the
+            # assignment that would let ``abort`` find it) leaves files no object knows
+            _remove_unfinished(pattern % begun, os.getpid())
         if not stopped:
             try:
                 results.send(("exit",))
@@ -339,14 +355,7 @@ class _Run:
 
     def _remove(self, k: int, pid: int | None) -> None:
         """Remove what a failed shard left: its temp file, lock file, a tar without index."""
-        path = self.pattern % k
-        if pid is not None:
-            _remove_temps(path, pid)
-        for p in [lock_path_for(path), index_path_for(path), path]:
-            try:
-                os.remove(p)
-            except FileNotFoundError:
-                pass
+        _remove_unfinished(self.pattern % k, pid)
 
     def wait_idle(self) -> int | None:
         """The next idle worker (waiting for one), or None once the run is failing/over."""

@@ -357,6 +357,37 @@ def _until(cond: Any, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _stop_after_lock(pattern: str, tasks: Any, results: Any) -> None:
+    """A write_shards worker whose SIGTERM lands just after it created the shard's lock file."""
+    import tarindex.write.shards as shards
+    from tarindex.write.lock import PatternLock
+    from tarindex.write.parallel import _worker
+
+    class LockThenSignal(PatternLock):
+        def __init__(self, pattern: str) -> None:
+            super().__init__(pattern)
+            os.kill(os.getpid(), signal.SIGTERM)  # before ShardWriter.write stores the lock
+
+    shards.PatternLock = LockThenSignal  # type: ignore[attr-defined]
+    _worker(0, Items(50), to_sample, pattern, {"durable": False}, tasks, results)
+
+
+def test_worker_stopped_inside_the_lock_leaves_no_file(tmp_path: Path) -> None:
+    """A stop between a file's creation and the assignment that lets ``abort`` find it (the
+    CI failure of stop 30: ``.s-00003.tar.lock`` left): the worker removes its shard's files."""
+    ctx = multiprocessing.get_context("fork")
+    tasks_r, tasks_w = ctx.Pipe(duplex=False)
+    results_r, results_w = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_stop_after_lock, args=(str(tmp_path / "s-%05d.tar"), tasks_r, results_w))
+    p.start()
+    tasks_w.send(("map", 3, 0, 20))
+    p.join(30)
+    assert p.exitcode == 128 + signal.SIGTERM
+    assert results_r.recv() == ("begin", 3, p.pid)
+    assert not results_r.poll(0)  # stopped: nothing more sent
+    assert sorted(q.name for q in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_caller_killed_with_sigkill_leaves_no_worker_and_no_mixed_run(
     tmp_path: Path, method: str
