@@ -122,7 +122,8 @@ class _Chunk:
 def _remove_unfinished(path: str, pid: int | None) -> None:
     """Remove what an unfinished shard ``path`` left: temp, lock, index and tar files.
 
-    The temp files are those process ``pid`` made (``temp_path_for``'s names); a tar is
+    The temp files are those process ``pid`` made for the tar and its index
+    (``temp_path_for``'s names, :func:`write_atomic`'s included); a tar is
     there without its index only if its close was cut between the rename and the index.
 
     Both sides call it: the worker that stops mid-shard (a signal can land between a file's
@@ -131,11 +132,12 @@ def _remove_unfinished(path: str, pid: int | None) -> None:
     holds the pattern lock), so nothing here belongs to anyone else.
     """
     if pid is not None:
-        for p in glob.glob(f"{glob.escape(path)}.{pid}.*.tmp"):
-            try:
-                os.remove(p)
-            except FileNotFoundError:
-                pass
+        for base in (path, index_path_for(path)):  # the tar's temp file, the index's
+            for p in glob.glob(f"{glob.escape(base)}.{pid}.*.tmp"):
+                try:
+                    os.remove(p)
+                except FileNotFoundError:
+                    pass
     for p in [lock_path_for(path), index_path_for(path), path]:
         try:
             os.remove(p)

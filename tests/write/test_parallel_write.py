@@ -357,9 +357,13 @@ def _until(cond: Any, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _stop_after_lock(pattern: str, tasks: Any, results: Any) -> None:
-    """A write_shards worker whose SIGTERM lands just after it created the shard's lock file."""
+def _stop_inside(where: str, pattern: str, tasks: Any, results: Any) -> None:
+    """A write_shards worker whose SIGTERM lands just after it created a file no object knows
+    yet: the shard's lock file (``where="lock"``), or the index's temp file (``"index"``, the
+    tar already renamed into place)."""
     import tarindex.write.shards as shards
+    import tarindex.write.tar as tar
+    from tarindex.storage.indexfile import temp_path_for
     from tarindex.write.lock import PatternLock
     from tarindex.write.parallel import _worker
 
@@ -368,23 +372,35 @@ def _stop_after_lock(pattern: str, tasks: Any, results: Any) -> None:
             super().__init__(pattern)
             os.kill(os.getpid(), signal.SIGTERM)  # before ShardWriter.write stores the lock
 
-    shards.PatternLock = LockThenSignal  # type: ignore[attr-defined]
+    def index_temp_then_signal(path: str, data: bytes, *, durable: bool = True) -> None:
+        os.close(os.open(temp_path_for(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        os.kill(os.getpid(), signal.SIGTERM)  # as in write_atomic, before its try
+        time.sleep(5)
+
+    if where == "lock":
+        shards.PatternLock = LockThenSignal  # type: ignore[attr-defined]
+    else:
+        tar.write_atomic = index_temp_then_signal  # type: ignore[attr-defined]
     _worker(0, Items(50), to_sample, pattern, {"durable": False}, tasks, results)
 
 
-def test_worker_stopped_inside_the_lock_leaves_no_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["lock", "index"])
+def test_worker_stopped_inside_a_file_creation_leaves_no_file(tmp_path: Path, where: str) -> None:
     """A stop between a file's creation and the assignment that lets ``abort`` find it (the
     CI failure of stop 30: ``.s-00003.tar.lock`` left): the worker removes its shard's files."""
     ctx = multiprocessing.get_context("fork")
     tasks_r, tasks_w = ctx.Pipe(duplex=False)
     results_r, results_w = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_stop_after_lock, args=(str(tmp_path / "s-%05d.tar"), tasks_r, results_w))
+    pattern = str(tmp_path / "s-%05d.tar")
+    p = ctx.Process(target=_stop_inside, args=(where, pattern, tasks_r, results_w))
     p.start()
     tasks_w.send(("map", 3, 0, 20))
     p.join(30)
     assert p.exitcode == 128 + signal.SIGTERM
-    assert results_r.recv() == ("begin", 3, p.pid)
-    assert not results_r.poll(0)  # stopped: nothing more sent
+    got = []
+    while results_r.poll(0):
+        got.append(results_r.recv())
+    assert got[0] == ("begin", 3, p.pid) and all(m[0] == "n" for m in got[1:])  # never "done"
     assert sorted(q.name for q in tmp_path.iterdir()) == []
 
 
