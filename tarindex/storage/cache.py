@@ -314,6 +314,7 @@ class DirCache:
         tmp: str,
         crcs: Sequence[int] | bool = False,
         kind: str | None = None,
+        own: bool = False,
     ) -> bool:
         """Insert the complete file ``tmp`` (made by :meth:`temp_path`) as entry ``(key, name)``.
 
@@ -328,12 +329,17 @@ class DirCache:
             kind: The rule of ``crcs`` (:data:`~tarindex.storage.sums.CRC32` or
                 :data:`~tarindex.storage.sums.CRC32C`). Defaults to
                 :func:`~tarindex.storage.sums.grain_kind`, the one this process writes.
+            own: ``crcs`` (a sequence) were computed in this process from the bytes it wrote
+                to ``tmp`` (a download's replies): this process does not check the entry
+                again when it opens it while the file is the one it renamed into place
+                (:func:`~tarindex.storage.sums.vouch`); other processes check it.
 
         Returns:
             As :meth:`put`.
         """
         n = os.path.getsize(tmp)
         rec = None
+        own = own and crcs is not True and crcs is not False  # crcs the caller took as it wrote
         if crcs is not False:
             if crcs is True:
                 fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
@@ -346,7 +352,7 @@ class DirCache:
         if n > self.limit:
             self._drop(tmp)
             return False
-        return self._commit(tmp, self.path(key, name), n, rec)
+        return self._commit(tmp, self.path(key, name), n, rec, own)
 
     def reserve(self, n: int) -> str | None:
         """A temp file of ``n`` bytes (preallocated), counted against the limit from now on.
@@ -532,7 +538,9 @@ class DirCache:
         except OSError:
             return False
 
-    def _commit(self, tmp: str, final: str, n: int, rec: bytes | None = None) -> bool:
+    def _commit(
+        self, tmp: str, final: str, n: int, rec: bytes | None = None, own: bool = False
+    ) -> bool:
         import fcntl
 
         self._real_dir(os.path.dirname(final))
@@ -565,6 +573,8 @@ class DirCache:
                     self._drop(final + SUM_SUFFIX)
                 os.replace(tmp, final)
                 sums.forget(final)
+                if own and rec is not None:  # (stat under the lock: the file we renamed)
+                    sums.vouch(final, os.lstat(final))
             except BaseException:
                 if rtmp is not None:
                     self._drop(rtmp)

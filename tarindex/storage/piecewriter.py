@@ -256,8 +256,9 @@ class PieceWriter:
         """Insert the complete file as entry ``(key, name)``, then clear the record.
 
         The entry gets its ``.sum`` record (the crc of each grain, computed as the bytes
-        arrived), which every process checks before it reads the entry
-        (:meth:`DirCache.open_checked`).
+        arrived), which every other process checks before it reads the entry
+        (:meth:`DirCache.open_checked`); this process takes it as checked while the file is
+        the one it renamed into place (:func:`~tarindex.storage.sums.vouch`).
 
         Returns:
             As :meth:`DirCache.put_file` (``False``: it does not fit the cache's limit).
@@ -276,7 +277,9 @@ class PieceWriter:
         if self.grain != GRAIN:
             crcs = True  # the record's grain is GRAIN: read the file once
         try:
-            return self.cache.put_file(key, name, self.tmp, crcs, self.grains.kind)
+            # own: the crcs came from the replies' bytes in this process (the reads of this
+            # process do not check its own grains; nor, then, the entry they became)
+            return self.cache.put_file(key, name, self.tmp, crcs, self.grains.kind, own=True)
         finally:
             os.ftruncate(self.lock_fd, 0)
 

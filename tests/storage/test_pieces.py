@@ -11,16 +11,18 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tarindex
-from tarindex.storage import remote
+from tarindex.storage import remote, sums
 from tarindex.storage.cache import DirCache
 from tarindex.storage.pieces import GRAIN, HEAD, PieceReader, PieceWriter, attach
 from tarindex.storage.remote import RemoteOptions
@@ -146,6 +148,49 @@ def test_the_downloading_process_does_not_read_back_its_own_grains(tmp_path: Pat
     for r, f in ((rd, fd), (child, fd2)):
         r.close()
         os.close(f)
+
+
+def test_the_downloading_process_does_not_check_its_own_entry_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 4 (the stream's CPU): the process that ran a download takes the entry it
+    renamed into place as checked (its grains' crcs came from the replies' bytes), so opening
+    it reads nothing back (18 MB shards: ~9 ms each on the stream's main thread before). A
+    forked child checks it on its first open; a change after the commit (a new ``ctime``)
+    is checked again in this process too, and refused."""
+    c = DirCache(str(tmp_path / "c"), 1 << 30)
+    lk = c.lock(KEY, "whole")
+    assert lk is not None
+    w = PieceWriter(c, lk, SIZE)
+    data = _data()
+    w.sink(0, SIZE)(0, data)
+    assert w.commit(KEY, "whole")
+    c.unlock(lk)
+    checked: list[int] = []  # the sizes of the files read back to check them
+    real = sums.file_crcs
+
+    def file_crcs(fd: int, size: int, grain: int, kind: str | None = None) -> Any:
+        checked.append(size)
+        return real(fd, size, grain, kind)
+
+    monkeypatch.setattr(sums, "file_crcs", file_crcs)
+    fd = c.open_checked(KEY, "whole", SIZE, "the test's copy")
+    assert fd is not None and os.pread(fd, SIZE, 0) == data
+    os.close(fd)
+    assert checked == []  # its own entry: not read back
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child reports by its exit code)
+        f = c.open_checked(KEY, "whole", SIZE, "the test's copy")
+        os._exit(0 if f is not None and checked == [SIZE] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the child read it back and checked it
+    time.sleep(0.05)  # past the rename's clock tick: the write below stamps another ctime
+    with open(c.path(KEY, "whole"), "r+b") as f2:
+        f2.seek(5)
+        f2.write(bytes([data[5] ^ 1]))
+    with pytest.warns(RuntimeWarning, match="failed its check"):
+        assert c.open_checked(KEY, "whole", SIZE, "the test's copy") is None
+    assert checked == [SIZE]
 
 
 def test_a_sinks_chunks_are_written_off_the_callers_thread_in_order(

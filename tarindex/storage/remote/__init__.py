@@ -28,6 +28,7 @@ The story is docs/REMOTE.md; the modules, bottom up:
 from __future__ import annotations
 
 from ...format.url import is_url
+from .. import sums as _sums
 from . import ahead as _ahead
 from . import fetch as _fetch
 from . import indexes as _idx
@@ -86,10 +87,13 @@ __all__ = [
 
 
 def forget_process_state() -> None:
-    """Forget what this process learnt: indexes in memory, Range-checked hosts, read-ahead pool.
+    """Forget what this process learnt: indexes, Range-checked hosts, read-ahead, own entries.
 
-    For tests and benchmarks that need a cold process; the cache directory is kept.
+    Indexes in memory, Range-checked hosts, the read-ahead pool, and the entries its
+    downloads wrote (checked at their next open, as in another process). For tests and
+    benchmarks that need a cold process; the cache directory is kept.
     """
+    _sums.forget_own()
     _idx.forget_all_indexes()
     _fetch.forget_range_checks()
     _ahead.drop_pool()
