@@ -48,7 +48,7 @@ import warnings
 from collections.abc import Sequence
 
 from . import sums
-from .cachetmp import clean_tmp, preallocate, temp_bytes
+from .cachetmp import NO_ROOM, clean_tmp, preallocate, temp_bytes
 from .sums import ENTRY_HEAD, SUM_SUFFIX
 
 __all__ = ["DirCache"]
@@ -303,7 +303,7 @@ class DirCache:
             return self._commit(tmp, self.path(key, name), n)
         except OSError as e:
             self._drop(tmp)
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            if e.errno in NO_ROOM or e.errno in (errno.EROFS, errno.EACCES):
                 return False
             raise
 
@@ -395,7 +395,7 @@ class DirCache:
                     os.close(fd)
             except OSError as e:
                 self._drop(tmp)
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                if e.errno in NO_ROOM:
                     return None
                 raise
             finally:

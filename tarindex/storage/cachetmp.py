@@ -15,10 +15,24 @@ import fcntl
 import os
 import time
 
-__all__ = ["TMP_GRACE_S", "clean_tmp", "is_held", "pid_alive", "preallocate", "temp_bytes"]
+__all__ = [
+    "NO_ROOM",
+    "TMP_GRACE_S",
+    "clean_tmp",
+    "is_held",
+    "pid_alive",
+    "preallocate",
+    "temp_bytes",
+]
 
 TMP_GRACE_S = 600.0
 """A temp file older than this is deleted by a scan even if its writer's pid is alive."""
+
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""The ``errno`` of a file that has no room where it is written: the disk is full
+(``ENOSPC``), the user's quota is (``EDQUOT``), or the file may not be that large (``EFBIG``:
+the process's ``RLIMIT_FSIZE``, a FAT32 disk's 4 GiB). The cache's answer to each is the same:
+the entry is not stored (the bytes are read from the source), never a failed read."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -91,7 +105,8 @@ def preallocate(fd: int, n: int) -> None:
     """Give the file ``fd`` its ``n`` bytes on disk now (``posix_fallocate``; else its size).
 
     Raises:
-        OSError: ``ENOSPC`` (the disk is full), or another error than "not supported".
+        OSError: One of :data:`NO_ROOM` (the disk is full, the file may not be that large), or
+            another error than "not supported".
     """
     if not n:
         return

@@ -29,6 +29,7 @@ from typing import IO
 
 from .bytesource import ByteSource, PreadSource, open_regular
 from .cache import DirCache
+from .cachetmp import NO_ROOM
 from .remote import RemoteOptions
 from .remote.fetch import download
 from .remote.fetch import stat as remote_stat
@@ -129,7 +130,7 @@ class _Bounded:
         try:
             return self.f.write(data)
         except OSError as e:  # the disk (or the process's file size limit) full mid-copy
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if e.errno in NO_ROOM:
                 raise self.error() from e
             raise
 

@@ -48,6 +48,7 @@ from numpy.typing import NDArray
 from ...errors import StaleIndexError
 from ..bytesource import PreadSource
 from ..cache import DirCache
+from ..cachetmp import NO_ROOM
 from ..pieces import GRAIN, PieceReader, PieceWriter, attach
 from .downloads import Downloads
 from .fetch import fetch, stat
@@ -400,7 +401,7 @@ def _download(url: str, opts: RemoteOptions, ident: str, blocking: bool) -> bool
         try:
             w = PieceWriter(c, lk, pin.size, coming=soon + pieces[: None if order else STREAMS])
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            if e.errno in NO_ROOM or e.errno in (errno.EROFS, errno.EACCES):
                 return False
             raise
         try:
