@@ -17,7 +17,10 @@ its headers and its body, as a loaded server's thread can; a reply is counted be
 headers go out), ``on_body`` (``None`` or a function called as ``on_body(path, range, offset)``
 before each MiB of a GET's body is read from the file: a test changes the file mid-reply),
 ``endless`` (GETs of paths ending in it send the file and then zeros, with no
-length, until the client hangs up or 256 MiB went out).
+length, until the client hangs up or 256 MiB went out), ``page`` (``None`` or ``(body,
+at_least, length)``: a ranged GET of ``at_least`` bytes or more is answered ``200`` with
+``body``, ``text/html`` and no version, as a proxy's or CDN's error page; its
+``Content-Length`` says ``length``, ``None`` for the body's own).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class RangeServer(ThreadingHTTPServer):
         self.pause = 0.0
         self.on_body: Callable[[str, str, int], None] | None = None
         self.endless: str | None = None
+        self.page: tuple[bytes, int, int | None] | None = None
         self.lock = threading.Lock()
         self.requests = 0
         self.bytes_sent = 0
@@ -218,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if srv.endless and self.path.endswith(srv.endless):
             return self._endless(p)
+        if srv.page is not None and self._page(srv.page, size):
+            return
         start, end, status = 0, size, 200
         rng = self.headers.get("Range")
         if rng and not srv.ignore_range:
@@ -294,6 +300,33 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
                 out += len(chunk)
 
+
+    def _page(self, page: tuple[bytes, int, int | None], size: int) -> bool:
+        """Answer a ranged GET of ``page[1]`` bytes or more with a ``200`` page; else ``False``."""
+        body, at_least, length = page
+        m = _RANGE.match((self.headers.get("Range") or "").strip())
+        if m is None or not m.group(1):
+            return False
+        start = int(m.group(1))
+        end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+        if end - start < at_least:
+            return False
+        srv = self.server
+        with srv.lock:
+            srv.requests += 1
+            srv.bytes_sent += len(body)
+            srv.log.append(("GET", self.path, 0, len(body)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body) if length is None else length))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+            self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
+        return True
 
     def _endless(self, p: str) -> None:
         """The file, then zeros with no length (until the client hangs up, 256 MiB at most)."""

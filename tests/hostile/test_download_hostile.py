@@ -7,12 +7,17 @@ again) or a clear error naming the URL; never wrong bytes, never a crash of the 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import tarindex
+from tarindex.errors import RemoteError
+from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import fetch, stat
 from tarindex.storage.remote.whole import WHOLE
 
 from ..remote_server import RangeServer
@@ -25,6 +30,7 @@ _LIMITED = r"""
 import resource, sys
 import tarindex
 from tarindex.storage.remote import RemoteOptions
+from tarindex.storage.remote.fetch import fetch, stat
 url, path, cache, where, limit = sys.argv[1:]
 local = tarindex.ShardSet(path)
 want = [local.sample(i)["bin"] for i in range(len(local))]
@@ -52,3 +58,42 @@ def test_a_file_size_limit_below_the_shard_reads_by_ranges_not_an_error(
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
     assert not list(cache.rglob(WHOLE))  # no copy: it never fit
+
+
+def test_an_error_page_in_reply_to_a_piece_is_never_handed_out(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    """A proxy answers the download's pieces (ranged reads of 1 MiB or more; the open-time
+    checks' small reads pass) with a ``200`` HTML page of 1.5 MiB and no version: the old
+    code wrote it into the copy as the reply arrived and flagged its first grain, so the
+    read of sample 0 (in that grain) returned the page's bytes. A ``200`` to a ranged read
+    must be the whole pinned object (its ``Content-Length`` the pinned size, its ETag)
+    before any of its body is written: the piece is refused (the URL, the bytes, the
+    reply), the download fails, and the samples are read by ranges (or, if it failed before
+    the open joined it, the open raises its error)."""
+    srv, path = big
+    local = tarindex.ShardReader(path)
+    url = f"{srv.url}/big-000000.tar"
+    opts = RemoteOptions(
+        whole_cache_dir=str(tmp_path / "c"), fetch="shard", shards_ahead=0, retries=1,
+        backoff=0.5,
+    )
+    page = b"<html><body>" + b"x" * (3 << 19) + b"</body></html>"
+    srv.page = (page, 1 << 20, None)
+    ds = tarindex.TarDataset(url, remote=opts)
+    said = rf"{re.escape(url)}: asked for bytes 0\.\.\d+, the server answered 200 with "
+    for i in (0, 1, 30, 63):
+        try:  # the right bytes (by ranges), or the download's error if it ended first
+            assert ds[i]["bin"] == local.sample(i)["bin"], i
+        except RemoteError as e:
+            assert re.match(said, str(e)), e
+    assert not list((tmp_path / "c").rglob(WHOLE))
+    pin = stat(url, opts)
+    msg = rf"{re.escape(url)}: asked for bytes 0\.\.{2 << 20}, the server answered 200 with "
+    for length in (None, pin.size):  # its own length, or the object's (a lie): no version
+        srv.page = (page, 1 << 20, length)
+        with pytest.raises(RemoteError, match=msg):
+            fetch([(url, 0, 2 << 20)], opts, [pin])
+    srv.page = None
+    assert fetch([(url, 0, 2 << 20)], opts, [pin])[0] == Path(path).read_bytes()[: 2 << 20]
+

@@ -10,6 +10,10 @@ are seen (docs/REMOTE.md, "What a reply must say"):
   ``Last-Modified``, S3 version id): sent with each read as ``If-Match`` (HTTP, S3) or
   ``VersionId`` (S3) and compared with each reply's headers, else
   :class:`~tarindex.errors.StaleIndexError` naming the URL;
+- a reply's headers say what its body is before any of it is read (a whole-shard download
+  writes and flags it as it arrives: :func:`_check_whole`): a ``200`` to a pinned ranged
+  read is the whole pinned object (its size, its version), not a proxy's error page, else
+  :class:`~tarindex.errors.RemoteError` naming the URL, the bytes and the reply;
 - a body is never read past the bytes expected (plus one, to see that it was longer);
 - each request ends within :attr:`RemoteOptions.deadline` seconds.
 
@@ -206,6 +210,28 @@ def _check_range(url: str, a: int, b: int, cr: str | None, pin: Pin | None) -> N
         raise _stale(url, f"its size is now {total.strip()}, it was {pin.size} bytes")
 
 
+def _check_whole(url: str, a: int, b: int, pin: Pin, headers: Any) -> None:
+    """Refuse a ``200`` to a pinned ranged read that is not the pinned object (read none of it).
+
+    Its ``Content-Length`` must be the pinned size and it must name a version where the pin
+    has one (``ETag``; ``Last-Modified`` or an ETag): an error page of a proxy or a CDN has
+    neither. Its body would go into a whole-shard download's copy as it arrives, its grains
+    flagged before its short length was seen, and be handed out as the shard's bytes.
+    """
+    n = headers.get("Content-Length")
+    etag, modified = headers.get("ETag"), headers.get("Last-Modified")
+    named = bool(etag) if pin.etag else bool(etag or modified) if pin.last_modified else True
+    if n is not None and n.strip() == str(pin.size) and named:
+        return
+    raise RemoteError(
+        f"{url}: asked for bytes {a}..{b}, the server answered 200 with {n or 'no'} bytes "
+        f"({headers.get('Content-Type') or 'no Content-Type'}, ETag {etag or 'none'}), not "
+        f"the object of {pin.size} bytes (ETag {pin.etag or 'none'}) opened: an error page "
+        f"of a proxy or a CDN, or another version; none of it was used. Check the URL and "
+        f"what answers it (curl -i -r {a}-{b - 1} URL)"
+    )
+
+
 def _check_pin(url: str, pin: Pin | None, etag: str | None, modified: str | None) -> None:
     if pin is None:
         return
@@ -322,7 +348,9 @@ async def _http_range(
         cr = r.headers.get("Content-Range")
         if r.status == 206:
             _check_range(url, a, b, cr, pin)
-        elif a != 0:  # 200: the body starts at byte 0, not at a
+        elif pin is not None:  # 200: the whole object, and it must be the one pinned
+            _check_whole(url, a, b, pin, r.headers)
+        if r.status != 206 and a != 0:  # 200: the body starts at byte 0, not at a
             raise no_range(url, a, b, f"the whole file ({r.headers.get('Content-Length')} bytes)")
         if seen is not None:
             seen.append(_seen_pin((cr or "/").rpartition("/")[2] if r.status == 206 else
