@@ -249,15 +249,16 @@ class DirCache:
                 pass
 
     def open_entry(self, p: str) -> int:
-        """A read-only descriptor of the cache file ``p``, links not followed.
+        """A read-only descriptor of the cache file ``p``, links not followed, never waiting.
 
         Raises:
             OSError: ``p`` is missing, a link, or lies under a link (a planted link is
-                removed first).
+                removed first), or is not a regular file (a FIFO: opened ``O_NONBLOCK``,
+                else its open would wait for a writer forever).
         """
         self._check_parents(p)
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 self.discard_path(p)
@@ -522,14 +523,22 @@ class DirCache:
         return os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 
     def _open_nofollow(self, p: str, flags: int) -> int:
-        """Open the cache's own file ``p`` (lock, usage); a link or directory there is removed."""
-        try:
-            return os.open(p, flags | os.O_NOFOLLOW, 0o644)
-        except OSError as e:
-            if e.errno not in (errno.ELOOP, errno.EISDIR):
-                raise
-        self._clear(p)
-        return os.open(p, flags | os.O_NOFOLLOW, 0o644)
+        """Open the cache's own file ``p`` (lock, usage); a link, directory or FIFO is removed.
+
+        (``O_NONBLOCK``: the open of a FIFO planted there would wait for a writer forever.)
+        """
+        for _ in range(2):
+            try:
+                fd = os.open(p, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise
+            else:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    return fd
+                os.close(fd)
+            self._clear(p)
+        raise OSError(errno.EINVAL, f"{p}: not a regular file, and it cannot be removed")
 
     def _is_entry(self, p: str) -> bool:
         try:

@@ -47,9 +47,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_held(p: str) -> bool:
-    """Whether the temp file ``p`` is held (:meth:`DirCache.hold_temp`) by a live process."""
+    """Whether the temp file ``p`` is held (:meth:`DirCache.hold_temp`) by a live process.
+
+    (``O_NONBLOCK``: the open of a FIFO planted in ``tmp/`` would wait for a writer forever.)
+    """
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:

@@ -117,7 +117,7 @@ class PieceReader:
         self._warned = False
         self._left = len(self._seen)
         self._lock = threading.Lock()
-        self._rec = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
+        self._rec = cache.open_entry(lock_path)
         self.complete = self._left == 0
         """Every byte of the file is written (no more waiting, no more record reads)."""
         self._entry = False
@@ -378,7 +378,7 @@ def attach(cache: DirCache, key: str, name: str, size: int) -> tuple[int, PieceR
     """
     lp = cache.lock_path(key, name)
     try:
-        rec = os.open(lp, os.O_RDONLY | os.O_NOFOLLOW)
+        rec = cache.open_entry(lp)  # (a regular file: a FIFO planted there would block)
     except OSError:
         return None
     try:

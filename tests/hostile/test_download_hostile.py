@@ -97,3 +97,51 @@ def test_an_error_page_in_reply_to_a_piece_is_never_handed_out(
     srv.page = None
     assert fetch([(url, 0, 2 << 20)], opts, [pin])[0] == Path(path).read_bytes()[: 2 << 20]
 
+
+_FIFOS = r"""
+import os, sys, time
+import tarindex
+from tarindex.storage.remote import RemoteOptions, forget_process_state
+from tarindex.storage.remote.fetch import stat
+from tarindex.storage.remote.whole import WHOLE, tar_key
+url, path, root = sys.argv[1:]
+local = tarindex.ShardSet(path)
+want = [local.sample(i)["bin"] for i in range(len(local))]
+t = tarindex.ShardReader(path).index
+ident = f"{t.tar_size}:{t.head_crc}:{t.tail_crc}"
+for where in ("entry", "sum", "lock", "tmp"):
+    forget_process_state()
+    opts = RemoteOptions(whole_cache_dir=os.path.join(root, where), fetch="shard", shards_ahead=0)
+    c = opts.whole_cache()
+    pin = stat(url, opts)
+    key = tar_key(url, pin.size, ident, pin)
+    p = {"entry": c.path(key, WHOLE), "sum": c.path(key, WHOLE) + ".sum",
+         "lock": c.lock_path(key, WHOLE), "tmp": os.path.join(c.root, "tmp", "1.planted")}[where]
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    os.mkfifo(p)
+    ss = tarindex.ShardSet(url, remote=opts)
+    assert [ss.sample(i)["bin"] for i in range(len(ss))] == want, where
+    ss.close()
+    print(where, flush=True)
+"""
+
+
+def test_a_fifo_planted_in_the_cache_is_removed_never_waited_on(
+    big: tuple[RangeServer, str], tmp_path: Path
+) -> None:
+    """A FIFO where a whole copy, its ``.sum``, its lock file (the progress record) or a temp
+    file of a dead process lies: the old code's ``open`` of it waited for a writer forever
+    (the entry's and the lock's at the first read, the temp file's at the cache's clean-up).
+    Now each is opened ``O_NONBLOCK`` and refused or removed as any file that is not a
+    regular one, and the shard is read (a child process: a hang fails, never hangs the run)."""
+    srv, path = big
+    url = f"{srv.url}/big-000000.tar"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _FIFOS, url, path, str(tmp_path / "c")],
+            capture_output=True, text=True, timeout=30,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung after {e.stdout!r}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["entry", "sum", "lock", "tmp"]
